@@ -1,0 +1,15 @@
+rule target:
+    """Materialize the target model as an HF folder and fingerprint it."""
+    output:
+        fp=target_file("fingerprint.json"),
+    log:
+        f"logs/target/{TARGET}.log",
+    params:
+        name=TARGET,
+        source=config["target"]["source"],
+        save_dtype=config["target"]["save_dtype"],
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    script:
+        "../scripts/target.py"

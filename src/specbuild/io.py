@@ -1,0 +1,99 @@
+"""Atomic file writes and JSONL reading: a killed job never leaves a file that looks finished."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "atomic_path",
+    "atomic_open",
+    "write_json",
+    "read_json",
+    "write_jsonl",
+    "read_jsonl",
+    "setup_logging",
+]
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temporary file for writing; it becomes `path` only when the block succeeds."""
+    with atomic_path(path) as tmp:
+        encoding = None if "b" in mode else "utf-8"
+        with open(tmp, mode, encoding=encoding) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    with atomic_open(path) as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
+    """Write rows atomically, one compact JSON object a line; return how many were written."""
+    n = 0
+    with atomic_open(path) as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
+            fh.write("\n")
+            n += 1
+    return n
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
+    """Rows of a JSONL file this project wrote; a bad line raises naming file and line."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+
+
+def setup_logging(log: str | os.PathLike | None, name: str = "specbuild") -> logging.Logger:
+    """Log to the job's log file (Snakemake `log:`) and to stderr, with timestamps."""
+    logger = logging.getLogger(name)
+    logger.setLevel(logging.INFO)
+    logger.handlers.clear()
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if log:
+        Path(log).parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(log, mode="w", encoding="utf-8"))
+    for h in handlers:
+        h.setFormatter(fmt)
+        logger.addHandler(h)
+    logger.propagate = False
+    return logger
