@@ -1,0 +1,151 @@
+# SGLang-served measurements: our drafter at each chain vs a baseline server (bench_server),
+# and the server tuning sweep, one job (one server start) per chain or tuning point.
+# Jobs ask for gpu=1 so that, with `--resources gpu=1`, servers never share a GPU by accident.
+
+DRAFTER_FILES = ["results/drafter/config.json", "results/drafter/model.safetensors"]
+
+
+def serving_chains():
+    """Server configs of the serving bench: the baseline (if on) and every chain."""
+    b = config["sglang"]["bench"]
+    return (["baseline"] if b["baseline"] else []) + list(b["chains"])
+
+
+def serving_bench_inputs(wildcards):
+    inputs = {"fp": target_file("fingerprint.json")}
+    if wildcards.chain != "baseline":
+        inputs["drafter"] = DRAFTER_FILES
+    return inputs
+
+
+def serving_sets():
+    return {
+        name: dict(spec) for name, spec in config["sglang"]["bench"]["sets"].items()
+    }
+
+
+def tuning_inputs(wildcards):
+    inputs = {"fp": target_file("fingerprint.json")}
+    if config["sglang"]["tuning"]["chain"] != "baseline":
+        inputs["drafter"] = DRAFTER_FILES
+    return inputs
+
+
+def tuning_point_args(wildcards):
+    return dict(
+        config["sglang"]["tuning"]["points"][wildcards.point].get("server_args", {})
+    )
+
+
+def tuning_point_env(wildcards):
+    env = config["sglang"]["tuning"]["points"][wildcards.point].get("env", {})
+    return {k: str(v) for k, v in env.items()}
+
+
+def tuning_prompt_set():
+    """The first serving-bench set: its first turns are the tuning prompts."""
+    return dict(next(iter(config["sglang"]["bench"]["sets"].values())))
+
+
+def serving_outputs():
+    """Tables and plots of the serving bench and the tuning sweep, when enabled."""
+    out = []
+    if config["sglang"]["bench"]["enabled"]:
+        out += [
+            "results/tables/bench_sglang.md",
+            "results/plots/bench_sglang_throughput.png",
+        ]
+    if config["sglang"]["tuning"]["enabled"] and config["sglang"]["tuning"]["points"]:
+        out += ["results/tables/tuning.md", "results/plots/tuning.png"]
+    return out
+
+
+rule bench_server:
+    """Serve the exported drafter at one chain (or no drafter: baseline); bench and sweep."""
+    input:
+        unpack(serving_bench_inputs),
+    output:
+        rows="results/bench_sglang/{chain}.jsonl",
+        sweep="results/bench_sglang/{chain}.sweep.jsonl",
+        summary="results/bench_sglang/{chain}.summary.json",
+    log:
+        "logs/bench_sglang/{chain}.log",
+    wildcard_constraints:
+        chain="baseline|[0-9]+-[0-9]+-[0-9]+",
+    resources:
+        gpu=1,
+        mem_mb=8000,
+        runtime=60,
+    params:
+        server=sglang_server_options(),
+        sets=serving_sets(),
+        max_new_tokens=config["sglang"]["bench"]["max_new_tokens"],
+        concurrency=config["sglang"]["bench"]["concurrency"],
+        sweep_min_requests=config["sglang"]["bench"]["sweep_min_requests"],
+        request_timeout_s=config["sglang"]["request_timeout_s"],
+    script:
+        "../scripts/bench_server.py"
+
+
+rule bench_server_table:
+    """Serving bench tables (summary, concurrency sweep) and the throughput plot."""
+    input:
+        summaries=expand(
+            "results/bench_sglang/{chain}.summary.json", chain=serving_chains()
+        ),
+        sweeps=expand(
+            "results/bench_sglang/{chain}.sweep.jsonl", chain=serving_chains()
+        ),
+    output:
+        csv="results/tables/bench_sglang.csv",
+        md="results/tables/bench_sglang.md",
+        sweep_csv="results/tables/bench_sglang_sweep.csv",
+        plot="results/plots/bench_sglang_throughput.png",
+    log:
+        "logs/bench_sglang/table.log",
+    script:
+        "../scripts/bench_server_table.py"
+
+
+rule tuning_point:
+    """Check, start and measure one tuning point; its row records failures too."""
+    input:
+        unpack(tuning_inputs),
+    output:
+        "results/tuning/{point}.json",
+    log:
+        "logs/tuning/{point}.log",
+    resources:
+        gpu=1,
+        mem_mb=8000,
+        runtime=60,
+    params:
+        server=sglang_server_options(),
+        point_args=tuning_point_args,
+        point_env=tuning_point_env,
+        chain=config["sglang"]["tuning"]["chain"],
+        prompt_set=tuning_prompt_set(),
+        prompts=config["sglang"]["tuning"]["prompts"],
+        max_new_tokens=config["sglang"]["tuning"]["max_new_tokens"],
+        concurrency=config["sglang"]["tuning"]["concurrency"],
+        sweep_min_requests=config["sglang"]["tuning"]["sweep_min_requests"],
+        request_timeout_s=config["sglang"]["request_timeout_s"],
+    script:
+        "../scripts/tuning.py"
+
+
+rule tuning:
+    """The tuning table (one row per point, with its status) and plot."""
+    input:
+        expand(
+            "results/tuning/{point}.json",
+            point=list(config["sglang"]["tuning"]["points"]),
+        ),
+    output:
+        csv="results/tables/tuning.csv",
+        md="results/tables/tuning.md",
+        plot="results/plots/tuning.png",
+    log:
+        "logs/tuning/table.log",
+    script:
+        "../scripts/tuning_table.py"

@@ -1,0 +1,22 @@
+from pathlib import Path
+
+from specbuild.align import check_alignment
+from specbuild.io import setup_logging
+
+setup_logging(snakemake.log[0])
+check_alignment(
+    shards=list(snakemake.input.shards),
+    target_dir=Path(snakemake.input.fp).parent,
+    report=snakemake.output.report,
+    table_csv=snakemake.output.csv,
+    table_md=snakemake.output.md,
+    backend=snakemake.params.backend,
+    backend_options=snakemake.params.backend_options,
+    samples=snakemake.params.samples,
+    seed=snakemake.params.seed,
+    min_cosine=snakemake.params.min_cosine,
+    max_abs_diff=snakemake.params.max_abs_diff,
+    norm_ratio_tolerance=snakemake.params.norm_ratio_tolerance,
+    dtype=snakemake.params.dtype,
+    device=snakemake.params.device,
+)

@@ -1,0 +1,212 @@
+"""Generation through any OpenAI-compatible `/v1/chat/completions` endpoint, plus the small
+HTTP helpers (JSON POST, server-sent events) every SGLang client in specbuild shares.
+
+Contract: one `Generation` per request in order, keeping `finish_reason`, the reasoning text
+(`reasoning_content`, as SGLang's reasoning parser and most servers name it) and the usage
+counts. The API key is read from the environment variable named in config when the backend is
+built; it is sent only in the Authorization header and never logged, repr'd or returned.
+Requests run concurrently (`max_concurrency` threads); a transient failure (connection error,
+HTTP 429/5xx) is retried with backoff, a request that still fails comes back with
+finish_reason "error" and the message in `extra["error"]`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
+
+__all__ = ["OpenAIBackend", "post_json", "get_json", "iter_sse", "HTTPError", "api_key_from_env"]
+
+log = logging.getLogger("specbuild")
+
+RETRY_STATUS = (408, 429, 500, 502, 503, 504)
+RETRY_BACKOFF_S = (1.0, 4.0, 16.0)  # three retries cover a server restart or a short overload
+
+
+class HTTPError(RuntimeError):
+    def __init__(self, status: int, url: str, body: str) -> None:
+        super().__init__(f"HTTP {status} from {url}: {body[:500]}")
+        self.status = status
+
+
+def api_key_from_env(env_name: str | None) -> str | None:
+    """The API key from the variable named in config; a named but unset variable is an error."""
+    if not env_name:
+        return None
+    key = os.environ.get(env_name)
+    if not key:
+        raise OSError(
+            f"sglang.api_key_env names {env_name!r} but that environment variable is unset or "
+            f"empty; export it before running snakemake (the key itself never goes into config)"
+        )
+    return key
+
+
+def _request(url: str, payload: Any | None, api_key: str | None) -> urllib.request.Request:
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    data = None if payload is None else json.dumps(payload).encode()
+    return urllib.request.Request(url, data=data, headers=headers)
+
+
+def _open(req: urllib.request.Request, timeout: float):
+    try:
+        return urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as err:
+        body = err.read().decode("utf-8", "replace")
+        raise HTTPError(err.code, req.full_url, body) from None
+
+
+def post_json(url: str, payload: Any, *, api_key: str | None = None, timeout: float = 600.0) -> Any:
+    with _open(_request(url, payload, api_key), timeout) as r:
+        return json.loads(r.read())
+
+
+def get_json(url: str, *, api_key: str | None = None, timeout: float = 30.0) -> Any:
+    with _open(_request(url, None, api_key), timeout) as r:
+        return json.loads(r.read())
+
+
+def iter_sse(
+    url: str, payload: Any, *, api_key: str | None = None, timeout: float = 600.0
+) -> Iterator[tuple[float, dict]]:
+    """POST with streaming; yield (monotonic arrival time, event JSON) per `data:` event."""
+    with _open(_request(url, payload, api_key), timeout) as r:
+        for raw in r:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            yield time.monotonic(), json.loads(data)
+
+
+def with_retries(fn, *, what: str):
+    """Call fn(); retry transient HTTP/connection failures with backoff."""
+    for attempt, delay in enumerate((*RETRY_BACKOFF_S, None)):
+        try:
+            return fn()
+        except HTTPError as err:
+            if err.status not in RETRY_STATUS or delay is None:
+                raise
+            log.warning("%s: %s; retry %d in %.0f s", what, err, attempt + 1, delay)
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
+            if delay is None:
+                raise
+            log.warning("%s: %s; retry %d in %.0f s", what, err, attempt + 1, delay)
+        time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def parse_chat_completion(req_id: str, resp: Mapping[str, Any]) -> Generation:
+    """A chat.completion response as a Generation (finish_reason, reasoning and usage kept)."""
+    try:
+        choice = resp["choices"][0]
+        msg = choice["message"]
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(
+            f"request {req_id}: not a chat.completion response: {resp!r:.300}"
+        ) from None
+    usage = resp.get("usage") or {}
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+    finish = choice.get("finish_reason") or "unknown"
+    extra = {"model": resp.get("model")}
+    if usage.get("completion_tokens_details"):
+        extra["completion_tokens_details"] = usage["completion_tokens_details"]
+    return Generation(
+        id=req_id,
+        content=msg.get("content") or "",
+        finish_reason=str(finish),
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        completion_tokens=int(usage.get("completion_tokens", 0)),
+        reasoning=reasoning or None,
+        extra=extra,
+    )
+
+
+class OpenAIBackend:
+    """GenerationBackend over an OpenAI-compatible endpoint (an SGLang server or any other)."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str | None = None,
+        api_key_env: str | None = None,
+        max_concurrency: int = 16,
+        request_timeout_s: float = 600.0,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self._api_key = api_key_from_env(api_key_env)
+        self.max_concurrency = max_concurrency
+        self.request_timeout_s = request_timeout_s
+        self.extra_body = dict(extra_body or {})
+        self.model = model or self._served_model()
+
+    def __repr__(self) -> str:  # never shows the key
+        return f"{type(self).__name__}(base_url={self.base_url!r}, model={self.model!r})"
+
+    def _served_model(self) -> str:
+        data = get_json(self.base_url + "/v1/models", api_key=self._api_key)
+        models = [m.get("id") for m in data.get("data", [])]
+        if len(models) != 1:
+            raise ValueError(
+                f"{self.base_url}/v1/models lists {models}; set sglang.served_model to pick one"
+            )
+        return str(models[0])
+
+    def _payload(self, request: GenerationRequest, sampling: SamplingParams) -> dict:
+        return {
+            **self.extra_body,
+            "model": self.model,
+            "messages": request.messages,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+        }
+
+    def _one(self, request: GenerationRequest, sampling: SamplingParams) -> Generation:
+        url = self.base_url + "/v1/chat/completions"
+        payload = self._payload(request, sampling)
+        try:
+            resp = with_retries(
+                lambda: post_json(
+                    url, payload, api_key=self._api_key, timeout=self.request_timeout_s
+                ),
+                what=f"request {request.id}",
+            )
+            return parse_chat_completion(request.id, resp)
+        except (HTTPError, ValueError) as err:
+            log.error("request %s failed: %s", request.id, err)
+            return Generation(
+                id=request.id,
+                content="",
+                finish_reason="error",
+                prompt_tokens=0,
+                completion_tokens=0,
+                extra={"error": str(err)},
+            )
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], sampling: SamplingParams
+    ) -> list[Generation]:
+        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
+            return list(pool.map(lambda r: self._one(r, sampling), requests))
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,321 @@
+"""Launch, health-check and stop an SGLang server that a job owns.
+
+Contract: the server binds 127.0.0.1 (unless configured otherwise) on a free port, is
+health-checked before use (`/health_generate` runs one real decode step), writes its output
+into the job's log through the `specbuild` logger, and is stopped, with every process it
+spawned, when the job ends: normally, on an exception, on SIGTERM from Snakemake, or at
+interpreter exit. A server that dies or never becomes healthy raises `ServerStartError` with
+the tail of its output, so a bad flag shows up as a failed job, not as a hang.
+
+Flags come from config as a mapping (`{attention_backend: triton, disable_radix_cache: true}`)
+and are rendered by `build_server_args`; `unknown_flags` checks them against the server's own
+`--help`, because SGLang rejects unknown flags at start but a typo'd boolean in a sweep would
+otherwise cost a full server start to find.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ServerSpec",
+    "SGLangServer",
+    "ServerStartError",
+    "build_server_args",
+    "unknown_flags",
+    "launcher_help",
+    "free_port",
+    "resolve_launcher",
+    "running_server",
+]
+
+log = logging.getLogger("specbuild")
+
+DEFAULT_LAUNCHER = ("python", "-m", "sglang.launch_server")
+# Flags specbuild sets itself from the spec; setting them again through server_args would
+# make two sources of truth for where the server listens and what it serves.
+RESERVED_FLAGS = ("--model-path", "--host", "--port", "--api-key")
+TAIL_LINES = 60  # server output kept in memory for error messages
+STOP_GRACE_S = 30.0  # SGLang's scheduler processes need a few seconds to free the GPU
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or never answered its health check; the message holds its output tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_launcher(launcher: Sequence[str]) -> list[str]:
+    """The launch command; a leading `python` means the interpreter running this job, so the
+    server sees the same site-packages (PYTHONPATH=/tmp/site on the GPU host)."""
+    cmd = list(launcher)
+    if not cmd:
+        raise ValueError("sglang.launcher is empty; the default is python -m sglang.launch_server")
+    if cmd[0] in ("python", "python3"):
+        cmd[0] = sys.executable
+    return cmd
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def build_server_args(options: Mapping[str, Any]) -> list[str]:
+    """Render `{key: value}` as SGLang command-line flags, in the given order.
+
+    true -> `--key`; false or null -> omitted (SGLang's booleans are store_true);
+    a list -> `--key v1 v2 ...`; anything else -> `--key str(value)`.
+    """
+    args: list[str] = []
+    faults = []
+    for key, value in options.items():
+        flag = _flag(key)
+        if flag in RESERVED_FLAGS:
+            faults.append(f"{key}: set by specbuild itself (model path, host, port, api key)")
+            continue
+        if value is None or value is False:
+            continue
+        if value is True:
+            args.append(flag)
+        elif isinstance(value, (list, tuple)):
+            if not value:
+                continue
+            args.append(flag)
+            args.extend(str(v) for v in value)
+        elif isinstance(value, dict):
+            args += [flag, json.dumps(value, separators=(",", ":"))]
+        else:
+            args += [flag, str(value)]
+    if faults:
+        raise ValueError("bad sglang server_args: " + "; ".join(faults))
+    return args
+
+
+_HELP_FLAG = re.compile(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_-]*)")
+
+
+def unknown_flags(args: Sequence[str], help_text: str) -> list[str]:
+    """Flags in `args` that the server's `--help` text does not list (in order, no repeats)."""
+    known = set(_HELP_FLAG.findall(help_text))
+    out: list[str] = []
+    for a in args:
+        if a.startswith("--") and a.split("=", 1)[0] not in known and a not in out:
+            out.append(a.split("=", 1)[0])
+    return out
+
+
+def launcher_help(launcher: Sequence[str], *, env: Mapping[str, str] | None = None) -> str:
+    """The launcher's `--help` output (argparse prints every flag it accepts)."""
+    proc = subprocess.run(
+        [*resolve_launcher(launcher), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+    if proc.returncode != 0 or "--model-path" not in proc.stdout:
+        tail = (proc.stdout + proc.stderr)[-2000:]
+        raise ServerStartError(f"`{' '.join(launcher)} --help` failed ({proc.returncode}):\n{tail}")
+    return proc.stdout
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """Everything that decides how one server is started (all plain values, from params)."""
+
+    model_path: str
+    launcher: tuple[str, ...] = DEFAULT_LAUNCHER
+    server_args: tuple[str, ...] = ()  # rendered by build_server_args
+    env: Mapping[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int | None = None  # None: a free port
+    startup_timeout_s: float = 900.0
+    health_path: str = "/health_generate"
+
+
+class SGLangServer:
+    """One running server; use as a context manager (or `running_server`)."""
+
+    def __init__(self, spec: ServerSpec, *, name: str = "sglang") -> None:
+        self.spec = spec
+        self.name = name
+        self.port = spec.port or free_port(spec.host)
+        self.proc: subprocess.Popen | None = None
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._reader: threading.Thread | None = None
+        self._old_sigterm: Any = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.spec.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        spec = self.spec
+        return [
+            *resolve_launcher(spec.launcher),
+            "--model-path",
+            spec.model_path,
+            "--host",
+            spec.host,
+            "--port",
+            str(self.port),
+            *spec.server_args,
+        ]
+
+    def output_tail(self) -> str:
+        return "\n".join(self._tail)
+
+    def _forward_output(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip()
+            self._tail.append(line)
+            log.info("[%s] %s", self.name, line)
+
+    def start(self) -> SGLangServer:
+        cmd = self.command()
+        env = {**os.environ, **{k: str(v) for k, v in self.spec.env.items()}}
+        env_note = " ".join(f"{k}={v}" for k, v in sorted(self.spec.env.items()))
+        log.info("starting %s: %s%s", self.name, env_note + " " if env_note else "", " ".join(cmd))
+        # A new session makes the server the leader of its own process group, so stop() can
+        # reach the scheduler/detokenizer processes SGLang spawns, not only the launcher.
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            env=env,
+            start_new_session=True,
+        )
+        atexit.register(self.stop)
+        self._reader = threading.Thread(target=self._forward_output, daemon=True)
+        self._reader.start()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        assert self.proc is not None
+        t0 = time.monotonic()
+        url = self.base_url + self.spec.health_path
+        while time.monotonic() - t0 < self.spec.startup_timeout_s:
+            code = self.proc.poll()
+            if code is not None:
+                self._drain()
+                raise ServerStartError(
+                    f"{self.name} exited with code {code} before it was healthy; "
+                    f"its last output:\n{self.output_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    if r.status == 200:
+                        log.info(
+                            "%s healthy at %s after %.1f s",
+                            self.name,
+                            self.base_url,
+                            time.monotonic() - t0,
+                        )
+                        return
+            except (urllib.error.URLError, OSError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        raise ServerStartError(
+            f"{self.name} not healthy at {url} within {self.spec.startup_timeout_s:.0f} s "
+            f"(raise sglang.startup_timeout_s if the model is large); its last output:\n"
+            f"{self.output_tail()}"
+        )
+
+    def _drain(self) -> None:
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+
+    def stop(self) -> int | None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after a grace period."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            log.info("stopping %s (pid %d)", self.name, proc.pid)
+            for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        else:
+            # The launcher is gone; children it left in its group must not hold the GPU.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._drain()
+        atexit.unregister(self.stop)
+        return proc.returncode
+
+    def __enter__(self) -> SGLangServer:
+        # Snakemake stops jobs with SIGTERM; turn it into SystemExit so __exit__ runs.
+        if threading.current_thread() is threading.main_thread():
+            self._old_sigterm = signal.signal(signal.SIGTERM, _raise_system_exit)
+        try:
+            return self.start()
+        except BaseException:
+            self._restore_signal()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.stop()
+        finally:
+            self._restore_signal()
+
+    def _restore_signal(self) -> None:
+        if self._old_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
+
+    def get_json(self, path: str, timeout: float = 30.0) -> Any:
+        with urllib.request.urlopen(self.base_url + path, timeout=timeout) as r:
+            return json.loads(r.read())
+
+
+def _raise_system_exit(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def running_server(spec: ServerSpec, *, name: str = "sglang") -> Iterator[SGLangServer]:
+    """`with running_server(spec) as srv:` — healthy on entry, stopped on exit."""
+    with SGLangServer(spec, name=name) as srv:
+        yield srv

@@ -1,0 +1,321 @@
+"""The `sglang` feature backend: hidden states computed by the serving engine itself.
+
+Why two servers. SGLang 0.5.17 returns per prompt token, through `/generate` with
+`return_hidden_states` and `max_new_tokens=1`:
+  * with an EAGLE3 drafter loaded: the three aux states the drafter consumes, concatenated
+    [T, 3H], at the layer ids of the drafter's `eagle_config` (what a served drafter sees);
+  * with no drafter: the final post-norm state [T, H].
+No single server returns both, so this backend starts two on the same GPU(s) for the shard:
+an aux server with a *capture drafter* (random weights, the shard's layer ids; only the target's
+states come back, so its weights never matter) and a plain server. Both start in parallel and
+each takes `mem_fraction_static` of the memory.
+
+Cost (documented in the README): two server starts per hidden job (on SmolLM2/H200 ~40-90 s
+each, in parallel), the target's weights twice in GPU memory, and JSON transport of float
+lists (SGLang measured ~7.5k tok/s vs 300k tok/s prefill). Use large shards with this backend
+(one job per shard) and keep `hf` for bulk extraction where the engines agree (stage `align`
+measures whether they do). Targets too large for two copies need a bigger machine or `hf`.
+
+Row integrity: the radix cache serves a repeated prefix from cache and returns no states for
+it, and chunked prefill can split a prompt; both would silently drop rows. The servers run
+with `--disable-radix-cache` and `--chunked-prefill-size -1`, and every sample's row count is
+asserted against its input length anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from specbuild.backends.openai import post_json, with_retries
+from specbuild.backends.server import (
+    DEFAULT_LAUNCHER,
+    ServerSpec,
+    SGLangServer,
+    build_server_args,
+)
+from specbuild.io import read_json, write_json
+
+__all__ = ["SGLangFeatureBackend", "write_capture_drafter", "parse_hidden_states", "RowCountError"]
+
+log = logging.getLogger("specbuild")
+
+AUX_LAYERS = 3
+# Flags the feature servers need for correct rows; a user value for these is overridden.
+FEATURE_SERVER_ARGS = {
+    "enable_return_hidden_states": True,
+    "disable_radix_cache": True,
+    "chunked_prefill_size": -1,
+}
+CAPTURE_DRAFT_VOCAB = 256  # the capture drafter never proposes anything we keep: keep it small
+# Config keys copied from the target so the drafter's RoPE and shapes match what SGLang expects.
+TARGET_KEYS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "hidden_act",
+    "max_position_embeddings",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "vocab_size",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+)
+
+
+class RowCountError(RuntimeError):
+    """A server returned a different number of hidden-state rows than the sample has tokens."""
+
+
+def write_capture_drafter(
+    folder: str | os.PathLike,
+    target_config: Mapping[str, Any],
+    layer_ids: Sequence[int],
+    *,
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight EAGLE-3 drafter folder whose only job is to make SGLang capture
+    the target's aux states at `layer_ids`. Same layout as an exported drafter (stage export)."""
+    folder = Path(folder)
+    cfg = {k: target_config[k] for k in TARGET_KEYS if k in target_config}
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    kv_heads = int(cfg.get("num_key_value_heads", heads))
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    inter = int(cfg["intermediate_size"])
+    vocab = int(cfg["vocab_size"])
+    draft_vocab = min(CAPTURE_DRAFT_VOCAB, vocab)
+    cfg.update(
+        architectures=["LlamaForCausalLMEagle3"],
+        model_type="llama",
+        num_hidden_layers=1,
+        head_dim=head_dim,
+        draft_vocab_size=draft_vocab,
+        target_hidden_size=hidden,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+        eagle_config={
+            "eagle_aux_hidden_state_layer_ids": [int(i) for i in layer_ids],
+            "use_aux_hidden_state": True,
+        },
+    )
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int) -> Tensor:
+        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+
+    ones = torch.ones(hidden, dtype=torch.bfloat16)
+    tensors = {
+        # midlayer attention reads [embedding | projected hidden], hence 2H inputs
+        "midlayer.self_attn.q_proj.weight": rand(heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": rand(hidden, heads * head_dim),
+        "midlayer.mlp.gate_proj.weight": rand(inter, hidden),
+        "midlayer.mlp.up_proj.weight": rand(inter, hidden),
+        "midlayer.mlp.down_proj.weight": rand(hidden, inter),
+        "midlayer.input_layernorm.weight": ones.clone(),
+        "midlayer.hidden_norm.weight": ones.clone(),
+        "midlayer.post_attention_layernorm.weight": ones.clone(),
+        "fc.weight": rand(hidden, AUX_LAYERS * hidden),
+        "norm.weight": ones.clone(),
+        "lm_head.weight": rand(draft_vocab, hidden),
+        "d2t": torch.zeros(draft_vocab, dtype=torch.int64),  # draft id i -> target id i
+        "t2d": torch.arange(vocab) < draft_vocab,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "config.json", cfg)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def parse_hidden_states(
+    response: Mapping[str, Any], *, n_tokens: int, width: int, what: str
+) -> Tensor:
+    """The prompt tokens' states [n_tokens, width] from one `/generate` output.
+
+    meta_info.hidden_states holds one entry per forward step: the prefill's [T, D] first, then
+    one [D] per decoded token (none with max_new_tokens=1). Anything but exactly n_tokens rows
+    of width D is an error naming the sample: a silently short shard is what this guards.
+    """
+    meta = response.get("meta_info") or {}
+    hs = meta.get("hidden_states")
+    if not hs:
+        raise RowCountError(
+            f"{what}: no hidden_states in the response (is the server started "
+            f"with --enable-return-hidden-states?); meta_info keys {sorted(meta)}"
+        )
+    first = hs[0]
+    if first and not isinstance(first[0], list):
+        first = [first]  # a one-token prompt may come back as one flat row
+    rows = len(first)
+    cached = meta.get("cached_tokens")
+    if rows != n_tokens:
+        raise RowCountError(
+            f"{what}: server returned {rows} hidden-state rows for {n_tokens} input tokens "
+            f"(cached_tokens={cached}); the radix cache or chunked prefill dropped rows. "
+            f"Keep disable_radix_cache and chunked_prefill_size -1 for feature servers."
+        )
+    t = torch.tensor(first, dtype=torch.float32)  # shape: [T, D]
+    if t.ndim != 2 or t.shape[1] != width:
+        raise RowCountError(
+            f"{what}: hidden states of shape {tuple(t.shape)}, expected "
+            f"[{n_tokens}, {width}] (wrong layer ids or wrong server?)"
+        )
+    return t
+
+
+class SGLangFeatureBackend:
+    """FeatureBackend over two SGLang servers (aux with a capture drafter, plain for last)."""
+
+    name = "sglang"
+
+    def __init__(
+        self,
+        *,
+        target_dir: str | os.PathLike,
+        layer_ids: Sequence[int],
+        launcher: Sequence[str] = DEFAULT_LAUNCHER,
+        server_args: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 900.0,
+        mem_fraction_static: float = 0.35,
+        request_batch: int = 8,
+        request_timeout_s: float = 600.0,
+    ) -> None:
+        self.target_dir = Path(target_dir)
+        self.layer_ids = [int(i) for i in layer_ids]
+        cfg = read_json(self.target_dir / "config.json")
+        cfg = cfg.get("text_config", cfg)
+        self.hidden = int(cfg["hidden_size"])
+        self.request_batch = request_batch
+        self.request_timeout_s = request_timeout_s
+        self._tmp = tempfile.TemporaryDirectory(prefix="specbuild-capture-drafter-")
+        drafter = write_capture_drafter(Path(self._tmp.name) / "drafter", cfg, self.layer_ids)
+        base = {
+            **dict(server_args or {}),
+            "mem_fraction_static": mem_fraction_static,
+            **FEATURE_SERVER_ARGS,
+        }
+        aux_args = {
+            **base,
+            "speculative_algorithm": "EAGLE3",
+            "speculative_draft_model_path": str(drafter),
+            # the cheapest chain: the drafter's proposals are never used here
+            "speculative_num_steps": 1,
+            "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": 2,
+        }
+
+        def spec(args: Mapping[str, Any]) -> ServerSpec:
+            return ServerSpec(
+                model_path=str(self.target_dir),
+                launcher=tuple(launcher),
+                server_args=tuple(build_server_args(args)),
+                env=dict(env or {}),
+                host=host,
+                startup_timeout_s=startup_timeout_s,
+            )
+
+        self.servers = {
+            "aux": SGLangServer(spec(aux_args), name="sglang-aux"),
+            "last": SGLangServer(spec(base), name="sglang-last"),
+        }
+        errors: list[BaseException] = []
+
+        def start(srv: SGLangServer) -> None:
+            try:
+                srv.start()
+            except BaseException as err:  # collected; both are stopped below
+                errors.append(err)
+
+        threads = [threading.Thread(target=start, args=(s,)) for s in self.servers.values()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            self.close()
+            raise errors[0]
+        self._check_capture_layers()
+
+    @classmethod
+    def from_folder(
+        cls,
+        folder: str | os.PathLike,
+        *,
+        layer_ids: list[int],
+        dtype: str,
+        device: str,
+        **options: Any,
+    ) -> SGLangFeatureBackend:
+        """The hidden stage's constructor; `dtype`/`device` belong to hf (SGLang serves the
+        folder's own dtype on its GPUs). `options` are this class's keyword arguments."""
+        return cls(target_dir=folder, layer_ids=layer_ids, **options)
+
+    def _check_capture_layers(self) -> None:
+        # SGLang takes the capture layers from the drafter's config; a version that ignored it
+        # would still return [T, 3H], only from other layers. /server_info cannot show it, so
+        # the width check in parse_hidden_states and stage `align` are the guards.
+        info = self.servers["aux"].get_json("/server_info")
+        algo = info.get("speculative_algorithm")
+        if algo not in ("EAGLE3", None):
+            raise RuntimeError(f"aux server runs speculative_algorithm={algo!r}, not EAGLE3")
+
+    def _generate(self, which: str, batch: list[list[int]]) -> list[dict]:
+        url = self.servers[which].base_url + "/generate"
+        payload = {
+            "input_ids": batch,
+            "return_hidden_states": True,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+        }
+        out = with_retries(
+            lambda: post_json(url, payload, timeout=self.request_timeout_s),
+            what=f"{which} hidden states",
+        )
+        if len(out) != len(batch):
+            raise RowCountError(f"{which} server returned {len(out)} outputs for {len(batch)}")
+        return out
+
+    def extract(self, batch: list[list[int]]) -> list[tuple[Tensor, Tensor]]:
+        results: list[tuple[Tensor, Tensor]] = []
+        for start in range(0, len(batch), self.request_batch):
+            chunk = batch[start : start + self.request_batch]
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                aux_f = pool.submit(self._generate, "aux", chunk)
+                last_f = pool.submit(self._generate, "last", chunk)
+                aux_out, last_out = aux_f.result(), last_f.result()
+            for i, ids in enumerate(chunk):
+                what = f"sample {start + i} of the batch ({len(ids)} tokens)"
+                aux = parse_hidden_states(
+                    aux_out[i],
+                    n_tokens=len(ids),
+                    width=AUX_LAYERS * self.hidden,
+                    what="aux, " + what,
+                )
+                last = parse_hidden_states(
+                    last_out[i], n_tokens=len(ids), width=self.hidden, what="last, " + what
+                )
+                results.append((aux, last))
+        return results
+
+    def close(self) -> None:
+        for srv in self.servers.values():
+            srv.stop()
+        self._tmp.cleanup()
