@@ -1,0 +1,117 @@
+"""Stage align: training features vs the serving engine's, on a fixed sample of rows."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbuild.align import (
+    AlignmentError,
+    alignment_faults,
+    check_alignment,
+    compare_layer,
+    pick_samples,
+)
+from specbuild.hidden.shards import write_shard
+
+STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
+LAYER_IDS = [1, 14, 26]
+
+
+def test_pick_samples_is_fixed_by_the_seed_and_bounded_by_the_rows():
+    a = pick_samples([3, 5], 4, seed=0)
+    assert a == pick_samples([3, 5], 4, seed=0) and len(set(a)) == 4
+    assert all(i < (3, 5)[s] for s, i in a)
+    assert len(pick_samples([2], 10, seed=1)) == 2
+
+
+def test_identical_features_align_perfectly():
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    la = compare_layer("low", 1, x, x.clone())
+    assert la.cosine_min == pytest.approx(1.0) and la.max_abs_diff == 0.0
+    assert la.norm_ratio == pytest.approx(1.0)
+
+
+def test_faults_name_each_layer_and_threshold_it_breaks():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 8, generator=g)
+    layers = [
+        compare_layer("low", 1, x, x),
+        compare_layer("mid", 14, x, 1.5 * x),  # same direction, 50% larger norm
+        compare_layer("high", 26, x, torch.randn(16, 8, generator=g)),  # unrelated
+    ]
+    faults = alignment_faults(layers, min_cosine=0.99, max_abs_diff=None,
+                              norm_ratio_tolerance=0.05)  # fmt: skip
+    assert [la.status for la in layers] == ["ok", "FAIL", "FAIL"]
+    assert faults[0].startswith("layer mid (layer-output id 14): norm ratio 1.5000")
+    assert faults[1].startswith("layer high (layer-output id 26): mean cosine")
+
+
+@pytest.fixture(scope="module")
+def hf_shard(tmp_path_factory, target_model) -> Path:
+    """A real hf shard of three short samples (the layout stage hidden writes)."""
+    from specbuild.hidden.hf import HFFeatureBackend
+
+    samples = [[1, 9690, 2683, 2], [1, 4194, 314, 253, 1345, 2], [1, 504, 2]]
+    feats = HFFeatureBackend(target_model, LAYER_IDS).extract(samples)
+    flat = [t for s in samples for t in s]
+    offsets = [0]
+    for s in samples:
+        offsets.append(offsets[-1] + len(s))
+    tensors = {
+        "input_ids": torch.tensor(flat, dtype=torch.int32),
+        "loss_mask": torch.ones(len(flat), dtype=torch.uint8),
+        "offsets": torch.tensor(offsets, dtype=torch.int64),
+        "aux": torch.cat([a for a, _ in feats]).to(torch.bfloat16),
+        "last": torch.cat([b for _, b in feats]).to(torch.bfloat16),
+    }
+    meta = {"layer_ids": json.dumps(LAYER_IDS), "backend": "hf", "target_fingerprint": "t",
+            "tokenizer_fingerprint": "k", "dtype": "bf16", "specbuild_version": "0"}  # fmt: skip
+    path = tmp_path_factory.mktemp("hidden") / "00000.safetensors"
+    write_shard(path, tensors, meta)
+    return path
+
+
+def _check(tmp_path, shard, target_dir, **kw):
+    return check_alignment(
+        shards=[shard], target_dir=target_dir, report=tmp_path / "report.json",
+        table_csv=tmp_path / "align.csv", table_md=tmp_path / "align.md", samples=2, **kw,
+    )  # fmt: skip
+
+
+def test_hf_shards_served_by_hf_are_green(tmp_path, hf_shard, target_dir):
+    layers = _check(tmp_path, hf_shard, target_dir, backend="hf", device="cpu")
+    assert [la.layer for la in layers] == ["low", "mid", "high", "last"]
+    assert all(la.status == "ok" and la.cosine_mean > 0.999 for la in layers)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["ok"] and report["layer_ids"] == LAYER_IDS and len(report["rows"]) == 2
+    assert "| last |" in (tmp_path / "align.md").read_text()
+
+
+def test_a_shard_whose_final_state_is_off_stops_the_build_naming_it(tmp_path, hf_shard,
+                                                                     target_dir):  # fmt: skip
+    from specbuild.hidden.shards import read_shard
+
+    tensors, meta = read_shard(hf_shard)
+    tensors["last"] = (tensors["last"].float() * 1.2).to(torch.bfloat16)
+    bad = tmp_path / "bad.safetensors"
+    write_shard(bad, tensors, meta)
+    with pytest.raises(AlignmentError, match=r"layer last \(final post-norm state\): norm ratio"):
+        _check(tmp_path, bad, target_dir, backend="hf", device="cpu")
+
+
+def test_hf_shards_against_an_sglang_served_target_measure_the_mismatch(
+    tmp_path, hf_shard, target_dir
+):
+    # The stub's "engine" computes other numbers than transformers: exactly the story's
+    # failure (features from one engine, serving on another), caught before training.
+    options = {"launcher": [sys.executable, str(STUB)], "startup_timeout_s": 20}
+    with pytest.raises(AlignmentError) as err:
+        _check(tmp_path, hf_shard, target_dir, backend="sglang", backend_options=options)
+    msg = str(err.value)
+    assert "layer low (layer-output id 1)" in msg and "layer last" in msg
+    assert "hidden.backend: sglang" in msg

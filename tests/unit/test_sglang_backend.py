@@ -1,0 +1,288 @@
+"""SGLang backends against the loopback stub (tests/stubs/sglang_stub.py) started as a real
+subprocess on 127.0.0.1: flag building, server start/stop/failure, the OpenAI-compatible
+client, and the hidden-state backend. These complement the GPU run; they never replace it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbuild.backends import make_backend
+from specbuild.backends.base import GenerationRequest, SamplingParams
+from specbuild.backends.openai import OpenAIBackend, parse_chat_completion
+from specbuild.backends.server import (
+    ServerSpec,
+    ServerStartError,
+    SGLangServer,
+    build_server_args,
+    launcher_help,
+    unknown_flags,
+)
+from specbuild.hidden.sglang import (
+    RowCountError,
+    SGLangFeatureBackend,
+    parse_hidden_states,
+    write_capture_drafter,
+)
+
+STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
+LAUNCHER = (sys.executable, str(STUB))
+sys.path.insert(0, str(STUB.parent))
+from sglang_stub import FINAL_LAYER, stub_feature  # noqa: E402
+
+TINY_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "num_hidden_layers": 8,
+    "vocab_size": 1000,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 256,
+    "rope_theta": 10000.0,
+}
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    """A folder the stub serves: only config.json matters to it."""
+    d = tmp_path / "target"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(TINY_CONFIG))
+    return d
+
+
+def spec_for(model_dir, *args: str, env=None, timeout: float = 20.0, launcher=LAUNCHER):
+    return ServerSpec(
+        model_path=str(model_dir),
+        launcher=tuple(launcher),
+        server_args=tuple(args),
+        env=env or {},
+        startup_timeout_s=timeout,
+    )
+
+
+def _closed(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2)
+    except OSError:
+        return True
+    return False
+
+
+# --- flags -----------------------------------------------------------------------------------
+
+
+def test_build_server_args_renders_values_bare_booleans_lists_and_drops_false():
+    args = build_server_args(
+        {
+            "attention_backend": "triton",
+            "disable_radix_cache": True,
+            "disable_cuda_graph": False,
+            "chunked_prefill_size": -1,
+            "cuda_graph_bs": [1, 2, 4],
+            "served_model_name": None,
+        }
+    )
+    assert args == [
+        "--attention-backend", "triton", "--disable-radix-cache",
+        "--chunked-prefill-size", "-1", "--cuda-graph-bs", "1", "2", "4",
+    ]  # fmt: skip
+
+
+def test_build_server_args_refuses_flags_specbuild_sets_itself():
+    with pytest.raises(ValueError, match="port.*set by specbuild"):
+        build_server_args({"port": 1234, "api_key": "x"})
+
+
+def test_unknown_flags_are_those_missing_from_the_servers_own_help():
+    help_text = launcher_help(LAUNCHER)
+    args = build_server_args({"attention_backend": "triton", "attention_backnd": "x"})
+    assert unknown_flags(args, help_text) == ["--attention-backnd"]
+
+
+# --- server lifecycle ------------------------------------------------------------------------
+
+
+def test_server_binds_loopback_on_a_free_port_and_stops_with_its_process_group(model_dir):
+    with SGLangServer(spec_for(model_dir, "--disable-radix-cache")) as srv:
+        assert srv.base_url.startswith("http://127.0.0.1:")
+        info = srv.get_json("/server_info")
+        assert info["disable_radix_cache"] is True
+        pid, url = srv.proc.pid, srv.base_url + "/health"
+    assert srv.proc.poll() is not None
+    assert _closed(url), f"server pid {pid} still answers after stop"
+
+
+def test_server_output_goes_to_the_job_log(model_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="specbuild"):
+        with SGLangServer(spec_for(model_dir), name="stubby"):
+            pass
+    assert any("[stubby] stub: serving" in r.getMessage() for r in caplog.records)
+
+
+def test_server_that_exits_at_start_raises_with_its_exit_code_and_output(model_dir):
+    srv = SGLangServer(spec_for(model_dir, env={"SGLANG_STUB_EXIT": "3"}))
+    with pytest.raises(ServerStartError, match=r"exited with code 3(.|\n)*failing at start"):
+        srv.start()
+
+
+def test_server_rejecting_a_flag_fails_the_start_instead_of_hanging(model_dir):
+    with pytest.raises(ServerStartError, match="unrecognized arguments: --no-such-flag"):
+        SGLangServer(spec_for(model_dir, "--no-such-flag")).start()
+
+
+def test_server_never_healthy_times_out_and_is_stopped(model_dir):
+    srv = SGLangServer(spec_for(model_dir, env={"SGLANG_STUB_NEVER_HEALTHY": "1"}, timeout=2))
+    with pytest.raises(ServerStartError, match="not healthy"):
+        srv.start()
+    assert srv.proc.poll() is not None
+
+
+def test_server_is_stopped_when_the_job_body_fails(model_dir):
+    srv = SGLangServer(spec_for(model_dir))
+    with pytest.raises(RuntimeError, match="boom"):
+        with srv:
+            url = srv.base_url + "/health"
+            raise RuntimeError("boom")
+    assert srv.proc.poll() is not None and _closed(url)
+
+
+# --- OpenAI-compatible client ----------------------------------------------------------------
+
+
+def test_parse_chat_completion_keeps_finish_reason_reasoning_and_usage():
+    resp = {
+        "model": "m",
+        "choices": [
+            {"message": {"content": "4", "reasoning_content": "2+2"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 1},
+    }
+    g = parse_chat_completion("q1", resp)
+    assert (g.content, g.reasoning, g.finish_reason) == ("4", "2+2", "stop")
+    assert (g.prompt_tokens, g.completion_tokens) == (7, 1)
+
+
+def test_parse_chat_completion_rejects_a_response_without_choices():
+    with pytest.raises(ValueError, match="request q1: not a chat.completion"):
+        parse_chat_completion("q1", {"error": "x"})
+
+
+def test_openai_backend_sends_key_from_env_and_never_shows_it(model_dir, monkeypatch, caplog):
+    secret = "sk-test-123456"
+    monkeypatch.setenv("SPECBUILD_TEST_KEY", secret)
+    spec = spec_for(
+        model_dir,
+        env={"SGLANG_STUB_REASONING": "1"},
+        launcher=(*LAUNCHER, "--api-key", secret),
+    )
+    with caplog.at_level(logging.INFO, logger="specbuild"), SGLangServer(spec) as srv:
+        client = OpenAIBackend(base_url=srv.base_url + "/v1", api_key_env="SPECBUILD_TEST_KEY")
+        reqs = [GenerationRequest(id=f"r{i}", messages=[{"role": "user", "content": "a b c"}])
+                for i in range(3)]  # fmt: skip
+        gens = client.generate(reqs, SamplingParams(max_new_tokens=4))
+    assert [g.id for g in gens] == ["r0", "r1", "r2"]
+    assert all(g.finish_reason == "length" and g.completion_tokens == 4 for g in gens)
+    assert gens[0].reasoning == "thinking about 3 tokens"
+    assert secret not in repr(client)
+    # the launcher line is logged; the client's own logging must not add the key elsewhere
+    assert not any(secret in r.getMessage() for r in caplog.records if "starting" not in
+                   r.getMessage())  # fmt: skip
+
+
+def test_openai_backend_refuses_a_named_but_unset_key_variable(monkeypatch):
+    monkeypatch.delenv("SPECBUILD_NO_SUCH_KEY", raising=False)
+    with pytest.raises(OSError, match="SPECBUILD_NO_SUCH_KEY"):
+        OpenAIBackend(base_url="http://127.0.0.1:9", api_key_env="SPECBUILD_NO_SUCH_KEY")
+
+
+def test_openai_backend_returns_error_rows_when_the_key_is_wrong(model_dir, monkeypatch):
+    monkeypatch.setenv("SPECBUILD_TEST_KEY", "wrong")
+    spec = spec_for(model_dir, launcher=(*LAUNCHER, "--api-key", "right"))
+    with SGLangServer(spec) as srv:
+        client = OpenAIBackend(base_url=srv.base_url, model="m", api_key_env="SPECBUILD_TEST_KEY")
+        [g] = client.generate(
+            [GenerationRequest(id="r", messages=[{"role": "user", "content": "x"}])],
+            SamplingParams(max_new_tokens=2),
+        )
+    assert g.finish_reason == "error" and "401" in g.extra["error"]
+
+
+def test_make_backend_sglang_launches_generates_and_stops_its_server(model_dir):
+    backend = make_backend("sglang", target_dir=str(model_dir), launcher=LAUNCHER,
+                           server_args={"disable_radix_cache": True}, startup_timeout_s=20)  # fmt: skip
+    try:
+        [g] = backend.generate(
+            [GenerationRequest(id="a", messages=[{"role": "user", "content": "hello there"}])],
+            SamplingParams(max_new_tokens=3),
+        )
+        assert backend.name == "sglang" and g.finish_reason == "length"
+        assert g.completion_tokens == 3 and g.content.count("w") == 3
+    finally:
+        backend.close()
+    assert backend.server.proc.poll() is not None
+
+
+# --- hidden states ---------------------------------------------------------------------------
+
+
+def test_capture_drafter_is_an_eagle3_folder_with_the_requested_layer_ids(tmp_path):
+    folder = write_capture_drafter(tmp_path / "d", TINY_CONFIG, [1, 3, 4])
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as fh:
+        keys = set(fh.keys())
+        assert tuple(fh.get_slice("fc.weight").get_shape()) == (8, 24)
+    assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= keys
+    assert not any(k.startswith("embed_tokens") for k in keys)
+
+
+def test_feature_backend_returns_aux_at_the_drafter_layers_and_the_final_state(model_dir):
+    layer_ids = [1, 3, 4]
+    fb = SGLangFeatureBackend(target_dir=model_dir, layer_ids=layer_ids, launcher=LAUNCHER,
+                              startup_timeout_s=20, request_batch=2)  # fmt: skip
+    try:
+        batch = [[5, 6, 7, 8], [5, 6, 7], [9]]  # shared prefixes: the radix cache must be off
+        out = fb.extract(batch)
+    finally:
+        fb.close()
+    assert [tuple(a.shape) for a, _ in out] == [(4, 24), (3, 24), (1, 24)]
+    assert [tuple(b.shape) for _, b in out] == [(4, 8), (3, 8), (1, 8)]
+    aux, last = out[1]
+    want_aux = [stub_feature(6, 1, layer, j) for layer in layer_ids for j in range(8)]
+    assert torch.allclose(aux[1], torch.tensor(want_aux))
+    assert math.isclose(float(last[2, 5]), stub_feature(7, 2, FINAL_LAYER, 5), rel_tol=1e-6)
+    assert all(s.proc.poll() is not None for s in fb.servers.values())
+
+
+def test_a_radix_cache_hit_dropping_rows_is_caught_not_written(model_dir):
+    # a plain server with the radix cache on, as a user might configure it by hand
+    spec = spec_for(model_dir, "--enable-return-hidden-states")
+    from specbuild.backends.openai import post_json
+
+    with SGLangServer(spec) as srv:
+        payload = {"input_ids": [[3, 4, 5, 6]], "return_hidden_states": True,
+                   "sampling_params": {"max_new_tokens": 1}}  # fmt: skip
+        post_json(srv.base_url + "/generate", payload)
+        [again] = post_json(srv.base_url + "/generate", payload)
+    with pytest.raises(RowCountError, match=r"1 hidden-state rows for 4 input tokens"):
+        parse_hidden_states(again, n_tokens=4, width=8, what="sample 0")
+
+
+def test_parse_hidden_states_rejects_a_wrong_width():
+    resp = {"meta_info": {"hidden_states": [[[0.0] * 8, [0.0] * 8]]}}
+    with pytest.raises(RowCountError, match=r"expected \[2, 24\]"):
+        parse_hidden_states(resp, n_tokens=2, width=24, what="aux")
