@@ -25,6 +25,8 @@ include: "rules/target.smk"
 include: "rules/samples.smk"
 include: "rules/generate.smk"
 include: "rules/tokenize.smk"
+include: "rules/hidden.smk"
+include: "rules/vocab.smk"
 
 
 rule all:

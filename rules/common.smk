@@ -56,5 +56,24 @@ def per_shard(pattern):
     ]
 
 
+def aux_layer_ids():
+    """hidden.layer_ids as configured: [] means the EAGLE-3 default, resolved at run time.
+
+    Resolving [1, L//2-1, L-4] here would need the target's config.json, which does not exist
+    at the first parse; the params would change between that parse and the next and rerun every
+    hidden job. Passing the configured value keeps params stable; the job resolves it from
+    fingerprint.json (an input, so a new target reruns it) and records the ids in the shard.
+    """
+    return list(config["hidden"]["layer_ids"])
+
+
+def hidden_gpus():
+    if config["hidden"]["backend"] == "sglang":
+        return 1  # the serving engine runs on a GPU whatever `device` says
+    return device_gpus(config["hidden"]["device"])
+
+
 def all_outputs():
-    return per_shard("results/tokenized/{dataset}/{shard}.jsonl")
+    return per_shard("results/hidden/{dataset}/{shard}.safetensors") + [
+        "results/vocab/vocab.safetensors"
+    ]

@@ -1,0 +1,27 @@
+rule hidden:
+    """Run the target over one tokenized shard; write one verified hidden-state shard."""
+    input:
+        tokens="results/tokenized/{dataset}/{shard}.jsonl",
+        meta="results/tokenized/{dataset}/{shard}.meta.json",
+        fp=target_file("fingerprint.json"),
+    output:
+        # never temp(): hidden states are the expensive part of the build
+        "results/hidden/{dataset}/{shard}.safetensors",
+    log:
+        "logs/hidden/{dataset}/{shard}.log",
+    # torch's intra-op threads; Snakemake scales this down to --cores
+    threads: 4
+    resources:
+        gpu=hidden_gpus(),
+        # the target's weights plus one batch and one shard; raise it for large targets
+        mem_mb=6000,
+        runtime=120,
+    params:
+        backend=config["hidden"]["backend"],
+        layer_ids=aux_layer_ids(),
+        storage=config["hidden"]["storage"],
+        dtype=config["hidden"]["dtype"],
+        batch_tokens=config["hidden"]["batch_tokens"],
+        device=config["hidden"]["device"],
+    script:
+        "../scripts/hidden.py"

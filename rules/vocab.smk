@@ -1,0 +1,17 @@
+rule vocab:
+    """Count loss-masked target tokens over all tokenized shards; write the draft vocab map."""
+    input:
+        tokens=per_shard("results/tokenized/{dataset}/{shard}.jsonl"),
+        fp=target_file("fingerprint.json"),
+    output:
+        vocab="results/vocab/vocab.safetensors",
+        stats="results/vocab/vocab_stats.json",
+    log:
+        "logs/vocab/vocab.log",
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    params:
+        draft_size=config["vocab"]["draft_size"],
+    script:
+        "../scripts/vocab.py"

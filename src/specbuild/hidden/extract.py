@@ -1,0 +1,302 @@
+"""Stage `hidden`: run the target over one tokenized shard and publish one hidden-state shard.
+
+    tokenized shard (.jsonl + .meta.json) + target fingerprint.json
+      -> consistency gate (tokenizer, chat template, target fingerprint)
+      -> batches by token budget -> FeatureBackend.extract -> bf16 or fp8 buffers
+      -> check_shard (shapes, dtypes, NaN/Inf, offsets and token ids vs the tokenized shard,
+         fingerprints) -> write_shard (atomic, header read back)
+
+Memory stays at one batch of activations plus one shard's output buffers, which are allocated
+once at their final size (the token count is known from the tokenized rows), whatever the
+number of shards or samples.
+
+A backend is chosen at construction (`hf` here, `sglang` from its own module) and implements
+only the forward pass; batching, storage, checks and writing are written once, here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+import specbuild
+from specbuild.hidden.fp8 import quantize_fp8
+from specbuild.hidden.shards import AUX_LAYERS, STORAGE_DTYPES, check_shard, write_shard
+from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
+from specbuild.io import setup_logging
+from specbuild.target import read_target_info
+
+__all__ = [
+    "FeatureBackend",
+    "BACKENDS",
+    "ExtractStats",
+    "default_layer_ids",
+    "resolve_layer_ids",
+    "plan_batches",
+    "open_backend",
+    "extract_features",
+    "extract_shard",
+]
+
+log = logging.getLogger("specbuild")
+
+# name -> "module:Class"; each class has `from_folder(folder, *, layer_ids, dtype, device)`.
+# Imported lazily so the CPU default never imports an engine it does not use.
+BACKENDS = {
+    "hf": "specbuild.hidden.hf:HFFeatureBackend",
+    "sglang": "specbuild.hidden.sglang:SGLangFeatureBackend",
+}
+
+
+@runtime_checkable
+class FeatureBackend(Protocol):
+    """Runs the target and returns, per sample, (aux float [T, 3H], last float [T, H]) on CPU.
+
+    aux is the three layer outputs `layer_ids` (HF hidden_states[id + 1]) concatenated low|mid|
+    high; last is the final post-norm state (HF hidden_states[-1]). The batch is a list of
+    token-id lists of any lengths; padding or packing is the backend's business. A backend may
+    also have `close()`, called when the shard is done.
+    """
+
+    name: str
+
+    def extract(self, batch: list[list[int]]) -> list[tuple[Tensor, Tensor]]: ...
+
+
+@dataclass(frozen=True)
+class ExtractStats:
+    samples: int
+    tokens: int
+    padded_tokens: int
+    batches: int
+    seconds: float
+    file_bytes: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+    @property
+    def bytes_per_token(self) -> float:
+        return self.file_bytes / max(self.tokens, 1)
+
+
+def default_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's low/mid/high layer-output ids for a target with `num_layers` layers."""
+    return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+def resolve_layer_ids(configured: list[int], num_layers: int) -> list[int]:
+    """`configured` as given, or the EAGLE-3 default when empty; checked against the target."""
+    ids = list(configured) or default_layer_ids(num_layers)
+    if (
+        len(ids) != AUX_LAYERS
+        or any(not 0 <= i < num_layers for i in ids)
+        or any(a >= b for a, b in zip(ids, ids[1:], strict=False))
+    ):
+        raise ValueError(
+            f"hidden.layer_ids {ids}: want {AUX_LAYERS} increasing layer-output ids in "
+            f"[0, {num_layers - 1}] (low, mid, high) for this {num_layers}-layer target, "
+            f"or [] for the default {default_layer_ids(num_layers)}"
+        )
+    return ids
+
+
+def plan_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Sample indices grouped so that each padded batch (n * longest) fits `batch_tokens`.
+
+    Longest first, so that each batch holds similar lengths (little padding) and a sample
+    longer than the budget runs alone rather than failing. Deterministic: ties keep input order.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    for i in order:
+        # sorted descending: the batch's first sample is its longest
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def open_backend(
+    name: str, *, folder: str | os.PathLike, layer_ids: list[int], dtype: str, device: str
+) -> FeatureBackend:
+    """Construct the named backend over the target HF folder."""
+    if name not in BACKENDS:
+        raise ValueError(f"hidden.backend {name!r}: choose one of {sorted(BACKENDS)}")
+    module_name, cls_name = BACKENDS[name].split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        raise RuntimeError(
+            f"hidden.backend {name!r} is not available here ({err}); use `hf` or install it"
+        ) from err
+    cls = getattr(module, cls_name)
+    return cls.from_folder(folder, layer_ids=layer_ids, dtype=dtype, device=device)
+
+
+def _allocate(n_tok: int, hidden: int, storage: str) -> dict[str, Tensor]:
+    out = {
+        "aux": torch.empty(n_tok, AUX_LAYERS * hidden, dtype=STORAGE_DTYPES[storage]),
+        "last": torch.empty(n_tok, hidden, dtype=torch.bfloat16),
+    }
+    if storage == "fp8":
+        out["aux_scale"] = torch.empty(n_tok, AUX_LAYERS, dtype=torch.float32)
+    return out
+
+
+def extract_features(
+    tokens: TokenShard,
+    backend: FeatureBackend,
+    *,
+    hidden_size: int,
+    storage: str = "bf16",
+    batch_tokens: int = 2048,
+) -> tuple[dict[str, Tensor], int, int]:
+    """All shard tensors for `tokens`: (tensors, batches run, padded tokens computed)."""
+    if storage not in STORAGE_DTYPES:
+        raise ValueError(f"hidden.storage {storage!r}: choose one of {sorted(STORAGE_DTYPES)}")
+    offsets = tokens.offsets.tolist()
+    lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+    out = _allocate(tokens.num_tokens, hidden_size, storage)
+    batches = plan_batches(lengths, batch_tokens)
+    padded = 0
+    for b, batch in enumerate(batches, 1):
+        features = backend.extract([tokens.sample(i) for i in batch])
+        padded += len(batch) * lengths[batch[0]]
+        if len(features) != len(batch):
+            raise RuntimeError(
+                f"backend {backend.name!r} returned {len(features)} samples for {len(batch)}"
+            )
+        for i, (aux, last) in zip(batch, features, strict=True):
+            n, span = lengths[i], slice(offsets[i], offsets[i + 1])
+            if tuple(aux.shape) != (n, AUX_LAYERS * hidden_size) or tuple(last.shape) != (
+                n,
+                hidden_size,
+            ):
+                raise RuntimeError(
+                    f"backend {backend.name!r}, sample {tokens.ids[i]!r} ({n} tokens): got aux "
+                    f"{tuple(aux.shape)} and last {tuple(last.shape)}, expected "
+                    f"[{n}, {AUX_LAYERS * hidden_size}] and [{n}, {hidden_size}]"
+                )
+            if storage == "fp8":
+                out["aux"][span], out["aux_scale"][span] = quantize_fp8(aux, AUX_LAYERS)
+            else:
+                out["aux"][span] = aux
+            out["last"][span] = last
+        if b % 20 == 0 or b == len(batches):
+            log.info("batch %d/%d done", b, len(batches))
+    tensors = {
+        "input_ids": tokens.input_ids,
+        "loss_mask": tokens.loss_mask,
+        "offsets": tokens.offsets,
+        **out,
+    }
+    return tensors, len(batches), padded
+
+
+def extract_shard(
+    *,
+    tokens: str | os.PathLike,
+    meta: str | os.PathLike,
+    fingerprint: str | os.PathLike,
+    out: str | os.PathLike,
+    log_path: str | os.PathLike | None = None,
+    backend: str = "hf",
+    layer_ids: list[int] | None = None,
+    storage: str = "bf16",
+    dtype: str = "float32",
+    batch_tokens: int = 2048,
+    device: str = "auto",
+    threads: int | None = None,
+) -> ExtractStats:
+    """Extract, verify and publish `out` for the tokenized shard `tokens` (see module doc)."""
+    setup_logging(log_path)
+    if threads:
+        torch.set_num_threads(threads)  # the job's Snakemake `threads:`, not every core
+    target = read_target_info(fingerprint)
+    ids = resolve_layer_ids(layer_ids or [], target.num_hidden_layers)
+    shard = read_token_shard(tokens, vocab_size=target.vocab_size)
+    check_token_meta(meta, target, rows=len(shard))  # fail before loading any model
+    log.info(
+        "%s: %d samples, %d tokens; backend %s, layer ids %s, storage %s, compute %s",
+        tokens,
+        len(shard),
+        shard.num_tokens,
+        backend,
+        ids,
+        storage,
+        dtype,
+    )
+    engine = open_backend(
+        backend, folder=Path(fingerprint).parent, layer_ids=ids, dtype=dtype, device=device
+    )
+    start = time.perf_counter()
+    try:
+        tensors, n_batches, padded = extract_features(
+            shard,
+            engine,
+            hidden_size=target.hidden_size,
+            storage=storage,
+            batch_tokens=batch_tokens,
+        )
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+    seconds = time.perf_counter() - start
+    shard_meta = {
+        "layer_ids": json.dumps(ids),
+        "backend": engine.name,
+        "target_fingerprint": target.fingerprint,
+        "tokenizer_fingerprint": target.tokenizer_fingerprint,
+        "chat_template_sha256": target.chat_template_sha256,
+        "dtype": storage,
+        "compute_dtype": dtype,
+        "specbuild_version": specbuild.__version__,
+    }
+    expected = {k: shard_meta[k] for k in ("target_fingerprint", "tokenizer_fingerprint")}
+    check_shard(
+        tensors,
+        shard_meta,
+        name=out,
+        hidden_size=target.hidden_size,
+        tokens=shard,
+        expected_meta=expected,
+    )
+    write_shard(out, tensors, shard_meta)
+    stats = ExtractStats(
+        samples=len(shard),
+        tokens=shard.num_tokens,
+        padded_tokens=padded,
+        batches=n_batches,
+        seconds=seconds,
+        file_bytes=os.path.getsize(out),
+    )
+    aux_bytes = tensors["aux"].element_size() * tensors["aux"].shape[1] + (
+        4 * AUX_LAYERS if storage == "fp8" else 0
+    )
+    log.info(
+        "wrote %s: %d tokens in %d batches (%.1f%% padding), %.1f tokens/s; "
+        "%.0f bytes/token on disk (aux %d + last %d; one-file-per-sample bf16 format: %d)",
+        out,
+        stats.tokens,
+        n_batches,
+        100 * (1 - stats.tokens / max(padded, 1)),
+        stats.tokens_per_s,
+        stats.bytes_per_token,
+        aux_bytes,
+        2 * target.hidden_size,
+        8 * target.hidden_size,
+    )
+    return stats

@@ -1,0 +1,66 @@
+"""The `hf` feature backend: transformers forward passes over the materialized target folder.
+
+Right padding with an attention mask: under causal attention a real token never sees the pads
+after it, and positions start at 0 for every sample, so each sample's states equal its unbatched
+forward pass (tested). Only the base model runs (no lm_head: the vocab projection is the
+largest matmul of a small model and extraction does not need logits), and transformers is asked
+for just the three aux hidden states, so a batch holds 3 extra [B, T, H] tensors, not L + 1.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+from specbuild.backends.hf import resolve_device
+from specbuild.target import load_target_model
+
+__all__ = ["HFFeatureBackend"]
+
+
+class HFFeatureBackend:
+    """FeatureBackend over a transformers causal LM (any model whose base returns hidden_states)."""
+
+    name = "hf"
+
+    def __init__(self, model: torch.nn.Module, layer_ids: list[int], *, pad_id: int = 0) -> None:
+        self.base = model.base_model  # the decoder stack without lm_head
+        self.layer_ids = list(layer_ids)
+        # HF hidden_states[0] is the embedding output, so layer-output id i is index i + 1
+        self.indices = [i + 1 for i in self.layer_ids]
+        self.pad_id = pad_id  # any valid id: padded positions are masked and never returned
+        self.device = next(model.parameters()).device
+
+    @classmethod
+    def from_folder(
+        cls, folder: str | os.PathLike, *, layer_ids: list[int], dtype: str, device: str
+    ) -> HFFeatureBackend:
+        model = load_target_model(folder, dtype=dtype, device=resolve_device(device))
+        return cls(model, layer_ids)
+
+    @torch.no_grad()  # not inference_mode: callers may use the returned tensors with autograd
+    def forward(self, batch: list[list[int]]) -> tuple[Tensor, Tensor, list[int]]:
+        """(aux [B, T, 3H], last [B, T, H], lengths) for a right-padded batch."""
+        lengths = [len(s) for s in batch]
+        width = max(lengths)
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for b, sample in enumerate(batch):
+            ids[b, : lengths[b]] = torch.tensor(sample, dtype=torch.long)
+            mask[b, : lengths[b]] = 1
+        out = self.base(
+            input_ids=ids.to(self.device),
+            # no mask without padding: lets attention take its plain causal path
+            attention_mask=mask.to(self.device) if min(lengths) < width else None,
+            output_hidden_states=self.indices,
+            use_cache=False,
+        )
+        aux = torch.cat([out.hidden_states[i] for i in self.indices], dim=-1)  # shape: [B, T, 3H]
+        return aux, out.last_hidden_state, lengths  # last shape: [B, T, H]
+
+    def extract(self, batch: list[list[int]]) -> list[tuple[Tensor, Tensor]]:
+        aux, last, lengths = self.forward(batch)
+        aux, last = aux.cpu(), last.cpu()
+        return [(aux[b, :n], last[b, :n]) for b, n in enumerate(lengths)]

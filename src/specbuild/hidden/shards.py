@@ -1,0 +1,322 @@
+"""Hidden-state shards: the file layout in DESIGN.md, written, read and checked here.
+
+One safetensors file per tokenized shard:
+
+    input_ids  int32 [T]          token ids, samples concatenated in tokenized-shard order
+    loss_mask  uint8 [T]          1 on assistant tokens
+    offsets    int64 [N+1]        sample i spans offsets[i]:offsets[i+1]
+    aux        bf16 [T, 3H]       low | mid | high layer outputs, concatenated in that order
+               or float8_e4m3fn   with aux_scale float32 [T, 3] (one scale per token and layer)
+    last       bf16 [T, H]        final post-norm hidden state (HF hidden_states[-1])
+
+metadata (str -> str): layer_ids (JSON list), backend, target_fingerprint,
+tokenizer_fingerprint, dtype ("bf16" | "fp8"), specbuild_version.
+
+The failure guarded: a shard that is truncated, holds NaN/Inf, or does not line up token for
+token with the tokenized rows trains a drafter on garbage without any error. `check_shard`
+lists every fault at once; nothing downstream should read a shard it has not passed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from specbuild.hidden.fp8 import FP8_DTYPE, dequantize_fp8
+from specbuild.hidden.tokens import TokenShard
+from specbuild.io import atomic_path
+
+__all__ = [
+    "AUX_LAYERS",
+    "META_KEYS",
+    "SHARD_KEYS",
+    "STORAGE_DTYPES",
+    "ShardError",
+    "write_shard",
+    "read_shard",
+    "read_header",
+    "dequantize_aux",
+    "shard_faults",
+    "check_shard",
+    "verify_shard_file",
+]
+
+SHARD_KEYS = ("input_ids", "loss_mask", "offsets", "aux", "last")
+META_KEYS = (
+    "layer_ids",
+    "backend",
+    "target_fingerprint",
+    "tokenizer_fingerprint",
+    "dtype",
+    "specbuild_version",
+)
+STORAGE_DTYPES = {"bf16": torch.bfloat16, "fp8": FP8_DTYPE}
+AUX_LAYERS = 3  # EAGLE-3 fuses low, mid and high layer outputs
+FIXED_DTYPES = {
+    "input_ids": torch.int32,
+    "loss_mask": torch.uint8,
+    "offsets": torch.int64,
+    "last": torch.bfloat16,
+    "aux_scale": torch.float32,
+}
+# Finite checks run over row chunks so a check never holds more than a slice in float32.
+_CHECK_ROWS = 4096
+# torch dtype -> the name safetensors writes in the header
+_ST_DTYPES = {
+    torch.int32: "I32",
+    torch.uint8: "U8",
+    torch.int64: "I64",
+    torch.bfloat16: "BF16",
+    torch.float32: "F32",
+    FP8_DTYPE: "F8_E4M3",
+}
+
+
+class ShardError(ValueError):
+    """A hidden-state shard that must not be used; the message names the file and every fault."""
+
+
+def write_shard(
+    path: str | os.PathLike, tensors: Mapping[str, Tensor], meta: Mapping[str, str]
+) -> None:
+    """Write a shard atomically (temp + rename) after reading its header back.
+
+    The read-back compares names, dtypes, shapes, metadata and the file length with what was
+    meant to be written, so a short write (full disk, killed writer) never gets renamed into
+    place. It reads only the header: memory stays at the one shard already held.
+    """
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=dict(meta))
+        header, file_meta = read_header(tmp)
+        want = {k: (_ST_DTYPES[v.dtype], list(v.shape)) for k, v in tensors.items()}
+        if header != want or file_meta != dict(meta):
+            raise ShardError(f"{path}: the written file does not read back as written; not kept")
+
+
+def read_header(path: str | os.PathLike) -> tuple[dict[str, tuple[str, list[int]]], dict[str, str]]:
+    """({name: (safetensors dtype, shape)}, metadata) from the header alone, checking the length.
+
+    A file shorter than its header declares (truncated copy) raises ShardError naming it.
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        raw = fh.read(n) if 0 < n <= size - 8 else b""
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        header = None
+    if not isinstance(header, dict):
+        raise ShardError(
+            f"{path}: no valid safetensors header; the file is truncated or corrupt. "
+            f"Fix: delete it and rerun its `hidden` job (snakemake --forcerun {path})."
+        )
+    meta = header.pop("__metadata__", None) or {}
+    end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
+    if size != 8 + n + end:
+        raise ShardError(
+            f"{path}: {size} bytes on disk, the header declares {8 + n + end}; the file is "
+            f"truncated or padded. Fix: delete it and rerun its `hidden` job "
+            f"(snakemake --forcerun {path})."
+        )
+    return {k: (v["dtype"], list(v["shape"])) for k, v in header.items()}, meta
+
+
+def read_shard(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """All tensors and the metadata of a shard; an unreadable file raises ShardError naming it."""
+    read_header(path)  # a truncated file fails here with its byte counts
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = dict(fh.metadata() or {})
+            tensors = {k: fh.get_tensor(k) for k in fh.keys()}  # noqa: SIM118 (not a dict)
+    except (SafetensorError, OSError, RuntimeError) as err:
+        raise ShardError(
+            f"{path}: not a readable safetensors file ({err}); it is truncated or corrupt. "
+            f"Fix: delete it and rerun its `hidden` job (snakemake --forcerun {path})."
+        ) from err
+    return tensors, meta
+
+
+def dequantize_aux(tensors: Mapping[str, Tensor]) -> Tensor:
+    """`aux` as float32 [T, 3H], whether stored as bf16 or as fp8 with `aux_scale`."""
+    aux = tensors["aux"]
+    if aux.dtype == FP8_DTYPE:
+        return dequantize_fp8(aux, tensors["aux_scale"])
+    return aux.float()
+
+
+def _meta_faults(meta: Mapping[str, str], expected: Mapping[str, str]) -> list[str]:
+    faults = [f"metadata: missing key {k!r}" for k in META_KEYS if k not in meta]
+    if "dtype" in meta and meta["dtype"] not in STORAGE_DTYPES:
+        faults.append(f"metadata dtype {meta['dtype']!r} is not one of {sorted(STORAGE_DTYPES)}")
+    if "layer_ids" in meta:
+        try:
+            ids = json.loads(meta["layer_ids"])
+            ok = (
+                isinstance(ids, list)
+                and len(ids) == AUX_LAYERS
+                and all(isinstance(i, int) and i >= 0 for i in ids)
+            )
+        except json.JSONDecodeError:
+            ok = False
+        if not ok:
+            faults.append(
+                f"metadata layer_ids {meta['layer_ids']!r}: want a JSON list of "
+                f"{AUX_LAYERS} layer-output ids"
+            )
+    for key, want in expected.items():
+        if key in meta and meta[key] != want:
+            faults.append(f"metadata {key}: shard has {meta[key]!r}, expected {want!r}")
+    return faults
+
+
+def _structure_faults(
+    tensors: Mapping[str, Tensor], meta: Mapping[str, str], hidden_size: int | None
+) -> list[str]:
+    fp8 = meta.get("dtype") == "fp8"
+    want_keys = set(SHARD_KEYS) | ({"aux_scale"} if fp8 else set())
+    faults = [f"missing tensor {k!r}" for k in sorted(want_keys - tensors.keys())]
+    faults += [f"unexpected tensor {k!r}" for k in sorted(tensors.keys() - want_keys)]
+    if faults:
+        return faults
+    want_dtypes = dict(FIXED_DTYPES, aux=STORAGE_DTYPES.get(meta.get("dtype", ""), torch.bfloat16))
+    for key, t in tensors.items():
+        if t.dtype != want_dtypes[key]:
+            faults.append(f"{key}: dtype {t.dtype}, expected {want_dtypes[key]}")
+    ids, aux, last, offsets = (tensors[k] for k in ("input_ids", "aux", "last", "offsets"))
+    if ids.dim() != 1:
+        return faults + [f"input_ids: shape {tuple(ids.shape)}, expected [T]"]
+    n_tok = ids.shape[0]
+    if tuple(tensors["loss_mask"].shape) != (n_tok,):
+        faults.append(f"loss_mask: shape {tuple(tensors['loss_mask'].shape)}, expected [{n_tok}]")
+    if last.dim() != 2 or last.shape[0] != n_tok:
+        faults.append(f"last: shape {tuple(last.shape)}, expected [{n_tok}, H]")
+    elif hidden_size is not None and last.shape[1] != hidden_size:
+        faults.append(f"last: hidden size {last.shape[1]}, the target's is {hidden_size}")
+    elif tuple(aux.shape) != (n_tok, AUX_LAYERS * last.shape[1]):
+        faults.append(
+            f"aux: shape {tuple(aux.shape)}, expected [{n_tok}, {AUX_LAYERS * last.shape[1]}]"
+        )
+    if fp8 and tuple(tensors["aux_scale"].shape) != (n_tok, AUX_LAYERS):
+        faults.append(
+            f"aux_scale: shape {tuple(tensors['aux_scale'].shape)}, expected [{n_tok}, 3]"
+        )
+    if offsets.dim() != 1 or offsets.shape[0] < 2:
+        faults.append(f"offsets: shape {tuple(offsets.shape)}, expected [N+1] with N >= 1")
+    elif offsets.dtype == torch.int64:
+        if int(offsets[0]) != 0 or int(offsets[-1]) != n_tok:
+            faults.append(
+                f"offsets: must run from 0 to T={n_tok}, got {int(offsets[0])}..{int(offsets[-1])}"
+            )
+        if bool((offsets[1:] <= offsets[:-1]).any()):
+            faults.append("offsets: not strictly increasing (an empty or reordered sample)")
+    return faults
+
+
+def _value_faults(tensors: Mapping[str, Tensor]) -> list[str]:
+    faults = []
+    if bool((tensors["loss_mask"] > 1).any()):
+        faults.append("loss_mask: values other than 0 and 1")
+    n_tok = tensors["input_ids"].shape[0]
+    for key in ("aux", "last") + (("aux_scale",) if "aux_scale" in tensors else ()):
+        bad = 0
+        for start in range(0, n_tok, _CHECK_ROWS):
+            rows = {k: v[start : start + _CHECK_ROWS] for k, v in tensors.items() if v.dim() == 2}
+            chunk = dequantize_aux(rows) if key == "aux" else rows[key].float()
+            bad += int((~torch.isfinite(chunk)).sum())
+        if bad:
+            faults.append(f"{key}: {bad} NaN/Inf value(s)")
+    if "aux_scale" in tensors and bool((tensors["aux_scale"] <= 0).any()):
+        faults.append("aux_scale: non-positive scale(s)")
+    return faults
+
+
+def _token_faults(tensors: Mapping[str, Tensor], tokens: TokenShard) -> list[str]:
+    faults = []
+    if not torch.equal(tensors["offsets"], tokens.offsets):
+        n_have, n_want = tensors["offsets"].shape[0] - 1, len(tokens)
+        faults.append(
+            f"offsets: differ from the tokenized shard {tokens.path} "
+            f"({n_have} samples / {int(tensors['offsets'][-1])} tokens here, "
+            f"{n_want} / {tokens.num_tokens} there)"
+        )
+        return faults  # token comparisons below would only repeat this
+    for key in ("input_ids", "loss_mask"):
+        diff = (tensors[key] != getattr(tokens, key)).nonzero()
+        if diff.numel():
+            pos = int(diff[0, 0])
+            sample = int(torch.searchsorted(tokens.offsets, pos, right=True)) - 1
+            faults.append(
+                f"{key}: {diff.shape[0]} position(s) differ from {tokens.path}; first at token "
+                f"{pos} (sample {sample}, id {tokens.ids[sample]!r})"
+            )
+    return faults
+
+
+def shard_faults(
+    tensors: Mapping[str, Tensor],
+    meta: Mapping[str, str],
+    *,
+    hidden_size: int | None = None,
+    tokens: TokenShard | None = None,
+    expected_meta: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Every reason this shard must not be used (empty when it is sound)."""
+    faults = _meta_faults(meta, expected_meta or {})
+    structure = _structure_faults(tensors, meta, hidden_size)
+    if structure:
+        return faults + structure  # value checks on a malformed shard would only add noise
+    faults += _value_faults(tensors)
+    if tokens is not None:
+        faults += _token_faults(tensors, tokens)
+    return faults
+
+
+def check_shard(
+    tensors: Mapping[str, Tensor],
+    meta: Mapping[str, str],
+    *,
+    name: str | os.PathLike,
+    hidden_size: int | None = None,
+    tokens: TokenShard | None = None,
+    expected_meta: Mapping[str, str] | None = None,
+) -> None:
+    """Raise ShardError naming `name` and listing every fault; return quietly when sound."""
+    faults = shard_faults(
+        tensors, meta, hidden_size=hidden_size, tokens=tokens, expected_meta=expected_meta
+    )
+    if faults:
+        raise ShardError(
+            f"{name}: hidden-state shard failed verification ({len(faults)} fault(s)):\n  - "
+            + "\n  - ".join(faults)
+            + f"\nFix: rerun its `hidden` job (snakemake --forcerun {name}); if the tokenized "
+            "shard changed, its hidden shard must be rebuilt from it."
+        )
+
+
+def verify_shard_file(
+    path: str | os.PathLike,
+    *,
+    hidden_size: int | None = None,
+    tokens: TokenShard | None = None,
+    expected_meta: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """read_shard + check_shard on a file; returns its metadata."""
+    tensors, meta = read_shard(path)
+    check_shard(
+        tensors,
+        meta,
+        name=path,
+        hidden_size=hidden_size,
+        tokens=tokens,
+        expected_meta=expected_meta,
+    )
+    return meta
