@@ -1,0 +1,1 @@
+"""Stage `bench`: speculative decoding benchmarks (row schema in `specbuild.bench.specdec`)."""

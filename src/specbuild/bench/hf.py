@@ -1,0 +1,221 @@
+"""The PyTorch bench engine: lossless EAGLE-3 chain speculation over an HF target, and its baseline.
+
+The drafter comes from an exported folder (config.json + model.safetensors), loaded the way
+SGLang loads it: the aux layer ids from `eagle_config`, the embedding borrowed from the target.
+Output is token-for-token the target's greedy decode; only the number of target forwards changes.
+
+Alignment (x = committed tokens, g_i = target aux states at position i, D = drafter forward):
+
+    target cache  x0 x1 ... x_{b-1}            | last = x_b (committed, not yet in the cache)
+    drafter cache (x1,g0) ... (x_b,g_{b-1})     | drafter position i pairs token x_{i+1} with g_i
+    draft         D(x_b, g_{b-1}) -> d1, then D(d_k, h_k) -> d_{k+1} with h_k its own output
+    verify        target([x_b, d1..dS]) -> p0..pS; accept d1..dn while d_k == p_{k-1}; bonus p_n
+    rollback      target cache -> b + n + 1 entries; drafter cache -> b entries, then extend it
+                  with (d1,g_b) ... (p_n, g_{b+n}) from the verify pass's own aux states
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specbuild.bench.specdec import BASELINE, ChainSpec, Completion
+from specbuild.io import read_json
+
+__all__ = ["HFBaseline", "HFSpecDecoder", "load_drafter", "eos_token_ids", "crop_cache"]
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """Every id that ends a turn: the generation config's and the tokenizer's."""
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for value in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    if not ids:
+        raise ValueError("the target has no EOS token id (generation_config or tokenizer)")
+    return ids
+
+
+def load_drafter(folder: str | os.PathLike, target) -> tuple[torch.nn.Module, list[int]]:
+    """An exported drafter in float32 eval mode, plus the target layer ids it reads.
+
+    Checks the folder against the target first and raises once with every mismatch.
+    """
+    from specbuild.drafter.model import Eagle3Drafter
+
+    folder = Path(folder)
+    cfg = read_json(folder / "config.json")
+    tcfg = target.config
+    faults = []
+    layer_ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if not isinstance(layer_ids, list) or len(layer_ids) != 3:
+        faults.append(f"eagle_config.eagle_aux_hidden_state_layer_ids is {layer_ids!r}, not 3 ids")
+    elif not all(isinstance(i, int) and 0 <= i < tcfg.num_hidden_layers for i in layer_ids):
+        faults.append(f"aux layer ids {layer_ids} outside the target's {tcfg.num_hidden_layers}")
+    for key, want in (("target_hidden_size", tcfg.hidden_size), ("vocab_size", tcfg.vocab_size)):
+        if cfg.get(key, want) != want:
+            faults.append(f"{key} is {cfg.get(key)}, the target has {want}")
+    if faults:
+        raise ValueError(
+            f"{folder}/config.json does not fit the target:\n  "
+            + "\n  ".join(faults)
+            + "\nRebuild the drafter for this target (snakemake --forcerun train)."
+        )
+    embed = target.get_input_embeddings().weight.detach().float()
+    drafter = Eagle3Drafter.from_pretrained(folder, embed_tokens_weight=embed)
+    return drafter.float().eval(), [int(i) for i in layer_ids]
+
+
+def crop_cache(cache, length: int) -> None:
+    """Roll a transformers DynamicCache back to its first `length` positions."""
+    # transformers 5 reads a positive crop argument as a (rejected) legacy absolute length;
+    # a negative one is the number of trailing positions to drop.
+    drop = cache.get_seq_length() - length
+    if drop > 0:
+        cache.crop(-drop)
+
+
+def _drafter_cache():
+    from specbuild.drafter.model import DrafterCache
+
+    return DrafterCache()
+
+
+class HFBaseline:
+    """Plain greedy decoding with a KV cache: the no-spec row every speedup is measured against."""
+
+    name = "hf"
+    config = BASELINE
+    drafter = "none"
+
+    def __init__(self, target, *, eos_ids: set[int]):
+        self.target = target
+        self.eos_ids = eos_ids
+
+    @torch.inference_mode()
+    def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
+        from transformers import DynamicCache
+
+        start = time.perf_counter()
+        cache = DynamicCache()
+        inputs = torch.tensor([prompt_ids])
+        out: list[int] = []
+        ttft = None
+        while True:
+            logits = self.target(input_ids=inputs, cache=cache, use_cache=True).logits
+            token = int(logits[0, -1].argmax())
+            out.append(token)
+            ttft = ttft if ttft is not None else time.perf_counter() - start
+            if token in self.eos_ids or len(out) >= max_new_tokens:
+                break
+            inputs = torch.tensor([[token]])
+        wall = time.perf_counter() - start
+        return Completion(token_ids=out, verify_steps=len(out) - 1, wall_s=wall, ttft_s=ttft)
+
+
+class HFSpecDecoder:
+    """EAGLE-3 chain speculation (topk 1), greedy verification, KV rollback on both models."""
+
+    name = "hf"
+
+    def __init__(
+        self,
+        target,
+        drafter: torch.nn.Module,
+        *,
+        layer_ids: Sequence[int],
+        chain: ChainSpec,
+        eos_ids: set[int],
+        drafter_name: str,
+        new_cache: Callable[[], Any] | None = None,
+    ):
+        self.target = target
+        self.drafter_model = drafter
+        self.layer_ids = list(layer_ids)
+        self.chain = chain
+        self.eos_ids = eos_ids
+        self.config = chain.name
+        self.drafter = drafter_name
+        self.new_cache = new_cache or _drafter_cache
+
+    def _target_forward(self, ids: list[int], cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy next tokens [n] and aux states [1, n, 3H] for `ids` appended to `cache`."""
+        out = self.target(
+            input_ids=torch.tensor([ids]),
+            cache=cache,
+            use_cache=True,
+            output_hidden_states=True,
+        )
+        # hidden_states[0] is the embedding output, so layer id i is index i + 1
+        aux = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+        return out.logits[0].argmax(-1), aux  # shape: [n], [1, n, 3H]
+
+    def _draft(self, tokens: list[int], aux: torch.Tensor, cache) -> list[int]:
+        """Extend the drafter with committed (token, aux) pairs, then draft `steps` target ids.
+
+        The chain's own cache entries are cropped before returning, so the drafter cache again
+        mirrors the target's committed prefix.
+        """
+        d = self.drafter_model
+        start = cache.length
+        pos = torch.arange(start, start + len(tokens))[None]  # shape: [1, n]
+        hidden, logits = d(torch.tensor([tokens]), d.project(aux), pos, cache=cache)
+        committed = cache.length
+        drafts: list[int] = []
+        for step in range(self.chain.steps):
+            draft = d.draft_to_target(logits[:, -1].argmax(-1))  # shape: [1]
+            drafts.append(int(draft))
+            if step + 1 == self.chain.steps:
+                break
+            pos = torch.tensor([[committed + step]])
+            hidden, logits = d(draft[:, None], hidden[:, -1:], pos, cache=cache)
+        cache.crop(committed)
+        return drafts
+
+    @torch.inference_mode()
+    def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
+        from transformers import DynamicCache
+
+        start = time.perf_counter()
+        t_cache, d_cache = DynamicCache(), self.new_cache()
+        preds, aux = self._target_forward(prompt_ids, t_cache)
+        out = [int(preds[-1])]
+        ttft = time.perf_counter() - start
+        # The drafter sees each token beside the aux state of the position before it.
+        pending, pending_aux = prompt_ids[1:] + out, aux
+        accepted = [0] * self.chain.steps
+        steps = 0
+        while out[-1] not in self.eos_ids and len(out) < max_new_tokens:
+            drafts = self._draft(pending, pending_aux, d_cache)
+            base = t_cache.get_seq_length()
+            preds, aux = self._target_forward([out[-1]] + drafts, t_cache)
+            n = 0
+            while n < len(drafts) and drafts[n] == int(preds[n]):
+                n += 1
+            new = drafts[:n] + [int(preds[n])]
+            steps += 1
+            for k in range(n):
+                accepted[k] += 1
+            # keep last + accepted drafts; the bonus becomes the new last
+            crop_cache(t_cache, base + n + 1)
+            pending, pending_aux = new, aux[:, : n + 1]
+            for token in new:
+                out.append(token)
+                if token in self.eos_ids or len(out) >= max_new_tokens:
+                    break
+        wall = time.perf_counter() - start
+        return Completion(
+            token_ids=out,
+            verify_steps=steps,
+            accepted_per_position=accepted,
+            wall_s=wall,
+            ttft_s=ttft,
+        )

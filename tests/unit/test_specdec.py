@@ -1,0 +1,256 @@
+"""Bench stage: speculative decoding is lossless, prompt sets load strictly, rows keep the schema.
+
+The losslessness gate: on 20 prompts from the bundled bench sets, the engine's output equals the
+target's own `generate` (greedy), whatever the drafter proposes. A stand-in "oracle" drafter that
+knows the greedy answer but corrupts a seeded share of its drafts drives every accept length
+0..S, EOS inside an accepted run, and max_new_tokens cutting one; it also checks that each call
+continues its cache exactly where the engine's rollback left it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbuild.bench.hf import HFBaseline, HFSpecDecoder, eos_token_ids
+from specbuild.bench.sets import BenchPrompt, read_bench_prompts, render_prompt
+from specbuild.bench.specdec import (
+    ROW_KEYS,
+    ChainSpec,
+    Completion,
+    acceptance_length,
+    check_rows,
+    run_requests,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "resources" / "bench"
+MAX_NEW = 16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Single-token decode steps are too small to split; on a busy 2-core box a second
+    # thread only waits for the first.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class ListCache:
+    """Test stand-in for DrafterCache: only the length matters to the oracle."""
+
+    def __init__(self):
+        self.length = 0
+
+    def crop(self, n: int) -> None:
+        assert 0 <= n <= self.length
+        self.length = n
+
+
+class OracleDrafter(torch.nn.Module):
+    """Drafts seq[p + 2] at drafter position p (token x_{p+1} beside aux g_p), except where a
+    seeded coin says to propose a wrong token instead."""
+
+    def __init__(self, vocab: int, hidden: int, wrong: float, seed: int = 0):
+        super().__init__()
+        self.vocab, self.hidden, self.wrong, self.seed = vocab, hidden, wrong, seed
+        self.seq: list[int] = []
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        return aux[..., : self.hidden]  # shape: [B, T, H]
+
+    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids
+
+    def forward(self, input_ids, hidden, position_ids, cache=None):
+        n = input_ids.shape[1]
+        # The engine must continue the cache where its rollback left it.
+        assert position_ids[0].tolist() == list(range(cache.length, cache.length + n))
+        cache.length += n
+        logits = torch.zeros(1, n, self.vocab)
+        for j, p in enumerate(position_ids[0].tolist()):
+            want = self.seq[p + 2] if p + 2 < len(self.seq) else 0
+            if random.Random(self.seed * 100_003 + p).random() < self.wrong:
+                want = (want + 1) % self.vocab
+            logits[0, j, want] = 1.0
+        return hidden, logits
+
+
+def bench_prompts(n_each: dict[str, int]) -> list[list[dict]]:
+    sets = {
+        "mt_bench": read_bench_prompts(BENCH / "mt_bench.jsonl", format="turns", limit=8),
+        "gsm8k": read_bench_prompts(BENCH / "gsm8k_test.jsonl", format="prompt", key="question"),
+        "humaneval": read_bench_prompts(BENCH / "humaneval.jsonl", format="prompt", limit=8),
+    }
+    return [
+        [{"role": "user", "content": p.turns[0]}]
+        for name, k in n_each.items()
+        for p in sets[name][:k]
+    ]
+
+
+@pytest.fixture(scope="module")
+def reference(target_model, tokenizer):
+    """(prompt ids, greedy completion from transformers' generate) for 20 bench prompts."""
+    eos = sorted(eos_token_ids(target_model, tokenizer))
+    cases = []
+    for messages in bench_prompts({"mt_bench": 7, "gsm8k": 7, "humaneval": 6}):
+        ids = render_prompt(tokenizer, messages)
+        with torch.inference_mode():
+            out = target_model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos[0],
+            )
+        cases.append((ids, out[0, len(ids) :].tolist()))
+    return cases
+
+
+def make_spec(target_model, tokenizer, drafter, chain: str) -> HFSpecDecoder:
+    return HFSpecDecoder(
+        target_model,
+        drafter,
+        layer_ids=[1, 14, 26],
+        chain=ChainSpec.parse(chain),
+        eos_ids=eos_token_ids(target_model, tokenizer),
+        drafter_name="oracle",
+        new_cache=ListCache,
+    )
+
+
+@pytest.mark.parametrize("chain,wrong", [("3-1-4", 0.35), ("7-1-8", 0.15)])
+def test_speculative_output_equals_greedy_generate_on_20_bench_prompts(
+    target_model, tokenizer, reference, chain, wrong
+):
+    cfg = target_model.config
+    drafter = OracleDrafter(cfg.vocab_size, cfg.hidden_size, wrong=wrong)
+    spec = make_spec(target_model, tokenizer, drafter, chain)
+    steps = ChainSpec.parse(chain).steps
+    accepted = [0] * steps
+    for ids, greedy in reference:
+        drafter.seq = ids + greedy
+        got = spec.complete(ids, MAX_NEW)
+        assert got.token_ids == greedy
+        accepted = [a + b for a, b in zip(accepted, got.accepted_per_position, strict=True)]
+        # chain drafting: position k can only be accepted when position k-1 was
+        assert got.accepted_per_position == sorted(got.accepted_per_position, reverse=True)
+    # the seeded corruption leaves both full and partial acceptances in the run
+    assert accepted[0] > accepted[-1] > 0
+
+
+def test_perfect_drafter_commits_steps_plus_one_tokens_per_verify(target_model, tokenizer):
+    ids = render_prompt(tokenizer, [{"role": "user", "content": "Count from 1 to 30."}])
+    base = HFBaseline(target_model, eos_ids=eos_token_ids(target_model, tokenizer))
+    greedy = base.complete(ids, 17).token_ids
+    assert len(greedy) == 17  # no EOS inside, so every step below is a full one
+    drafter = OracleDrafter(target_model.config.vocab_size, target_model.config.hidden_size, 0.0)
+    drafter.seq = ids + greedy + [0] * 8
+    got = make_spec(target_model, tokenizer, drafter, "3-1-4").complete(ids, 17)
+    # 1 prefill token + 4 verify steps of 4 tokens each
+    assert got.token_ids == greedy
+    assert (got.verify_steps, got.accepted_per_position) == (4, [4, 4, 4])
+    assert acceptance_length(len(got.token_ids), got.verify_steps) == 4.0
+
+
+def test_baseline_engine_equals_greedy_generate(target_model, tokenizer, reference):
+    base = HFBaseline(target_model, eos_ids=eos_token_ids(target_model, tokenizer))
+    for ids, greedy in reference[:3]:
+        got = base.complete(ids, MAX_NEW)
+        assert got.token_ids == greedy
+        assert got.verify_steps == len(greedy) - 1
+
+
+def test_chain_spec_rejects_tree_drafting_and_wrong_draft_token_count():
+    assert ChainSpec.parse("7-1-8") == ChainSpec(7, 1, 8)
+    with pytest.raises(ValueError, match="topk 1"):
+        ChainSpec.parse("3-2-4")
+    with pytest.raises(ValueError, match="steps \\+ 1 = 4"):
+        ChainSpec.parse("3-1-5")
+    with pytest.raises(ValueError, match="steps-topk-draft_tokens"):
+        ChainSpec.parse("baseline")
+
+
+def test_acceptance_length_counts_bonus_token_and_excludes_prefill_token():
+    assert acceptance_length(completion_tokens=9, verify_steps=4) == 2.0
+    assert acceptance_length(completion_tokens=1, verify_steps=0) is None
+
+
+def write_lines(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_each_set_format_reads_user_turns_in_order(tmp_path):
+    p = write_lines(tmp_path / "p.jsonl", [{"q": "a", "id": 7}, {"q": "b", "id": 8}])
+    assert read_bench_prompts(p, format="prompt", key="q", id_key="id") == [
+        BenchPrompt("7", ("a",)),
+        BenchPrompt("8", ("b",)),
+    ]
+    t = write_lines(tmp_path / "t.jsonl", [{"turns": ["x", "y", "z"]}])
+    assert read_bench_prompts(t, format="turns", turns=2) == [BenchPrompt("0", ("x", "y"))]
+    conv = [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "a"}]
+    m = write_lines(
+        tmp_path / "m.jsonl", [{"messages": conv + [{"role": "user", "content": "u2"}]}]
+    )
+    assert read_bench_prompts(m, format="messages") == [BenchPrompt("0", ("u1", "u2"))]
+
+
+def test_limit_takes_the_first_rows_of_the_mt_bench_file():
+    got = read_bench_prompts(
+        BENCH / "mt_bench.jsonl", format="turns", id_key="question_id", limit=3
+    )
+    assert [p.id for p in got] == ["81", "82", "83"]
+    assert all(len(p.turns) == 2 for p in got)
+
+
+def test_bad_set_file_lists_every_bad_line_with_the_fix(tmp_path):
+    p = write_lines(tmp_path / "bad.jsonl", [{"prompt": "ok"}, {"question": "x"}, {"prompt": ""}])
+    with pytest.raises(ValueError) as err:
+        read_bench_prompts(p, format="prompt")
+    msg = str(err.value)
+    assert "bad.jsonl:2: no key 'prompt'" in msg
+    assert "bad.jsonl:3: " in msg
+    assert "bench.sets" in msg
+
+
+class ScriptedBackend:
+    name, config, drafter = "fake", "3-1-4", "d"
+
+    def __init__(self, tokenizer):
+        self.answer = tokenizer("FIRST-ANSWER", add_special_tokens=False)["input_ids"]
+        self.prompts: list[list[int]] = []
+
+    def complete(self, prompt_ids, max_new_tokens):
+        self.prompts.append(prompt_ids)
+        return Completion(self.answer, verify_steps=2, accepted_per_position=[2, 1, 0], wall_s=0.5)
+
+
+def test_second_turn_prompt_carries_the_models_own_first_answer(tokenizer):
+    backend = ScriptedBackend(tokenizer)
+    prompt = BenchPrompt("81", ("Say hi.", "Again."))
+    rows = list(
+        run_requests(
+            [prompt], backend=backend, tokenizer=tokenizer, set_name="mt", max_new_tokens=8
+        )
+    )
+    assert [r["turn"] for r in rows] == [1, 2]
+    second = tokenizer.decode(backend.prompts[1])
+    assert second.index("Say hi.") < second.index("FIRST-ANSWER") < second.index("Again.")
+    check_rows(rows)
+    assert list(rows[0])[: len(ROW_KEYS)] == list(ROW_KEYS)
+    n = len(backend.answer)
+    assert rows[0]["accept_length"] == (n - 1) / 2
+    assert rows[0]["tokens_per_s"] == n / 0.5
+
+
+def test_check_rows_names_missing_and_unknown_keys():
+    with pytest.raises(ValueError, match=r"missing \['wall_s'.*unknown \['foo'\]"):
+        check_rows([{k: 0 for k in ROW_KEYS if k not in ("wall_s", "tokens_per_s")} | {"foo": 1}])
