@@ -1,0 +1,129 @@
+"""Drafter configuration: the shape and RoPE facts the server must agree on, read from the target.
+
+`DrafterConfig.from_target` takes them from the target's config.json (transformers 4 or 5
+layout); `from_export` reads them back from an exported drafter's config.json.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["AUX_LAYERS", "DrafterConfig", "rope_from_hf", "rope_inv_freq"]
+
+AUX_LAYERS = 3  # EAGLE-3 fuses the low, mid and high layer outputs of the target
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int  # = the target's: the embedding is shared with it
+    intermediate_size: int  # MLP width (the target's, as EAGLE-3 drafters do)
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # the target's vocabulary (embedding rows, t2d length)
+    draft_vocab_size: int  # lm_head rows
+    target_hidden_size: int  # fc takes 3 * this
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # HF legacy form with "rope_type"; None = plain RoPE
+    max_position_embeddings: int = 4096
+    fc_norm: bool = False  # EAGLE-3.1: RMSNorm on each aux state before fc
+    hidden_act: str = "silu"
+
+    def __post_init__(self) -> None:
+        faults = []
+        if self.num_attention_heads % self.num_key_value_heads:
+            faults.append("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.hidden_act != "silu":
+            faults.append(f"hidden_act {self.hidden_act!r}: only 'silu' (Llama MLP) is built")
+        rope_type = (self.rope_scaling or {}).get("rope_type", "default")
+        if rope_type not in ROPE_TYPES:
+            faults.append(f"rope_type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
+        if faults:
+            raise ValueError("DrafterConfig: " + "; ".join(faults))
+
+    @classmethod
+    def from_target(cls, target: dict, *, draft_vocab_size: int, fc_norm: bool = False):
+        """Shape and RoPE facts from the target's HF config.json (legacy or `rope_parameters`)."""
+        cfg = target.get("text_config", target)
+        heads = int(cfg["num_attention_heads"])
+        return cls(
+            hidden_size=int(cfg["hidden_size"]),
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            vocab_size=int(cfg["vocab_size"]),
+            draft_vocab_size=draft_vocab_size,
+            target_hidden_size=int(cfg["hidden_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            fc_norm=fc_norm,
+            hidden_act=str(cfg.get("hidden_act", "silu")),
+            **rope_from_hf(cfg),
+        )
+
+    @classmethod
+    def from_export(cls, hf: dict) -> DrafterConfig:
+        """From an exported drafter's config.json (see specbuild.export.hf_config)."""
+        return cls(
+            hidden_size=int(hf["hidden_size"]),
+            intermediate_size=int(hf["intermediate_size"]),
+            num_attention_heads=int(hf["num_attention_heads"]),
+            num_key_value_heads=int(hf["num_key_value_heads"]),
+            head_dim=int(hf["head_dim"]),
+            vocab_size=int(hf["vocab_size"]),
+            draft_vocab_size=int(hf["draft_vocab_size"]),
+            target_hidden_size=int(hf.get("target_hidden_size", hf["hidden_size"])),
+            rms_norm_eps=float(hf["rms_norm_eps"]),
+            max_position_embeddings=int(hf["max_position_embeddings"]),
+            fc_norm=bool(hf.get("fc_norm", False)),
+            hidden_act=str(hf.get("hidden_act", "silu")),
+            **rope_from_hf({k: v for k, v in hf.items() if k != "rope_parameters"}),
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DrafterConfig:
+        names = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def rope_from_hf(cfg: dict) -> dict:
+    # transformers >= 5 writes `rope_parameters`; older configs `rope_theta` + `rope_scaling`.
+    params = dict(cfg.get("rope_parameters") or {})
+    theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    scaling = params or cfg.get("rope_scaling") or None
+    if scaling is not None:
+        scaling = dict(scaling)
+        scaling["rope_type"] = scaling.pop("type", None) or scaling.get("rope_type", "default")
+        if scaling["rope_type"] == "default" and len(scaling) == 1:
+            scaling = None
+    return {"rope_theta": theta, "rope_scaling": scaling}
+
+
+def rope_inv_freq(cfg: DrafterConfig) -> Tensor:
+    """Inverse frequencies [head_dim/2], with the target's scaling (same math as HF/SGLang)."""
+    d = cfg.head_dim
+    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("rope_type", "default")
+    if kind == "linear":
+        inv = inv / scaling["factor"]
+    elif kind == "llama3":  # Llama 3.1: stretch low frequencies, keep high, blend in between
+        factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        inv = torch.where(medium, blended, scaled)
+    return inv.float()

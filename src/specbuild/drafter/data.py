@@ -1,0 +1,234 @@
+"""Training data for the drafter: hidden-state shards read sample by sample, batched by tokens.
+
+Shards are memory-mapped (safetensors `safe_open`) and each batch slices only its own rows, so
+memory is one batch however large the data set; the page cache does the rest. Shuffling is a
+seeded permutation per epoch, the held-out split a hash of each sample's (shard, index), so it
+stays put when shards are appended. The failure guarded: shards from different extractions
+(layer ids, fingerprints, widths) mixed into one training run; `ShardSet` checks them all and
+raises once, listing every fault.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from specbuild.hidden.shards import dequantize_aux, read_header
+
+__all__ = ["SampleRef", "Batch", "ShardSet", "split_samples", "plan_batches", "sample_key"]
+
+# Metadata that must agree across every shard of one training run.
+SHARED_META = ("layer_ids", "target_fingerprint", "tokenizer_fingerprint")
+MIN_TOKENS = 3  # a sample needs x_t, x_{t+1} (input) and x_{t+2} (predicted)
+_OPEN_FILES = 64  # memory-mapped shards kept open at once
+
+
+@dataclass(frozen=True)
+class SampleRef:
+    shard: int  # index into ShardSet.paths
+    index: int  # sample index inside the shard
+    start: int  # token span in the shard: offsets[index] .. offsets[index + 1]
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Batch:
+    """A padded batch in drafter alignment (see train.py): index t of a sample holds
+
+    input_ids x[t+1], aux g[t], last_next last[t+1] (teacher for x[t+2]), valid loss_mask[t+2].
+    """
+
+    input_ids: Tensor  # int64 [B,L]
+    aux: Tensor  # float32 [B,L,3H]
+    last_next: Tensor  # float32 [B,L,H]
+    valid: Tensor  # bool [B,L]
+    position_ids: Tensor  # int64 [B,L]
+
+    @property
+    def num_tokens(self) -> int:
+        return int((self.position_ids >= 0).sum())
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(*(t.to(device, non_blocking=True) for t in self.__dict__.values()))
+
+
+def sample_key(path: str | os.PathLike, index: int) -> str:
+    """Stable name of a sample: `<dataset>/<shard>:<index>` (the results path scheme)."""
+    p = Path(path)
+    return f"{p.parent.name}/{p.stem}:{index}"
+
+
+class ShardSet:
+    """Every sample of a list of hidden-state shards, checked for consistency up front."""
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike],
+        *,
+        hidden_size: int,
+        target_fingerprint: str | None = None,
+    ):
+        self.paths = [Path(p) for p in paths]
+        if not self.paths:
+            raise ValueError("no hidden-state shards given to train on")
+        self._files: OrderedDict[int, object] = OrderedDict()
+        faults: list[str] = []
+        metas: list[dict[str, str]] = []
+        self.refs: list[SampleRef] = []
+        self.skipped = 0  # samples too short or without a single predicted response token
+        for i, path in enumerate(self.paths):
+            header, meta = read_header(path)
+            metas.append(meta)
+            aux, last = header.get("aux"), header.get("last")
+            if last is None or aux is None or "offsets" not in header:
+                faults.append(f"{path}: missing aux/last/offsets tensors")
+                continue
+            if last[1][1] != hidden_size or aux[1][1] != 3 * hidden_size:
+                faults.append(
+                    f"{path}: aux {aux[1]} / last {last[1]}, the target's hidden size is "
+                    f"{hidden_size} (want [T, {3 * hidden_size}] / [T, {hidden_size}])"
+                )
+            if target_fingerprint and meta.get("target_fingerprint") != target_fingerprint:
+                faults.append(
+                    f"{path}: target_fingerprint {meta.get('target_fingerprint')!r} is not the "
+                    f"target's {target_fingerprint!r} (extracted from another model)"
+                )
+            f = self._open(i)
+            offsets = f.get_tensor("offsets").tolist()
+            mask = f.get_tensor("loss_mask")
+            for j, (s, e) in enumerate(zip(offsets[:-1], offsets[1:], strict=True)):
+                if e - s < MIN_TOKENS or not bool(mask[s + 2 : e].any()):
+                    self.skipped += 1
+                    continue
+                self.refs.append(SampleRef(i, j, s, e))
+        for key in SHARED_META:
+            seen = {m.get(key) for m in metas}
+            if len(seen) > 1:
+                faults.append(f"metadata {key!r} differs between shards: {sorted(map(str, seen))}")
+        if not self.refs and not faults:
+            faults.append("no sample with a predicted response token (>= 3 tokens, loss_mask)")
+        if faults:
+            raise ValueError(
+                f"hidden-state shards cannot train one drafter ({len(faults)} fault(s)):\n  - "
+                + "\n  - ".join(faults)
+                + "\nFix: re-extract the listed shards with the current target and config."
+            )
+        self.meta = metas[0]
+        self.layer_ids: list[int] = json.loads(self.meta["layer_ids"])
+
+    def _open(self, shard: int):
+        f = self._files.pop(shard, None) or safe_open(str(self.paths[shard]), framework="pt")
+        self._files[shard] = f
+        while len(self._files) > _OPEN_FILES:
+            self._files.popitem(last=False)
+        return f
+
+    def key(self, ref: SampleRef) -> str:
+        return sample_key(self.paths[ref.shard], ref.index)
+
+    def load(self, ref: SampleRef, max_length: int) -> dict[str, Tensor]:
+        """One sample, cut to its first `max_length` tokens, aux/last as float32."""
+        f = self._open(ref.shard)
+        s, e = ref.start, min(ref.end, ref.start + max_length)
+        rows = {"aux": f.get_slice("aux")[s:e]}
+        if "aux_scale" in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+            rows["aux_scale"] = f.get_slice("aux_scale")[s:e]
+        return {
+            "input_ids": f.get_slice("input_ids")[s:e].long(),
+            "loss_mask": f.get_slice("loss_mask")[s:e].bool(),
+            "aux": dequantize_aux(rows),
+            "last": f.get_slice("last")[s:e].float(),
+        }
+
+    def batch(self, refs: Sequence[SampleRef], max_length: int) -> Batch:
+        """Shift each sample into drafter alignment and right-pad to the longest."""
+        samples = [self.load(r, max_length) for r in refs]
+        L = max(s["input_ids"].shape[0] for s in samples) - 1
+        B, H = len(samples), samples[0]["last"].shape[1]
+        out = Batch(
+            input_ids=torch.zeros(B, L, dtype=torch.int64),
+            aux=torch.zeros(B, L, 3 * H),
+            last_next=torch.zeros(B, L, H),
+            valid=torch.zeros(B, L, dtype=torch.bool),
+            position_ids=torch.full((B, L), -1, dtype=torch.int64),
+        )
+        for b, s in enumerate(samples):
+            n = s["input_ids"].shape[0] - 1  # shape: index t = 0 .. n-1
+            out.input_ids[b, :n] = s["input_ids"][1:]  # x[t+1]
+            out.aux[b, :n] = s["aux"][:-1]  # g[t]
+            out.last_next[b, :n] = s["last"][1:]  # last[t+1] -> distribution of x[t+2]
+            out.valid[b, : n - 1] = s["loss_mask"][2:]  # x[t+2] is a response token
+            out.position_ids[b, :n] = torch.arange(n)
+        return out
+
+
+def split_samples(keys: Sequence[str], eval_fraction: float) -> tuple[list[int], list[int]]:
+    """(train, eval) indices: a sample is held out when its key hashes below the fraction.
+
+    A hash, not a permutation, so adding shards never moves an old sample across the split.
+    With eval_fraction 0 the training samples double as the eval set (an overfit check).
+    """
+    train, held = [], []
+    for i, key in enumerate(keys):
+        h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
+        (held if h < eval_fraction else train).append(i)
+    if eval_fraction == 0:
+        return train, list(train)
+    if not train or not held:
+        raise ValueError(
+            f"eval_fraction {eval_fraction} leaves {len(train)} training and {len(held)} held-out "
+            f"samples of {len(keys)}; both must be non-empty (change train.eval_fraction)"
+        )
+    return train, held
+
+
+def plan_batches(
+    lengths: Sequence[int],
+    *,
+    token_budget: int,
+    max_length: int,
+    seed: int,
+    epoch: int,
+    rank: int = 0,
+    world_size: int = 1,
+    shuffle: bool = True,
+    drop_tail: bool = True,
+) -> list[list[int]]:
+    """Batches (lists of positions into `lengths`) for one rank in one epoch.
+
+    Order: a permutation seeded by (seed, epoch); batches fill greedily until
+    size x longest > token_budget. Every rank plans the same list and takes every
+    world_size-th batch; for training (`drop_tail`) the tail that does not divide evenly is
+    dropped so DDP ranks step together.
+    """
+    order = list(range(len(lengths)))
+    if shuffle:
+        g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        order = torch.randperm(len(lengths), generator=g).tolist()
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i in order:
+        n = min(lengths[i], max_length)
+        if cur and (len(cur) + 1) * max(longest, n) > token_budget:
+            batches.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        batches.append(cur)
+    usable = len(batches) // world_size * world_size if drop_tail else len(batches)
+    return batches[rank:usable:world_size]

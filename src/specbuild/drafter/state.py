@@ -1,0 +1,160 @@
+"""Resumable training state on disk: safetensors for tensors, JSON for the rest, no pickle.
+
+Layout of the state directory:
+
+    latest.json              {"checkpoint": "step-00000120", "job": <job key>}  (written last)
+    step-00000120/           model.safetensors, optimizer.safetensors (+ RNG), state.json
+    best.safetensors         best drafter so far (weights + config in the metadata)
+    metrics.jsonl            eval rows so far
+
+A checkpoint directory is filled under a temporary name and renamed into place, then
+latest.json is replaced atomically, so a kill at any moment leaves the previous checkpoint
+intact. The job key (hyper-parameters + inputs) is stored with it: state from a different
+job is never resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from specbuild.io import read_json, write_json
+
+__all__ = [
+    "TrainState",
+    "save_checkpoint",
+    "load_checkpoint",
+    "clear_state",
+    "save_drafter",
+    "read_drafter",
+]
+
+LATEST = "latest.json"
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # epoch of the next batch
+    batch: int = 0  # index of the next batch inside that epoch's plan
+    tokens: int = 0  # training tokens seen (all ranks)
+    best: float = -1.0  # best simulated acceptance length so far
+    metrics: list[dict] = field(default_factory=list)  # eval rows so far
+
+
+def _optimizer_flat(opt: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:
+    sd = opt.state_dict()
+    tensors, scalars = {}, {}
+    for idx, entry in sd["state"].items():
+        for key, value in entry.items():
+            if isinstance(value, Tensor):
+                tensors[f"state.{idx}.{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{idx}.{key}"] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _optimizer_unflat(tensors: dict[str, Tensor], meta: dict) -> dict:
+    state: dict[int, dict] = {}
+    for name, value in tensors.items():
+        if name.startswith("state."):
+            _, idx, key = name.split(".", 2)
+            state.setdefault(int(idx), {})[key] = value
+    for name, value in meta["scalars"].items():
+        idx, key = name.split(".", 1)
+        state.setdefault(int(idx), {})[key] = value
+    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def _rng_tensors() -> dict[str, Tensor]:
+    rng = {"rng.cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["rng.cuda"] = torch.cuda.get_rng_state()
+    return rng
+
+
+def save_checkpoint(
+    state_dir: str | os.PathLike,
+    *,
+    job: str,
+    state: TrainState,
+    model: dict[str, Tensor],
+    optimizer: torch.optim.Optimizer,
+    keep: int = 2,
+) -> Path:
+    """Write one checkpoint atomically and point latest.json at it; keep the newest `keep`."""
+    state_dir = Path(state_dir)
+    name = f"step-{state.step:08d}"
+    final, tmp = state_dir / name, state_dir / f".tmp-{name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in model.items()}, tmp / "model.safetensors"
+    )
+    opt_tensors, opt_meta = _optimizer_flat(optimizer)
+    save_file(opt_tensors | _rng_tensors(), tmp / "optimizer.safetensors")
+    write_json(tmp / "state.json", {"state": asdict(state), "optimizer": opt_meta, "job": job})
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    write_json(state_dir / LATEST, {"checkpoint": name, "job": job})
+    old = sorted(p for p in state_dir.glob("step-*") if p.is_dir() and p.name != name)
+    for p in old[: max(0, len(old) - (keep - 1))]:
+        shutil.rmtree(p, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(
+    state_dir: str | os.PathLike, *, job: str
+) -> tuple[TrainState, dict[str, Tensor], dict] | None:
+    """(state, model tensors, optimizer state_dict) of the latest checkpoint of this job.
+
+    Restores the RNG state as a side effect. None when there is none or it belongs to another
+    job (other hyper-parameters or inputs).
+    """
+    state_dir = Path(state_dir)
+    if not (state_dir / LATEST).exists():
+        return None
+    latest = read_json(state_dir / LATEST)
+    if latest.get("job") != job:
+        return None
+    ckpt = state_dir / latest["checkpoint"]
+    meta = json.loads((ckpt / "state.json").read_text())
+    tensors = load_file(str(ckpt / "optimizer.safetensors"))
+    torch.set_rng_state(tensors["rng.cpu"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
+    model = load_file(str(ckpt / "model.safetensors"))
+    return TrainState(**meta["state"]), model, _optimizer_unflat(tensors, meta["optimizer"])
+
+
+def clear_state(state_dir: str | os.PathLike) -> None:
+    """Forget state of another job (its checkpoints, best and metrics)."""
+    state_dir = Path(state_dir)
+    if state_dir.exists():
+        shutil.rmtree(state_dir)
+    state_dir.mkdir(parents=True)
+
+
+def save_drafter(path: str | os.PathLike, tensors: dict[str, Tensor], meta: dict) -> None:
+    """A trained drafter (export_state tensors) with JSON-able facts in the metadata."""
+    from specbuild.io import atomic_path
+
+    with atomic_path(path) as tmp:
+        tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        save_file(tensors, str(tmp), metadata={k: json.dumps(v) for k, v in meta.items()})
+
+
+def read_drafter(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict]:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
+        return {k: f.get_tensor(k) for k in f.keys()}, meta  # noqa: SIM118

@@ -1,0 +1,192 @@
+"""A synthetic, learnable training workspace: target folder, vocab map and hidden-state shards.
+
+Used by the unit tests (tiny, seeded) and by the GPU throughput run (target-sized shapes, no
+model download): the files follow the real contracts, so `train_drafter` cannot tell.
+Tokens walk a fixed permutation (x[t+1] = perm[x[t]]) inside the draft vocabulary, and the
+target's `last` at t points at lm_head row x[t+1], so the next token is predictable from the
+current one and a drafter that learns anything reaches high accuracy.
+
+    python -m specbuild.drafter.synthetic OUT [--preset llama8b|tiny] [--nproc N]
+
+writes OUT/{target,vocab,hidden} and OUT/spec.json for `python -m specbuild.drafter.train`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from specbuild.hidden.fp8 import quantize_fp8
+from specbuild.hidden.shards import write_shard
+from specbuild.io import write_json
+
+__all__ = ["SyntheticSpec", "PRESETS", "make_workspace"]
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    vocab_size: int = 256
+    draft_vocab_size: int = 128
+    num_hidden_layers: int = 8
+    samples: int = 16
+    seq_len: int = 24
+    shards: int = 2
+    aux_dtype: str = "bf16"  # bf16 | fp8
+    seed: int = 0
+
+
+PRESETS = {
+    "tiny": SyntheticSpec(),
+    # Llama-3.1-8B shapes: what a real EAGLE-3 drafter trains at
+    "llama8b": SyntheticSpec(4096, 14336, 32, 8, 128256, 32000, 32, 96, 2048, 4),
+}
+
+
+def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> dict[str, object]:
+    """Write the workspace; return the paths `train_drafter` takes."""
+    out, s = Path(out), spec
+    g = torch.Generator().manual_seed(s.seed)
+    H, V, Vd = s.hidden_size, s.vocab_size, s.draft_vocab_size
+    target = out / "target"
+    target.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": H,
+        "intermediate_size": s.intermediate_size,
+        "num_attention_heads": s.num_attention_heads,
+        "num_key_value_heads": s.num_key_value_heads,
+        "head_dim": H // s.num_attention_heads,
+        "num_hidden_layers": s.num_hidden_layers,
+        "vocab_size": V,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 4096,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+    }
+    write_json(target / "config.json", config)
+    head = torch.randn(V, H, generator=g)  # unit-ish rows: lm_head(row j) peaks at j
+    embed = torch.randn(V, H, generator=g) * 0.02
+    save_file(
+        {
+            "lm_head.weight": head.bfloat16(),
+            "model.embed_tokens.weight": embed.bfloat16(),
+            "model.norm.weight": torch.ones(H).bfloat16(),
+        },
+        str(target / "model.safetensors"),
+    )
+    fingerprint = f"synthetic-{s.seed}-{H}-{V}"
+    write_json(
+        target / "fingerprint.json",
+        {
+            "name": "synthetic",
+            "source": "synthetic",
+            "fingerprint": fingerprint,
+            "weights_sha256": "",
+            "tokenizer_fingerprint": "synthetic",
+            "chat_template_sha256": "",
+            "num_hidden_layers": s.num_hidden_layers,
+            "hidden_size": H,
+            "vocab_size": V,
+            "model_type": "llama",
+        },
+    )
+    # Draft vocab = every other target id (so d2t is not all zeros).
+    draft_ids = torch.arange(Vd) * (V // Vd)
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[draft_ids] = True
+    vocab = out / "vocab" / "vocab.safetensors"
+    vocab.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"d2t": draft_ids - torch.arange(Vd), "t2d": t2d}, str(vocab))
+    perm = draft_ids[torch.randperm(Vd, generator=g)]  # next-token table over draft ids
+    nxt = torch.zeros(V, dtype=torch.int64)
+    nxt[draft_ids] = perm
+    L = s.num_hidden_layers
+    layer_ids = [1, L // 2 - 1, L - 4]
+    shards = []
+    per_shard = -(-s.samples // s.shards)
+    for k in range(s.shards):
+        n = min(per_shard, s.samples - k * per_shard)
+        ids = torch.empty(n, s.seq_len, dtype=torch.int64)
+        ids[:, 0] = draft_ids[torch.randint(Vd, (n,), generator=g)]
+        for t in range(1, s.seq_len):
+            ids[:, t] = nxt[ids[:, t - 1]]
+        flat = ids.reshape(-1)
+        last = head[nxt[flat]] * 0.5 + 0.1 * torch.randn(flat.shape[0], H, generator=g)
+        aux = torch.cat([embed[flat] * 50, last * 0.5, last], -1)
+        aux = aux + 0.1 * torch.randn(aux.shape, generator=g)
+        mask = torch.zeros(n, s.seq_len, dtype=torch.uint8)
+        mask[:, s.seq_len // 3 :] = 1  # the last two thirds are the "response"
+        tensors = {
+            "input_ids": flat.int(),
+            "loss_mask": mask.reshape(-1),
+            "offsets": torch.arange(n + 1, dtype=torch.int64) * s.seq_len,
+            "last": last.bfloat16(),
+        }
+        if s.aux_dtype == "fp8":
+            tensors["aux"], tensors["aux_scale"] = quantize_fp8(aux, 3)
+        else:
+            tensors["aux"] = aux.bfloat16()
+        path = out / "hidden" / "synthetic" / f"{k:05d}.safetensors"
+        meta = {
+            "layer_ids": json.dumps(layer_ids),
+            "backend": "synthetic",
+            "target_fingerprint": fingerprint,
+            "tokenizer_fingerprint": "synthetic",
+            "dtype": s.aux_dtype,
+            "specbuild_version": "0",
+        }
+        write_shard(path, tensors, meta)
+        shards.append(str(path))
+    return {
+        "shards": shards,
+        "vocab": str(vocab),
+        "target_fingerprint": str(target / "fingerprint.json"),
+        "layer_ids": layer_ids,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--nproc", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--token-budget", type=int, default=16384)
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    paths = make_workspace(out, PRESETS[args.preset])
+    spec = {
+        "shards": paths["shards"],
+        "vocab": paths["vocab"],
+        "target_fingerprint": paths["target_fingerprint"],
+        "best_out": str(out / "train" / "best.safetensors"),
+        "metrics_out": str(out / "train" / "metrics.jsonl"),
+        "state_dir": str(out / "train" / "state"),
+        "log_path": str(out / "train" / "train.log"),
+        "config": {
+            "epochs": args.epochs,
+            "token_budget": args.token_budget,
+            "max_length": min(args.token_budget, 4096),
+            "nproc": args.nproc,
+            "eval_fraction": 0.05,
+            "log_interval": 5,
+            "save_interval": 10_000,
+        },
+    }
+    write_json(out / "spec.json", spec)
+    print(json.dumps(asdict(PRESETS[args.preset])), "->", out / "spec.json")
+
+
+if __name__ == "__main__":
+    main()

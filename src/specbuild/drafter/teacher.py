@@ -1,0 +1,113 @@
+"""The teacher: the target's next-token distribution, read through the target's own `lm_head`.
+
+The shards store the target's final post-norm state `last`; lm_head(last) is exactly the
+target's logits, so the teacher costs one matmul and no target forward. Restricted to the
+draft vocabulary and renormalized it is the training target; positions where the target's
+argmax lies outside the draft vocabulary cannot be drafted at all and are masked.
+The failure guarded: a vocab map that does not fit the target (wrong size, ids out of
+range, d2t and t2d disagreeing) silently trains the drafter on the wrong tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch import Tensor
+
+__all__ = ["Teacher", "read_target_weights", "read_vocab"]
+
+_CHUNK = 1024  # rows per full-vocabulary matmul: bounds the [rows, V] logits in memory
+
+
+def read_target_weights(folder: str | os.PathLike, names: list[str]) -> dict[str, Tensor]:
+    """Named tensors from the target's safetensors (single file or sharded with an index).
+
+    `lm_head.weight` falls back to `model.embed_tokens.weight` (tied embeddings).
+    """
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    weight_map = (
+        json.loads(index.read_text())["weight_map"]
+        if index.exists()
+        else {k: "model.safetensors" for k in _keys(folder / "model.safetensors")}
+    )
+    out, missing = {}, []
+    for name in names:
+        key = name
+        if key not in weight_map and key == "lm_head.weight":
+            key = "model.embed_tokens.weight"
+        if key not in weight_map:
+            missing.append(name)
+            continue
+        with safe_open(str(folder / weight_map[key]), framework="pt") as f:
+            out[name] = f.get_tensor(key)
+    if missing:
+        raise KeyError(
+            f"{folder}: target weights lack {missing} (is this a Llama-style HF folder?)"
+        )
+    return out
+
+
+def _keys(path: Path) -> list[str]:
+    with safe_open(str(path), framework="pt") as f:
+        return list(f.keys())
+
+
+def read_vocab(path: str | os.PathLike, *, vocab_size: int) -> tuple[Tensor, Tensor]:
+    """(d2t int64 [Vd], t2d bool [V]) from vocab.safetensors, checked against each other."""
+    t = load_file(str(path))
+    faults = [f"missing tensor {k!r}" for k in ("d2t", "t2d") if k not in t]
+    if not faults:
+        d2t, t2d = t["d2t"], t["t2d"]
+        if d2t.dtype != torch.int64 or d2t.dim() != 1:
+            faults.append(f"d2t: {d2t.dtype} {list(d2t.shape)}, want int64 [Vd]")
+        if t2d.dtype != torch.bool or tuple(t2d.shape) != (vocab_size,):
+            faults.append(f"t2d: {t2d.dtype} {list(t2d.shape)}, want bool [{vocab_size}]")
+        if not faults:
+            ids = torch.arange(d2t.shape[0]) + d2t
+            if bool((ids < 0).any() | (ids >= vocab_size).any()):
+                faults.append("d2t maps draft ids outside the target vocabulary")
+            elif int(t2d.sum()) != d2t.shape[0] or not bool(t2d[ids].all()):
+                faults.append("t2d does not mark exactly the target ids d2t maps to")
+            elif bool((ids[1:] <= ids[:-1]).any()):
+                faults.append("draft ids do not map to increasing target ids")
+    if faults:
+        raise ValueError(f"{path}: not a vocab map for this target: " + "; ".join(faults))
+    return t["d2t"], t["t2d"]
+
+
+class Teacher:
+    """Target logits from `last` [N,H]: full-vocab argmax/logsumexp and draft-vocab logits."""
+
+    def __init__(self, lm_head: Tensor, d2t: Tensor, t2d: Tensor):
+        self.full = lm_head  # shape: [V,H]
+        self.draft_ids = torch.arange(d2t.shape[0]) + d2t  # shape: [Vd] target ids
+        self.draft = lm_head[self.draft_ids].contiguous()  # shape: [Vd,H]
+        self.t2d = t2d
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Teacher:
+        self.full = self.full.to(device, dtype)
+        self.draft = self.draft.to(device, dtype)
+        self.draft_ids, self.t2d = self.draft_ids.to(device), self.t2d.to(device)
+        return self
+
+    @torch.no_grad()
+    def targets(self, last: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(in_draft bool [N], argmax target id [N], logsumexp over the full vocab [N])."""
+        top, lse = [], []
+        for rows in last.split(_CHUNK):
+            logits = rows.to(self.full.dtype) @ self.full.T  # shape: [n,V]
+            top.append(logits.argmax(-1))
+            lse.append(logits.float().logsumexp(-1))
+        top_ids = torch.cat(top) if top else last.new_zeros(0, dtype=torch.int64)
+        lse_all = torch.cat(lse) if lse else last.new_zeros(0)
+        return self.t2d[top_ids], top_ids, lse_all
+
+    @torch.no_grad()
+    def draft_logits(self, last: Tensor) -> Tensor:
+        return (last.to(self.draft.dtype) @ self.draft.T).float()  # shape: [N,Vd]

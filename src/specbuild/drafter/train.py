@@ -1,0 +1,452 @@
+"""Stage `train`: an EAGLE-3 drafter from hidden-state shards, with training-time test.
+
+Alignment of one sample (tokens x, target features g = aux, target final state last):
+
+    index t           0        1        2      ...   t
+    feature           g0       g1       g2           g[t]   (target at t has read x0..x[t])
+    step 0 input      x1       x2       x3           embed(x[t+1]) at position t
+    step 0 predicts   x2       x3       x4           teacher softmax(lm_head(last[t+1]))
+    step 1 input      x2       x3       x4           embed(x[t+2]) + step-0 hidden at t, pos t+1
+    step 1 predicts   x3       x4       x5           teacher lm_head(last[t+2])
+    step i            input x[t+1+i] at position t+i, predicts x[t+2+i], teacher last[t+1+i]
+
+Why: g[t] is what the target computed while producing x[t+1], and serving hands the drafter
+exactly that pair (the token the target just emitted, the features it came from) at the
+target's position t. A position counts in the loss when the predicted token x[t+2+i] is a
+response token (loss_mask) and the target's argmax there is in the draft vocabulary.
+In step i, query t attends to step-0 keys 0..t plus its own keys of steps 1..i
+(`model.ttt_attention`): what a KV cache holds when the drafter chains i drafts.
+
+Loss: sum_i decay**i * soft cross-entropy(teacher restricted to the draft vocab, drafter).
+Rejected config combinations (TrainConfig.check): max_length > token_budget, ttt_steps < 1,
+eval_fraction outside [0, 1), warmup_fraction outside [0, 1), device cuda without CUDA,
+nproc above the GPUs present, precision bfloat16 on CPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from specbuild.drafter.data import Batch, ShardSet, plan_batches, split_samples
+from specbuild.drafter.metrics import StepCounts, step_counts
+from specbuild.drafter.model import DrafterConfig, Eagle3Drafter
+from specbuild.drafter.state import (
+    TrainState,
+    clear_state,
+    load_checkpoint,
+    save_checkpoint,
+    save_drafter,
+)
+from specbuild.drafter.teacher import Teacher, read_target_weights, read_vocab
+from specbuild.io import atomic_path, read_json, setup_logging, write_jsonl
+from specbuild.target import read_target_info
+
+__all__ = ["TrainConfig", "TTTObjective", "TrainingInterrupted", "lr_at", "train_drafter"]
+
+log = logging.getLogger("specbuild")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    ttt_steps: int = 7  # drafts chained in training-time test
+    loss_decay: float = 0.8  # weight of step i is decay**i
+    lr: float = 1e-4
+    warmup_fraction: float = 0.05  # share of all steps with linear warmup, then cosine to 0
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 0.5  # max global grad norm
+    epochs: int = 1
+    token_budget: int = 8192  # batch size x padded length per rank
+    max_length: int = 2048  # longer samples keep their first max_length tokens
+    seed: int = 0
+    eval_fraction: float = 0.05  # held-out samples (0: evaluate on the training set)
+    eval_interval: int = 0  # steps between evals; 0: at the end of each epoch only
+    save_interval: int = 200  # steps between resumable checkpoints
+    log_interval: int = 10
+    fc_norm: bool = False  # EAGLE-3.1 per-aux RMSNorm before fc
+    device: str = "auto"  # auto | cpu | cuda
+    precision: str = "auto"  # auto (bf16 autocast on CUDA) | float32 | bfloat16
+    nproc: int = 1  # processes (GPUs) for DDP through torchrun
+
+    @classmethod
+    def from_params(cls, params: dict) -> TrainConfig:
+        names = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(params) - set(names))
+        if unknown:
+            raise ValueError(f"train params: unknown key(s) {unknown}; known: {sorted(names)}")
+        cfg = cls(**params)
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        faults = []
+        if self.max_length > self.token_budget:
+            faults.append(f"max_length {self.max_length} > token_budget {self.token_budget}")
+        if self.ttt_steps < 1:
+            faults.append("ttt_steps must be >= 1")
+        if not 0 <= self.eval_fraction < 1 or not 0 <= self.warmup_fraction < 1:
+            faults.append("eval_fraction and warmup_fraction must lie in [0, 1)")
+        if self.device not in ("auto", "cpu", "cuda"):
+            faults.append(f"device {self.device!r}: choose auto, cpu or cuda")
+        if self.precision not in ("auto", "float32", "bfloat16"):
+            faults.append(f"precision {self.precision!r}: choose auto, float32 or bfloat16")
+        cuda = self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available())
+        if self.device == "cuda" and not torch.cuda.is_available():
+            faults.append("device cuda, but no CUDA GPU is visible")
+        if cuda and self.nproc > torch.cuda.device_count():
+            faults.append(f"nproc {self.nproc} > {torch.cuda.device_count()} visible GPUs")
+        if not cuda and self.precision == "bfloat16":
+            faults.append("precision bfloat16 needs CUDA (CPU training runs in float32)")
+        if faults:
+            raise ValueError("train config: " + "; ".join(faults))
+
+
+class TrainingInterrupted(RuntimeError):
+    """Raised by `stop_after` (tests): the process dies here as if killed."""
+
+
+def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to 0 at the last step."""
+    warm = max(1, int(cfg.warmup_fraction * total))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    progress = min(1.0, (step - warm) / max(1, total - warm))
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class TTTObjective(nn.Module):
+    """The training-time-test loss as a module, so DDP sees one forward per step."""
+
+    def __init__(self, drafter: Eagle3Drafter, teacher: Teacher, cfg: TrainConfig, amp: bool):
+        super().__init__()
+        self.drafter, self.teacher, self.cfg, self.amp = drafter, teacher, cfg, amp
+
+    def forward(self, batch: Batch, counts: StepCounts | None = None) -> Tensor:
+        mask = batch.valid.clone()  # shape: [B,L]
+        in_draft, top, lse = self.teacher.targets(batch.last_next[batch.valid])
+        mask[batch.valid] = in_draft  # the target's argmax cannot be drafted: no loss there
+        top_all = torch.zeros_like(batch.input_ids).masked_scatter(batch.valid, top)
+        lse_all = torch.zeros_like(batch.valid, dtype=torch.float32).masked_scatter(
+            batch.valid, lse
+        )
+        device_type = batch.aux.device.type
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
+            positions = batch.position_ids.clamp_min(0)
+            hiddens = self.drafter.unroll(batch.input_ids, batch.aux, positions, self.cfg.ttt_steps)
+        loss = batch.aux.new_zeros(())
+        for i, h in enumerate(hiddens):
+            m = mask[:, i:]  # shape: [B,L-i] step i predicts index t+i's target
+            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
+                logits = self.drafter.logits(h[m]).float()  # shape: [N_i,Vd]
+            teacher = self.teacher.draft_logits(batch.last_next[:, i:][m])  # shape: [N_i,Vd]
+            ce = -(teacher.softmax(-1) * logits.log_softmax(-1)).sum()
+            loss = loss + self.cfg.loss_decay**i * ce / max(int(m.sum()), 1)
+            if counts is not None:
+                counts.add(
+                    i,
+                    *step_counts(
+                        logits,
+                        teacher,
+                        lse_all[:, i:][m],
+                        top_all[:, i:][m],
+                        self.teacher.draft_ids,
+                    ),
+                )
+        return loss
+
+
+def _setup(cfg: TrainConfig) -> tuple[int, int, torch.device]:
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return rank, world, torch.device("cuda", local)
+    return rank, world, torch.device("cpu")
+
+
+def _job_key(cfg: TrainConfig, shards: list[str], vocab: str, fingerprint: str, world: int) -> str:
+    # Inputs by name, size and mtime: a re-extracted shard starts training afresh.
+    files = [(str(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in [*shards, vocab]]
+    blob = json.dumps([asdict(cfg), files, fingerprint, world], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _build(cfg: TrainConfig, target_dir: Path, vocab: str, vocab_size: int):
+    d2t, t2d = read_vocab(vocab, vocab_size=vocab_size)
+    weights = read_target_weights(
+        target_dir, ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]
+    )
+    mcfg = DrafterConfig.from_target(
+        read_json(target_dir / "config.json"), draft_vocab_size=d2t.shape[0], fc_norm=cfg.fc_norm
+    )
+    torch.manual_seed(cfg.seed)
+    model = Eagle3Drafter(mcfg)
+    teacher = Teacher(weights["lm_head.weight"], d2t, t2d)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(weights["model.embed_tokens.weight"])
+        # Start from the target's head and final norm: norm(h) then learns to look like `last`.
+        model.lm_head.weight.copy_(teacher.draft)
+        model.norm.weight.copy_(weights["model.norm.weight"])
+        model.d2t.copy_(d2t)
+        model.t2d.copy_(t2d)
+    return model, teacher
+
+
+@torch.no_grad()
+def _evaluate(objective: TTTObjective, data: ShardSet, refs, cfg, rank, world, device) -> dict:
+    counts = StepCounts.zeros(cfg.ttt_steps)
+    lengths = [r.length for r in refs]
+    plan = plan_batches(
+        lengths,
+        token_budget=cfg.token_budget,
+        max_length=cfg.max_length,
+        seed=cfg.seed,
+        epoch=0,
+        rank=rank,
+        world_size=world,
+        shuffle=False,
+        drop_tail=False,
+    )
+    for idx in plan:
+        batch = data.batch([refs[i] for i in idx], cfg.max_length).to(device)
+        counts.loss_sum += objective(batch, counts).item()
+        counts.batches += 1
+    if world > 1:
+        flat = counts.as_tensor().to(device)
+        dist.all_reduce(flat)
+        counts = StepCounts.from_tensor(flat.cpu(), cfg.ttt_steps)
+    return counts.summary()
+
+
+def train_drafter(
+    *,
+    shards: list[str],
+    vocab: str,
+    target_fingerprint: str,
+    best_out: str,
+    metrics_out: str,
+    state_dir: str,
+    config: TrainConfig,
+    log_path: str | None = None,
+    threads: int | None = None,
+    stop_after: int | None = None,
+) -> dict:
+    """Train (resuming from `state_dir` when it holds this job's state) and write the best
+    drafter to `best_out` and the eval rows to `metrics_out`. Returns the best eval row."""
+    cfg = config
+    if cfg.nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return _launch_torchrun(
+            dict(
+                shards=[str(s) for s in shards],
+                vocab=str(vocab),
+                config=asdict(cfg),
+                target_fingerprint=str(target_fingerprint),
+                best_out=str(best_out),
+                metrics_out=str(metrics_out),
+                state_dir=str(state_dir),
+                log_path=log_path,
+                threads=threads,
+            ),
+            nproc=cfg.nproc,
+        )
+    rank, world, device = _setup(cfg)
+    if rank == 0:
+        setup_logging(log_path)
+    if threads:
+        torch.set_num_threads(threads)
+    shards = [str(s) for s in shards]
+    info = read_target_info(target_fingerprint)
+    data = ShardSet(shards, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint)
+    model, teacher = _build(cfg, Path(target_fingerprint).parent, vocab, info.vocab_size)
+    amp = device.type == "cuda" and cfg.precision != "float32"
+    teacher.to(device, torch.bfloat16 if amp else torch.float32)
+    model.to(device)
+    train_idx, eval_idx = split_samples([data.key(r) for r in data.refs], cfg.eval_fraction)
+    train_refs, eval_refs = [data.refs[i] for i in train_idx], [data.refs[i] for i in eval_idx]
+    lengths = [r.length for r in train_refs]
+    plans = [
+        plan_batches(
+            lengths,
+            token_budget=cfg.token_budget,
+            max_length=cfg.max_length,
+            seed=cfg.seed,
+            epoch=e,
+            rank=rank,
+            world_size=world,
+        )
+        for e in range(cfg.epochs)
+    ]
+    total = sum(len(p) for p in plans)
+    if total == 0:
+        raise ValueError(f"{len(train_refs)} training samples make no batch for {world} rank(s)")
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
+    )
+    job = _job_key(cfg, shards, vocab, info.fingerprint, world)
+    state = TrainState()
+    loaded = load_checkpoint(state_dir, job=job)
+    if loaded is not None:
+        state, weights, opt_state = loaded
+        missing, extra = model.load_state_dict(weights, strict=False)
+        if missing != ["embed_tokens.weight"] or extra:
+            raise ValueError(f"{state_dir}: checkpoint keys differ ({missing=}, {extra=})")
+        optimizer.load_state_dict(opt_state)
+        log.info("resuming at step %d (epoch %d, batch %d)", state.step, state.epoch, state.batch)
+    elif rank == 0:
+        clear_state(state_dir)
+    if world > 1:
+        dist.barrier()
+    objective = TTTObjective(model, teacher, cfg, amp)
+    step_fn = objective
+    if world > 1:
+        step_fn = nn.parallel.DistributedDataParallel(objective, broadcast_buffers=False)
+    meta = {
+        "drafter_config": model.config.to_dict(),
+        "layer_ids": data.layer_ids,
+        "target_fingerprint": info.fingerprint,
+        "target_config": read_json(Path(target_fingerprint).parent / "config.json"),
+    }
+    log.info(
+        "drafter %.1fM trainable params; %d train / %d eval samples (%d skipped); %d steps of "
+        "<= %d tokens x %d rank(s) on %s",
+        sum(p.numel() for p in params) / 1e6,
+        len(train_refs),
+        len(eval_refs),
+        data.skipped,
+        total,
+        cfg.token_budget,
+        world,
+        device,
+    )
+    t0, seen, losses = time.perf_counter(), 0, []
+    for epoch in range(state.epoch, cfg.epochs):
+        plan = plans[epoch]
+        for b in range(state.batch if epoch == state.epoch else 0, len(plan)):
+            batch = data.batch([train_refs[i] for i in plan[b]], cfg.max_length).to(device)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(state.step, total, cfg)
+            loss = step_fn(batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            optimizer.step()
+            state.step, state.epoch, state.batch = state.step + 1, epoch, b + 1
+            state.tokens += batch.num_tokens * world
+            seen += batch.num_tokens * world
+            losses.append(loss.item())
+            end_of_epoch = b + 1 == len(plan)
+            if state.step % cfg.log_interval == 0 or end_of_epoch:
+                rate = seen / (time.perf_counter() - t0)
+                log.info(
+                    "step %d/%d epoch %d loss %.4f lr %.2e %.0f tokens/s",
+                    state.step,
+                    total,
+                    epoch,
+                    sum(losses) / len(losses),
+                    lr_at(state.step - 1, total, cfg),
+                    rate,
+                )
+                losses = []
+            if end_of_epoch or (cfg.eval_interval and state.step % cfg.eval_interval == 0):
+                row = {
+                    "step": state.step,
+                    "epoch": epoch,
+                    "tokens": state.tokens,
+                    **_evaluate(objective, data, eval_refs, cfg, rank, world, device),
+                }
+                state.metrics.append(row)
+                best = row["acceptance_length"] > state.best
+                log.info(
+                    "eval step %d: acc %s accept_len %.3f%s",
+                    state.step,
+                    row["acc"],
+                    row["acceptance_length"],
+                    " (best)" if best else "",
+                )
+                if rank == 0:
+                    if best:
+                        save_drafter(
+                            Path(state_dir) / "best.safetensors",
+                            model.export_state(),
+                            meta | {"step": state.step, "metrics": row},
+                        )
+                    write_jsonl(Path(state_dir) / "metrics.jsonl", state.metrics)
+                state.best = max(state.best, row["acceptance_length"])
+            if end_of_epoch:
+                state.epoch, state.batch = epoch + 1, 0
+            if rank == 0 and (state.step % cfg.save_interval == 0 or state.step == total):
+                save_checkpoint(
+                    state_dir, job=job, state=state, model=model.export_state(), optimizer=optimizer
+                )
+            if world > 1:
+                dist.barrier()
+            if stop_after is not None and state.step >= stop_after:
+                raise TrainingInterrupted(f"stopped after step {state.step}")
+    elapsed = time.perf_counter() - t0
+    log.info("trained %d tokens in %.1f s: %.0f tokens/s", seen, elapsed, seen / max(elapsed, 1e-9))
+    best_row = max(state.metrics, key=lambda r: r["acceptance_length"])
+    if rank == 0:
+        with atomic_path(best_out) as tmp:
+            tmp.write_bytes((Path(state_dir) / "best.safetensors").read_bytes())
+        write_jsonl(metrics_out, state.metrics)
+        log.info(
+            "best: step %d accept_len %.3f -> %s",
+            best_row["step"],
+            best_row["acceptance_length"],
+            best_out,
+        )
+    if world > 1:
+        dist.barrier()
+    return best_row
+
+
+def _launch_torchrun(spec: dict, nproc: int) -> dict:
+    """Run this same job as `torchrun --nproc_per_node N` workers (DDP); wait for them."""
+    spec_path = Path(spec["state_dir"]).parent / f".{Path(spec['state_dir']).name}.launch.json"
+    spec_path.parent.mkdir(parents=True, exist_ok=True)
+    spec_path.write_text(json.dumps(spec, indent=2))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "specbuild.drafter.train",
+        str(spec_path),
+    ]
+    log.info("launching %s", " ".join(cmd))
+    subprocess.run(cmd, check=True)
+    rows = [json.loads(line) for line in open(spec["metrics_out"], encoding="utf-8")]
+    return max(rows, key=lambda r: r["acceptance_length"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m specbuild.drafter.train spec.json` (also each torchrun worker)."""
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    spec["config"] = TrainConfig.from_params(spec["config"])
+    train_drafter(**spec)
+
+
+if __name__ == "__main__":
+    main()

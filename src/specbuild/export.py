@@ -1,0 +1,221 @@
+"""Stage `export`: the best drafter as a folder SGLang loads with `--speculative-algorithm EAGLE3`.
+
+    config.json        LlamaForCausalLMEagle3 config: shapes, draft/target vocab sizes, the
+                       target's RoPE and max_position_embeddings, aux layer ids
+    model.safetensors  midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d
+                       (+ fc_norm.{0,1,2}.weight for EAGLE-3.1); no embedding (SGLang shares
+                       the target's)
+
+The failure guarded: SGLang skips weight names it does not know without a word, and with
+`tie_word_embeddings: true` it replaces lm_head by the embedding; either way the server runs a
+drafter with random or wrong weights and acceptance collapses. `check_export` compares every
+key, shape and dtype with what the config implies and lists every fault at once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import Tensor
+
+from specbuild.drafter.config import AUX_LAYERS, DrafterConfig
+from specbuild.drafter.state import read_drafter
+from specbuild.io import atomic_path, read_json, write_json
+
+__all__ = ["ExportError", "export_for_sglang", "check_export", "export_faults", "hf_config"]
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+ALLOWED_EXTRA_FILES = ("README.md", "metrics.json")
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+# Target config keys copied verbatim when present (special tokens SGLang may read).
+_COPIED = ("bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters")
+
+
+class ExportError(ValueError):
+    """An exported drafter folder SGLang would load wrongly; the message lists every fault."""
+
+
+def hf_config(cfg: DrafterConfig, *, layer_ids: list[int], target_config: dict, dtype: str) -> dict:
+    """The config.json of the exported folder."""
+    target = target_config.get("text_config", target_config)
+    out = {k: target[k] for k in _COPIED if k in target}
+    out |= {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rope_theta": cfg.rope_theta,  # SGLang reads the legacy keys
+        "rope_scaling": cfg.rope_scaling,
+        "tie_word_embeddings": False,  # True makes SGLang use the embedding as lm_head
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": dtype,
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": list(layer_ids),
+            "use_aux_hidden_state": True,
+        },
+    }
+    if cfg.fc_norm:
+        out["fc_norm"] = True
+    return out
+
+
+def expected_tensors(cfg: DrafterConfig, dtype: str) -> dict[str, tuple[list[int], str]]:
+    """{name: (shape, safetensors dtype)} of a correct model.safetensors."""
+    h, i, th = cfg.hidden_size, cfg.intermediate_size, cfg.target_hidden_size
+    q, kv, f = (
+        cfg.num_attention_heads * cfg.head_dim,
+        cfg.num_key_value_heads * cfg.head_dim,
+        _ST_DTYPES[dtype],
+    )
+    want = {
+        "fc.weight": ([h, AUX_LAYERS * th], f),
+        "midlayer.hidden_norm.weight": ([h], f),
+        "midlayer.input_layernorm.weight": ([h], f),
+        "midlayer.self_attn.q_proj.weight": ([q, 2 * h], f),
+        "midlayer.self_attn.k_proj.weight": ([kv, 2 * h], f),
+        "midlayer.self_attn.v_proj.weight": ([kv, 2 * h], f),
+        "midlayer.self_attn.o_proj.weight": ([h, q], f),
+        "midlayer.post_attention_layernorm.weight": ([h], f),
+        "midlayer.mlp.gate_proj.weight": ([i, h], f),
+        "midlayer.mlp.up_proj.weight": ([i, h], f),
+        "midlayer.mlp.down_proj.weight": ([h, i], f),
+        "norm.weight": ([h], f),
+        "lm_head.weight": ([cfg.draft_vocab_size, h], f),
+        "d2t": ([cfg.draft_vocab_size], "I64"),
+        "t2d": ([cfg.vocab_size], "BOOL"),
+    }
+    if cfg.fc_norm:
+        want |= {f"fc_norm.{j}.weight": ([th], f) for j in range(AUX_LAYERS)}
+    return want
+
+
+def export_for_sglang(
+    *, checkpoint: str | os.PathLike, out_dir: str | os.PathLike, dtype: str = "bfloat16"
+) -> None:
+    """Write config.json + model.safetensors from a trained drafter checkpoint, then check it."""
+    if dtype not in DTYPES:
+        raise ValueError(f"export dtype {dtype!r}: choose one of {sorted(DTYPES)}")
+    tensors, meta = read_drafter(checkpoint)
+    cfg = DrafterConfig.from_dict(meta["drafter_config"])
+    config = hf_config(
+        cfg, layer_ids=meta["layer_ids"], target_config=meta["target_config"], dtype=dtype
+    )
+    state = {
+        k: (v.to(DTYPES[dtype]) if v.is_floating_point() else v).contiguous()
+        for k, v in tensors.items()
+    }
+    out_dir = Path(out_dir)
+    with atomic_path(out_dir / "model.safetensors") as tmp:
+        save_file(state, str(tmp), metadata={"format": "pt"})
+    write_json(out_dir / "config.json", config)
+    check_export(out_dir)
+
+
+def _tensor_faults(folder: Path, cfg: DrafterConfig, dtype: str) -> list[str]:
+    want = expected_tensors(cfg, dtype)
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        have = {k: f.get_slice(k) for k in f.keys()}  # noqa: SIM118
+        faults = [f"model.safetensors: missing tensor {k!r}" for k in sorted(want.keys() - have)]
+        faults += [
+            f"model.safetensors: unexpected tensor {k!r} (SGLang would skip it silently)"
+            for k in sorted(have.keys() - want)
+        ]
+        for k in sorted(want.keys() & have.keys()):
+            shape, st_dtype = list(have[k].get_shape()), have[k].get_dtype()
+            if shape != want[k][0]:
+                faults.append(f"model.safetensors: {k} has shape {shape}, expected {want[k][0]}")
+            if st_dtype != want[k][1]:
+                faults.append(f"model.safetensors: {k} has dtype {st_dtype}, expected {want[k][1]}")
+        if not faults:
+            faults += _vocab_faults(f.get_tensor("d2t"), f.get_tensor("t2d"))
+    return faults
+
+
+def _vocab_faults(d2t: Tensor, t2d: Tensor) -> list[str]:
+    ids = torch.arange(d2t.shape[0]) + d2t
+    if bool((ids < 0).any() | (ids >= t2d.shape[0]).any()):
+        return ["d2t maps draft ids outside the target vocabulary"]
+    if int(t2d.sum()) != d2t.shape[0] or not bool(t2d[ids].all()):
+        return ["t2d does not mark exactly the target ids that d2t maps to"]
+    return []
+
+
+def export_faults(folder: str | os.PathLike) -> list[str]:
+    """Every reason SGLang would load this folder wrongly (empty when it is sound)."""
+    folder = Path(folder)
+    files = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    faults = [f"missing file {n}" for n in ("config.json", "model.safetensors") if n not in files]
+    faults += [
+        f"unexpected file {n}"
+        for n in sorted(files - {"config.json", "model.safetensors", *ALLOWED_EXTRA_FILES})
+        if not n.startswith(".")
+    ]
+    if "config.json" not in files:
+        return faults
+    hf = read_json(folder / "config.json")
+    expect = {
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "tie_word_embeddings": False,
+    }
+    faults += [
+        f"config.json: {k} is {hf.get(k)!r}, expected {v!r}"
+        for k, v in expect.items()
+        if hf.get(k) != v
+    ]
+    need = (
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rms_norm_eps",
+        "vocab_size",
+        "draft_vocab_size",
+        "target_hidden_size",
+        "max_position_embeddings",
+        "rope_theta",
+        "torch_dtype",
+    )
+    faults += [f"config.json: missing key {k!r}" for k in need if k not in hf]
+    ids = (hf.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if not (
+        isinstance(ids, list) and len(ids) == AUX_LAYERS and all(isinstance(i, int) for i in ids)
+    ):
+        faults.append(
+            f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids is {ids!r}, expected "
+            f"{AUX_LAYERS} layer ids (without them SGLang captures its default layers)"
+        )
+    if hf.get("torch_dtype") not in DTYPES:
+        faults.append(f"config.json: torch_dtype {hf.get('torch_dtype')!r} not in {sorted(DTYPES)}")
+    if faults or "model.safetensors" not in files:
+        return faults
+    return _tensor_faults(folder, DrafterConfig.from_export(hf), hf["torch_dtype"])
+
+
+def check_export(folder: str | os.PathLike) -> None:
+    """Raise ExportError listing every fault of an exported drafter folder."""
+    faults = export_faults(folder)
+    if faults:
+        raise ExportError(
+            f"{folder}: not a drafter folder SGLang loads correctly ({len(faults)} fault(s)):\n  - "
+            + "\n  - ".join(faults)
+            + "\nFix: rerun `snakemake --forcerun export` (or retrain if the checkpoint is wrong)."
+        )

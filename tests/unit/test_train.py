@@ -1,0 +1,165 @@
+"""Training: alignment, batching and split, overfitting, and bit-exact resume on CPU.
+
+Data is the synthetic workspace (the real shard, vocab and target-folder contracts, tiny
+shapes) so every run takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from specbuild.drafter.data import ShardSet, plan_batches, split_samples
+from specbuild.drafter.metrics import acceptance_length
+from specbuild.drafter.synthetic import SyntheticSpec, make_workspace
+from specbuild.drafter.train import TrainConfig, TrainingInterrupted, lr_at, train_drafter
+from specbuild.hidden.shards import read_shard, write_shard
+
+
+def run(ws, out, stop_after=None, **cfg):
+    base = dict(
+        epochs=2,
+        token_budget=96,
+        max_length=24,
+        eval_fraction=0,
+        ttt_steps=3,
+        lr=3e-3,
+        log_interval=100,
+    )
+    return train_drafter(
+        shards=ws["shards"],
+        vocab=ws["vocab"],
+        target_fingerprint=ws["target_fingerprint"],
+        best_out=str(out / "best.safetensors"),
+        metrics_out=str(out / "metrics.jsonl"),
+        state_dir=str(out / "state"),
+        config=TrainConfig(**(base | cfg)),
+        threads=1,
+        stop_after=stop_after,
+    )
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    return make_workspace(tmp_path_factory.mktemp("ws"), SyntheticSpec(samples=16, seq_len=24))
+
+
+def test_batch_aligns_next_token_feature_teacher_and_mask(ws):
+    data = ShardSet(ws["shards"], hidden_size=64)
+    ref = data.refs[0]
+    tensors, _ = read_shard(ws["shards"][0])
+    x = tensors["input_ids"][ref.start : ref.end].long()
+    batch = data.batch([ref], max_length=100)
+    assert batch.input_ids[0].tolist() == x[1:].tolist()  # index t holds x[t+1]
+    assert torch.equal(batch.aux[0], tensors["aux"][ref.start : ref.end - 1].float())  # g[t]
+    assert torch.equal(batch.last_next[0], tensors["last"][ref.start + 1 : ref.end].float())
+    mask = tensors["loss_mask"][ref.start : ref.end].bool()
+    assert batch.valid[0].tolist() == mask[2:].tolist() + [False]  # x[t+2] is a response token
+    assert batch.position_ids[0].tolist() == list(range(23))
+
+
+def test_max_length_keeps_the_first_tokens(ws):
+    data = ShardSet(ws["shards"], hidden_size=64)
+    full, cut = data.batch(data.refs[:1], 100), data.batch(data.refs[:1], 10)
+    assert cut.input_ids.shape == (1, 9)
+    assert torch.equal(cut.input_ids, full.input_ids[:, :9])
+
+
+def test_batches_respect_the_token_budget_and_ranks_step_together():
+    lengths = [5, 9, 3, 12, 7, 7, 2, 11, 4]
+    for rank in (0, 1):
+        plan = plan_batches(
+            lengths, token_budget=24, max_length=12, seed=1, epoch=0, rank=rank, world_size=2
+        )
+        assert all(len(b) * max(lengths[i] for i in b) <= 24 for b in plan)
+    r0 = plan_batches(lengths, token_budget=24, max_length=12, seed=1, epoch=0, world_size=2)
+    r1 = plan_batches(
+        lengths, token_budget=24, max_length=12, seed=1, epoch=0, rank=1, world_size=2
+    )
+    assert len(r0) == len(r1) and not {i for b in r0 for i in b} & {i for b in r1 for i in b}
+    again = plan_batches(lengths, token_budget=24, max_length=12, seed=1, epoch=1)
+    assert again != plan_batches(lengths, token_budget=24, max_length=12, seed=1, epoch=0)
+
+
+def test_held_out_split_stays_put_when_shards_are_appended():
+    keys = [f"d/{s:05d}:{i}" for s in range(4) for i in range(50)]
+    _, held = split_samples(keys[:100], 0.1)
+    _, held_more = split_samples(keys, 0.1)
+    assert held and set(held) <= set(held_more)
+    with pytest.raises(ValueError, match="both must be non-empty"):
+        split_samples(keys[:2], 0.001)
+
+
+def test_shards_from_different_extractions_fail_listing_each_fault(ws, tmp_path):
+    tensors, meta = read_shard(ws["shards"][1])
+    odd = tmp_path / "d" / "00001.safetensors"
+    write_shard(odd, tensors, dict(meta, layer_ids="[2, 3, 4]", target_fingerprint="other"))
+    with pytest.raises(ValueError) as err:
+        ShardSet(
+            [ws["shards"][0], odd], hidden_size=64, target_fingerprint=meta["target_fingerprint"]
+        )
+    assert "layer_ids" in str(err.value) and "target_fingerprint 'other'" in str(err.value)
+    with pytest.raises(ValueError, match="hidden size is 32"):
+        ShardSet(ws["shards"], hidden_size=32)
+
+
+def test_config_rejects_unknown_keys_and_impossible_combinations():
+    with pytest.raises(ValueError, match="unknown key"):
+        TrainConfig.from_params({"learning_rate": 1e-4})
+    with pytest.raises(ValueError, match="max_length 4096 > token_budget 1024"):
+        TrainConfig.from_params({"max_length": 4096, "token_budget": 1024})
+
+
+def test_lr_warms_up_then_decays_to_zero():
+    cfg = TrainConfig(lr=1.0, warmup_fraction=0.1)
+    lrs = [lr_at(s, 100, cfg) for s in range(101)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert lrs[100] == pytest.approx(0.0) and all(
+        a >= b for a, b in zip(lrs[9:], lrs[10:], strict=False)
+    )
+
+
+def test_acceptance_length_counts_the_bonus_token():
+    assert acceptance_length([1.0, 1.0]) == 3.0
+    assert acceptance_length([0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_tiny_overfit_run_reaches_acc0_above_0_9(ws, tmp_path):
+    best = run(ws, tmp_path, epochs=12)
+    assert best["acc"][0] > 0.9
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and rows[-1]["acceptance_length"] > rows[0]["acceptance_length"]
+    assert max(r["acceptance_length"] for r in rows) == best["acceptance_length"]
+    assert {"acc", "expected_acceptance", "acceptance_length"} <= rows[0].keys()
+
+
+def test_resume_after_a_kill_equals_the_uninterrupted_run_bit_for_bit(ws, tmp_path):
+    run(ws, tmp_path / "whole", epochs=3, save_interval=2)
+    with pytest.raises(TrainingInterrupted):
+        run(ws, tmp_path / "cut", epochs=3, save_interval=2, stop_after=5)  # last save: step 4
+    assert not (tmp_path / "cut" / "best.safetensors").exists()
+    run(ws, tmp_path / "cut", epochs=3, save_interval=2)
+    whole, cut = (load_file(str(tmp_path / d / "best.safetensors")) for d in ("whole", "cut"))
+    assert whole.keys() == cut.keys() and all(torch.equal(whole[k], cut[k]) for k in whole)
+    rows = [
+        [json.loads(line) for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+        for d in ("whole", "cut")
+    ]
+    assert rows[0] == rows[1] and len(rows[0]) == 3
+
+
+def test_state_of_another_job_is_not_resumed(ws, tmp_path):
+    run(ws, tmp_path, epochs=1, save_interval=1)
+    steps = json.loads((tmp_path / "state" / "latest.json").read_text())
+    run(ws, tmp_path, epochs=1, save_interval=1, lr=1e-3)  # different job: fresh start
+    again = json.loads((tmp_path / "state" / "latest.json").read_text())
+    assert steps["job"] != again["job"]
+
+
+def test_fp8_shards_train_like_bf16_ones(tmp_path):
+    ws8 = make_workspace(tmp_path / "ws", SyntheticSpec(samples=8, seq_len=16, aux_dtype="fp8"))
+    best = run(ws8, tmp_path / "out", epochs=1)
+    assert best["eval_positions"][0] > 0 and best["step"] >= 1
