@@ -17,7 +17,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded default, unless a config is given (--configfile): configs are complete files,
+# never deep-merged over the default, so an example cannot inherit its datasets by accident.
+if not config:
+
+    configfile: "config/config.yaml"
 
 
 include: "rules/common.smk"
@@ -27,6 +31,8 @@ include: "rules/generate.smk"
 include: "rules/tokenize.smk"
 include: "rules/hidden.smk"
 include: "rules/vocab.smk"
+include: "rules/align.smk"
+include: "rules/tuning.smk"
 
 
 rule all:

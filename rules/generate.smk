@@ -1,0 +1,26 @@
+rule generate:
+    """Regenerate the assistant turns of one samples shard with the target."""
+    input:
+        samples="results/samples/{dataset}/{shard}.jsonl",
+        fp=target_file("fingerprint.json"),
+    output:
+        generated="results/generated/{dataset}/{shard}.jsonl",
+        rejected="results/generated/{dataset}/{shard}.rejected.jsonl",
+    log:
+        "logs/generate/{dataset}/{shard}.log",
+    conda:
+        "../envs/specbuild.yaml"
+    threads: 2
+    resources:
+        gpu=generate_gpus(),
+        mem_mb=4000,
+        runtime=60,
+    params:
+        backend=config["generate"]["backend"],
+        backend_args=generate_backend_args(),
+        mode=config["generate"]["mode"],
+        sampling=sampling_params,
+        batch_size=config["generate"]["batch_size"],
+        max_rejected_fraction=config["generate"]["max_rejected_fraction"],
+    script:
+        "../scripts/generate.py"

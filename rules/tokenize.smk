@@ -1,0 +1,19 @@
+rule tokenize:
+    """Render one generated shard with the target's chat template; mark assistant tokens."""
+    input:
+        generated="results/generated/{dataset}/{shard}.jsonl",
+        fp=target_file("fingerprint.json"),
+    output:
+        tokens="results/tokenized/{dataset}/{shard}.jsonl",
+        meta="results/tokenized/{dataset}/{shard}.meta.json",
+        rejected="results/tokenized/{dataset}/{shard}.rejected.jsonl",
+    log:
+        "logs/tokenize/{dataset}/{shard}.log",
+    conda:
+        "../envs/specbuild.yaml"
+    params:
+        max_length=config["tokenize"]["max_length"],
+        overlong=config["tokenize"]["overlong"],
+        max_rejected_fraction=config["tokenize"]["max_rejected_fraction"],
+    script:
+        "../scripts/tokenize.py"

@@ -1,0 +1,18 @@
+from functools import partial
+
+from specbuild.backends import SamplingParams, make_backend
+from specbuild.generate import generate_shard
+from specbuild.io import setup_logging
+
+setup_logging(snakemake.log[0])
+generate_shard(
+    samples=snakemake.input.samples,
+    fingerprint=snakemake.input.fp,
+    out=snakemake.output.generated,
+    rejected=snakemake.output.rejected,
+    backend=partial(make_backend, snakemake.params.backend, **snakemake.params.backend_args),
+    mode=snakemake.params.mode,
+    sampling=SamplingParams(**snakemake.params.sampling),
+    batch_size=snakemake.params.batch_size,
+    max_rejected_fraction=snakemake.params.max_rejected_fraction,
+)

@@ -1,0 +1,15 @@
+from specbuild.io import setup_logging
+from specbuild.samples import write_sample_shard
+
+setup_logging(snakemake.log[0])
+write_sample_shard(
+    raw=snakemake.input.raw,
+    out=snakemake.output.samples,
+    rejected=snakemake.output.rejected,
+    dataset=snakemake.wildcards.dataset,
+    start=snakemake.params.span[0],
+    stop=snakemake.params.span[1],
+    fmt=snakemake.params.fmt,
+    prompt_key=snakemake.params.prompt_key,
+    max_rejected_fraction=snakemake.params.max_rejected_fraction,
+)

@@ -1,0 +1,14 @@
+from specbuild.io import setup_logging
+from specbuild.tokenization import tokenize_shard
+
+setup_logging(snakemake.log[0])
+tokenize_shard(
+    generated=snakemake.input.generated,
+    fingerprint=snakemake.input.fp,
+    out=snakemake.output.tokens,
+    meta=snakemake.output.meta,
+    rejected=snakemake.output.rejected,
+    max_length=snakemake.params.max_length,
+    overlong=snakemake.params.overlong,
+    max_rejected_fraction=snakemake.params.max_rejected_fraction,
+)

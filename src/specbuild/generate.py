@@ -1,0 +1,143 @@
+"""Stage `generate`: regenerate the assistant turns of a samples shard with the target.
+
+The drafter learns to predict the target's own output, so responses come from the serving
+target (any backend). Every row records finish_reason, reasoning, usage and which backend,
+model and target fingerprint produced it; `keep` mode reuses assistant turns already in the
+samples (earlier inference from the same target) and marks where each response came from.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+from specbuild.backends.base import GenerationBackend, GenerationRequest, SamplingParams
+from specbuild.io import read_jsonl, write_jsonl
+from specbuild.samples import check_rejected_share
+from specbuild.target import read_target_info
+
+__all__ = ["generate_shard", "split_prompt"]
+
+MODES = ("regenerate", "keep")
+log = logging.getLogger("specbuild")
+
+
+def split_prompt(messages: list[dict]) -> tuple[list[dict], dict | None]:
+    """(prompt up to the last user turn, trailing assistant turn or None)."""
+    if messages[-1]["role"] == "assistant":
+        return messages[:-1], messages[-1]
+    return messages, None
+
+
+def generate_shard(
+    *,
+    samples: str | os.PathLike,
+    fingerprint: str | os.PathLike,
+    out: str | os.PathLike,
+    rejected: str | os.PathLike,
+    backend: Callable[[], GenerationBackend],
+    mode: str,
+    sampling: SamplingParams,
+    batch_size: int,
+    max_rejected_fraction: float,
+) -> tuple[int, int]:
+    """Write one generated row per sample of `samples`; failures go to `rejected`.
+
+    `backend` is a constructor, called only if some sample needs the model (keep mode may not).
+    """
+    if mode not in MODES:
+        raise ValueError(f"generate.mode {mode!r}: allowed {', '.join(MODES)}")
+    target = read_target_info(fingerprint)
+    rows = list(read_jsonl(samples))
+    kept: dict[str, dict] = {}
+    todo: list[GenerationRequest] = []
+    for row in rows:
+        prompt, answer = split_prompt(row["messages"])
+        if mode == "keep" and answer is not None:
+            kept[row["id"]] = {
+                "messages": prompt + [answer],
+                "finish_reason": "stop",
+                "usage": None,
+                "response_source": "dataset",
+            }
+        else:
+            todo.append(GenerationRequest(id=row["id"], messages=prompt))
+    log.info(
+        "generate %s: %d samples, %d kept from the dataset, %d to generate",
+        samples,
+        len(rows),
+        len(kept),
+        len(todo),
+    )
+
+    made: dict[str, dict] = {}
+    bad: list[dict] = []
+    if todo:
+        torch.manual_seed(sampling.seed)
+        engine = backend()
+        try:
+            t0, n_tok = time.perf_counter(), 0
+            for b in range(0, len(todo), batch_size):
+                batch = todo[b : b + batch_size]
+                for req, gen in zip(batch, engine.generate(batch, sampling), strict=True):
+                    if gen.finish_reason not in ("stop", "length"):
+                        bad.append(
+                            {
+                                "id": req.id,
+                                "reason": "backend error: "
+                                + str(gen.extra.get("error", gen.finish_reason)),
+                            }
+                        )
+                        continue
+                    answer = {"role": "assistant", "content": gen.content}
+                    if gen.reasoning:
+                        answer["reasoning_content"] = gen.reasoning
+                    made[req.id] = {
+                        "messages": req.messages + [answer],
+                        "finish_reason": gen.finish_reason,
+                        "usage": {
+                            "prompt_tokens": gen.prompt_tokens,
+                            "completion_tokens": gen.completion_tokens,
+                        },
+                        "response_source": "generated",
+                    }
+                    n_tok += gen.completion_tokens
+                dt = time.perf_counter() - t0
+                log.info(
+                    "generate: %d/%d done, %d tokens, %.1f tok/s",
+                    min(b + batch_size, len(todo)),
+                    len(todo),
+                    n_tok,
+                    n_tok / max(dt, 1e-9),
+                )
+            producer = {"backend": engine.name, "model": engine.model}
+        finally:
+            engine.close()
+    else:
+        producer = {"backend": None, "model": None}
+
+    def rows_out():
+        for row in rows:
+            res = kept.get(row["id"]) or made.get(row["id"])
+            if res is None:
+                continue
+            src = (
+                producer
+                if res["response_source"] == "generated"
+                else {"backend": None, "model": None}
+            )
+            yield {"id": row["id"], **res, **src, "target_fingerprint": target.fingerprint}
+
+    n = write_jsonl(out, rows_out())
+    write_jsonl(rejected, bad)
+    for r in bad:
+        log.warning("rejected %s: %s", r["id"], r["reason"])
+    log.info("generate %s: in=%d = written %d + rejected %d", samples, len(rows), n, len(bad))
+    check_rejected_share(
+        n_in=len(rows), n_rejected=len(bad), limit=max_rejected_fraction, what=str(out)
+    )
+    return n, len(bad)

@@ -1,0 +1,266 @@
+"""Stage `samples`: raw chat records (plain prompts, OpenAI `messages`, ShareGPT
+`conversations`; JSONL or a JSON list) to normalized shards with a stable id per sample.
+
+Shards are fixed-size slices of the raw records in input order, so appending records adds
+shards and leaves earlier ones untouched; `record_digests` gives each slice a content hash that
+the workflow passes as a param, so a shard reruns exactly when its own records change.
+Bad records are never dropped silently: each goes to the rejected file with file, line and
+reason, and the counts always add up (in = kept + rejected).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from specbuild.io import write_jsonl
+
+__all__ = [
+    "RawRecord",
+    "SampleError",
+    "iter_raw_records",
+    "record_digests",
+    "normalize_sample",
+    "write_sample_shard",
+    "check_rejected_share",
+]
+
+FORMATS = ("auto", "prompt", "messages", "sharegpt")
+ROLES = ("system", "user", "assistant")
+# ShareGPT speaker names seen in the wild, mapped to OpenAI roles.
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "system": "system",
+}
+
+log = logging.getLogger("specbuild")
+
+
+class SampleError(ValueError):
+    """A record that cannot be used; the message is the reason kept in the rejected file."""
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    index: int  # 0-based position among records (non-blank lines / list items)
+    line: int  # 1-based line in the file (item number for a JSON list)
+    raw: bytes  # exact bytes, hashed for the shard digest
+
+
+def _is_json_list(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        head = fh.read(4096).lstrip()
+    return head.startswith(b"[")
+
+
+def iter_raw_records(path: str | os.PathLike) -> Iterator[RawRecord]:
+    """Every record of a JSONL file (non-blank lines) or of a JSON list, as raw bytes."""
+    path = Path(path)
+    if _is_json_list(path):
+        try:
+            items = json.loads(path.read_bytes())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(
+                f"{path}: not a valid JSON list ({err}); use JSONL to keep good rows"
+            ) from err
+        for i, item in enumerate(items):
+            yield RawRecord(i, i + 1, json.dumps(item, sort_keys=True, ensure_ascii=False).encode())
+        return
+    index = 0
+    with open(path, "rb") as fh:
+        for lineno, line in enumerate(fh, 1):
+            line = line.rstrip(b"\r\n")
+            if not line.strip():
+                continue
+            yield RawRecord(index, lineno, line)
+            index += 1
+
+
+def record_digests(
+    path: str | os.PathLike, *, shard_size: int, limit: int | None = None
+) -> list[str]:
+    """sha256 of each shard's raw slice, in shard order (the last shard may be partial)."""
+    digests: list[str] = []
+    h = None
+    for rec in iter_raw_records(path):
+        if limit is not None and rec.index >= limit:
+            break
+        if rec.index % shard_size == 0:
+            if h is not None:
+                digests.append(h.hexdigest())
+            h = hashlib.sha256()
+        h.update(rec.raw + b"\n")
+    if h is not None:
+        digests.append(h.hexdigest())
+    return digests
+
+
+def _text(value, where: str) -> str:
+    if not isinstance(value, str):
+        raise SampleError(f"{where}: content is {type(value).__name__}, expected a string")
+    if not value.strip():
+        raise SampleError(f"{where}: empty content")
+    return value
+
+
+def _from_messages(turns, key: str) -> list[dict]:
+    if not isinstance(turns, list) or not turns:
+        raise SampleError(f"`{key}` must be a non-empty list")
+    messages = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise SampleError(f"{key}[{i}] is not an object")
+        if key == "conversations":
+            speaker = turn.get("from")
+            role = SHAREGPT_ROLES.get(str(speaker).lower()) if speaker is not None else None
+            if role is None:
+                raise SampleError(f"{key}[{i}]: unknown speaker {speaker!r}")
+            content = turn.get("value")
+        else:
+            role = turn.get("role")
+            if role not in ROLES:
+                raise SampleError(
+                    f"{key}[{i}]: unknown role {role!r} (allowed: {', '.join(ROLES)})"
+                )
+            content = turn.get("content")
+        msg = {"role": role, "content": _text(content, f"{key}[{i}]")}
+        reasoning = turn.get("reasoning_content")
+        if role == "assistant" and isinstance(reasoning, str) and reasoning.strip():
+            msg["reasoning_content"] = reasoning
+        messages.append(msg)
+    return messages
+
+
+def _check_order(messages: list[dict]) -> None:
+    roles = [m["role"] for m in messages]
+    if "system" in roles[1:]:
+        raise SampleError("a system message may only come first")
+    if "user" not in roles:
+        raise SampleError("no user turn")
+    if roles[-1] == "system":
+        raise SampleError("conversation ends with a system message")
+
+
+def normalize_sample(obj, *, fmt: str = "auto", prompt_key: str = "prompt") -> list[dict]:
+    """One raw record to OpenAI-style messages, or SampleError with the reason."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    if not isinstance(obj, dict):
+        raise SampleError(f"record is {type(obj).__name__}, expected a JSON object")
+    if fmt == "auto":
+        fmt = next(
+            (
+                f
+                for f, k in (
+                    ("messages", "messages"),
+                    ("sharegpt", "conversations"),
+                    ("prompt", prompt_key),
+                )
+                if k in obj
+            ),
+            None,
+        )
+        if fmt is None:
+            raise SampleError(
+                f"cannot detect format: no `messages`, `conversations` or `{prompt_key}` field"
+            )
+    if fmt == "prompt":
+        if prompt_key not in obj:
+            raise SampleError(f"missing field `{prompt_key}`")
+        messages = [{"role": "user", "content": _text(obj[prompt_key], prompt_key)}]
+    else:
+        key = "messages" if fmt == "messages" else "conversations"
+        if key not in obj:
+            raise SampleError(f"missing field `{key}`")
+        messages = _from_messages(obj[key], key)
+    _check_order(messages)
+    return messages
+
+
+def _parse(rec: RawRecord):
+    try:
+        text = rec.raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SampleError(
+            f"not UTF-8 (byte {err.start}: {rec.raw[err.start : err.start + 1]!r})"
+        ) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SampleError(f"malformed JSON: {err.msg} at column {err.colno}") from None
+
+
+def check_rejected_share(*, n_in: int, n_rejected: int, limit: float, what: str) -> None:
+    """Fail the job when too much of its input was rejected (the rejects are listed in the log)."""
+    share = n_rejected / n_in if n_in else 0.0
+    if share > limit:
+        raise RuntimeError(
+            f"{what}: {n_rejected} of {n_in} rows rejected ({share:.1%} > max_rejected_fraction "
+            f"{limit:.1%}); see the rejected file/log for reasons, fix the input or raise the limit"
+        )
+
+
+def write_sample_shard(
+    *,
+    raw: str | os.PathLike,
+    out: str | os.PathLike,
+    rejected: str | os.PathLike,
+    dataset: str,
+    start: int,
+    stop: int,
+    fmt: str = "auto",
+    prompt_key: str = "prompt",
+    max_rejected_fraction: float = 0.05,
+) -> tuple[int, int]:
+    """Normalize records [start, stop) of `raw` into `out`; rejects go to `rejected`.
+
+    Returns (kept, rejected). Ids are `<dataset>-<record index>`: stable when records are appended.
+    """
+    kept, bad = [], []
+    for rec in iter_raw_records(raw):
+        if rec.index < start:
+            continue
+        if rec.index >= stop:
+            break
+        where = {"file": str(raw), "line": rec.line}
+        sid = f"{dataset}-{rec.index:07d}"
+        try:
+            obj = _parse(rec)
+            messages = normalize_sample(obj, fmt=fmt, prompt_key=prompt_key)
+        except SampleError as err:
+            bad.append(
+                {
+                    "id": sid,
+                    **where,
+                    "reason": str(err),
+                    "raw": rec.raw.decode("utf-8", "replace")[:2000],
+                }
+            )
+            log.warning("rejected %s:%d: %s", raw, rec.line, err)
+            continue
+        kept.append({"id": sid, "messages": messages, "source": where})
+    n_in = len(kept) + len(bad)
+    if n_in == 0:
+        raise ValueError(f"{raw}: no records in [{start}, {stop}); the shard list is out of date")
+    write_jsonl(rejected, bad)
+    write_jsonl(out, kept)
+    log.info(
+        "samples %s [%d, %d): in=%d = kept %d + rejected %d",
+        dataset,
+        start,
+        stop,
+        n_in,
+        len(kept),
+        len(bad),
+    )
+    check_rejected_share(n_in=n_in, n_rejected=len(bad), limit=max_rejected_fraction, what=str(out))
+    return len(kept), len(bad)

