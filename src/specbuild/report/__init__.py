@@ -1,0 +1,1 @@
+"""Bench tables and plots for the Snakemake report."""
