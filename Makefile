@@ -10,6 +10,7 @@ ARGS   ?=
 SNAKEMAKE = $(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) $(ARGS)
 
 .PHONY: help setup run dry-run test lint format report clean clean-all
+.PHONY: bench-extract
 
 help:
 	@echo "make run      set up if needed, then build $(CONFIG) end to end (TARGET=$(TARGET))"
@@ -47,6 +48,13 @@ lint: setup
 format: setup
 	$(BIN)/ruff format src scripts tests
 	$(BIN)/snakefmt Snakefile rules
+
+# Stage hidden: extraction tokens/s vs a bare forward pass, bytes/token (BENCHMARKS.md).
+# BENCH_ARGS="--device cuda --dtype bfloat16" on a GPU.
+BENCH_ARGS ?=
+bench-extract: setup
+	$(SNAKEMAKE) target
+	$(BIN)/python -m specbuild.bench.extract $(BENCH_ARGS)
 
 report: setup
 	$(SNAKEMAKE) $(TARGET)

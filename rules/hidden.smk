@@ -18,6 +18,7 @@ rule hidden:
         runtime=120,
     params:
         backend=config["hidden"]["backend"],
+        backend_options=hidden_backend_options(),
         layer_ids=aux_layer_ids(),
         storage=config["hidden"]["storage"],
         dtype=config["hidden"]["dtype"],

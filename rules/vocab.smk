@@ -2,6 +2,7 @@ rule vocab:
     """Count loss-masked target tokens over all tokenized shards; write the draft vocab map."""
     input:
         tokens=per_shard("results/tokenized/{dataset}/{shard}.jsonl"),
+        metas=per_shard("results/tokenized/{dataset}/{shard}.meta.json"),
         fp=target_file("fingerprint.json"),
     output:
         vocab="results/vocab/vocab.safetensors",

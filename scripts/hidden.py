@@ -12,5 +12,6 @@ extract_shard(
     dtype=snakemake.params.dtype,
     batch_tokens=snakemake.params.batch_tokens,
     device=snakemake.params.device,
+    backend_options=snakemake.params.backend_options,
     threads=snakemake.threads,
 )

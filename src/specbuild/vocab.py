@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from specbuild.hidden.tokens import read_token_shard
+from specbuild.hidden.tokens import check_token_meta, read_token_shard
 from specbuild.io import atomic_path, setup_logging, write_json
 from specbuild.target import read_target_info
 
@@ -136,15 +136,24 @@ def _stats(counts: Counter[int], vmap: VocabMap, target_size: int) -> dict:
 def build_vocab(
     *,
     tokens: list[str | os.PathLike],
+    metas: list[str | os.PathLike],
     fingerprint: str | os.PathLike,
     out: str | os.PathLike,
     stats_out: str | os.PathLike,
     log_path: str | os.PathLike | None = None,
     draft_size: int = 32000,
 ) -> dict:
-    """Count, build, check and write the vocab files; returns the stats written."""
+    """Count, build, check and write the vocab files; returns the stats written.
+
+    Each tokenized shard's .meta.json (`metas`, in the same order) must name the configured
+    target's tokenizer and chat template: ids from another tokenizer pick a meaningless vocabulary.
+    """
     setup_logging(log_path)
     target = read_target_info(fingerprint)
+    if len(metas) != len(tokens):
+        raise ValueError(f"{len(tokens)} tokenized shards but {len(metas)} meta.json files")
+    for meta in metas:
+        check_token_meta(meta, target)
     counts = count_masked_tokens(tokens, vocab_size=target.vocab_size)
     if not counts:
         raise VocabError(f"no token with loss_mask 1 in {len(tokens)} tokenized shard(s)")

@@ -9,7 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from specbuild.io import read_json, write_jsonl
+from specbuild.hidden.tokens import TokenizedShardError
+from specbuild.io import read_json, write_json, write_jsonl
+from specbuild.target import read_target_info
 from specbuild.vocab import (
     VocabError,
     build_vocab,
@@ -100,12 +102,27 @@ def test_only_loss_masked_tokens_are_counted_across_shards(tmp_path):
     assert count_masked_tokens([a, b], vocab_size=10) == Counter({3: 2, 4: 2, 9: 1})
 
 
+def _meta(tmp_path, target_dir, **override):
+    info = read_target_info(target_dir / "fingerprint.json")
+    meta = {
+        "target_fingerprint": info.fingerprint,
+        "tokenizer_fingerprint": info.tokenizer_fingerprint,
+        "chat_template_sha256": info.chat_template_sha256,
+        "rows": 2,
+        "rejected": 0,
+    }
+    path = tmp_path / "00000.meta.json"
+    write_json(path, {**meta, **override})
+    return path
+
+
 def test_build_vocab_writes_the_map_and_coverage_stats(tmp_path, target_dir):
     shard = tmp_path / "00000.jsonl"
     write_jsonl(shard, [_row(0, [10, 11, 12, 12, 13], [0, 1, 1, 1, 1]), _row(1, [13], [1])])
     out, stats_out = tmp_path / "vocab.safetensors", tmp_path / "vocab_stats.json"
     stats = build_vocab(
         tokens=[shard],
+        metas=[_meta(tmp_path, target_dir)],
         fingerprint=target_dir / "fingerprint.json",
         out=out,
         stats_out=stats_out,
@@ -125,7 +142,23 @@ def test_shards_without_any_assistant_token_fail_the_vocab(tmp_path, target_dir)
     with pytest.raises(VocabError, match="no token with loss_mask 1"):
         build_vocab(
             tokens=[shard],
+            metas=[_meta(tmp_path, target_dir)],
             fingerprint=target_dir / "fingerprint.json",
             out=tmp_path / "v.safetensors",
             stats_out=tmp_path / "s.json",
         )
+
+
+def test_rows_from_another_tokenizer_stop_the_vocab(tmp_path, target_dir):
+    shard = tmp_path / "00000.jsonl"
+    write_jsonl(shard, [_row(0, [1, 2], [0, 1])])
+    meta = _meta(tmp_path, target_dir, tokenizer_fingerprint="cd" * 32)
+    with pytest.raises(TokenizedShardError, match="(?s)00000.meta.json.*tokenizer cdcdcdcd"):
+        build_vocab(
+            tokens=[shard],
+            metas=[meta],
+            fingerprint=target_dir / "fingerprint.json",
+            out=tmp_path / "v.safetensors",
+            stats_out=tmp_path / "s.json",
+        )
+    assert not (tmp_path / "v.safetensors").exists()

@@ -21,9 +21,10 @@ import json
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -49,7 +50,8 @@ __all__ = [
 
 log = logging.getLogger("specbuild")
 
-# name -> "module:Class"; each class has `from_folder(folder, *, layer_ids, dtype, device)`.
+# name -> "module:Class"; each class has `from_folder(folder, *, layer_ids, dtype, device,
+# **options)`, options being engine settings (server flags for sglang; none for hf).
 # Imported lazily so the CPU default never imports an engine it does not use.
 BACKENDS = {
     "hf": "specbuild.hidden.hf:HFFeatureBackend",
@@ -129,7 +131,13 @@ def plan_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
 
 
 def open_backend(
-    name: str, *, folder: str | os.PathLike, layer_ids: list[int], dtype: str, device: str
+    name: str,
+    *,
+    folder: str | os.PathLike,
+    layer_ids: list[int],
+    dtype: str,
+    device: str,
+    options: Mapping[str, Any] | None = None,
 ) -> FeatureBackend:
     """Construct the named backend over the target HF folder."""
     if name not in BACKENDS:
@@ -142,7 +150,9 @@ def open_backend(
             f"hidden.backend {name!r} is not available here ({err}); use `hf` or install it"
         ) from err
     cls = getattr(module, cls_name)
-    return cls.from_folder(folder, layer_ids=layer_ids, dtype=dtype, device=device)
+    return cls.from_folder(
+        folder, layer_ids=layer_ids, dtype=dtype, device=device, **(options or {})
+    )
 
 
 def _allocate(n_tok: int, hidden: int, storage: str) -> dict[str, Tensor]:
@@ -218,6 +228,7 @@ def extract_shard(
     dtype: str = "float32",
     batch_tokens: int = 2048,
     device: str = "auto",
+    backend_options: Mapping[str, Any] | None = None,
     threads: int | None = None,
 ) -> ExtractStats:
     """Extract, verify and publish `out` for the tokenized shard `tokens` (see module doc)."""
@@ -239,7 +250,12 @@ def extract_shard(
         dtype,
     )
     engine = open_backend(
-        backend, folder=Path(fingerprint).parent, layer_ids=ids, dtype=dtype, device=device
+        backend,
+        folder=Path(fingerprint).parent,
+        layer_ids=ids,
+        dtype=dtype,
+        device=device,
+        options=backend_options,
     )
     start = time.perf_counter()
     try:

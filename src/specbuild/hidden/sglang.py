@@ -58,24 +58,6 @@ FEATURE_SERVER_ARGS = {
     "chunked_prefill_size": -1,
 }
 CAPTURE_DRAFT_VOCAB = 256  # the capture drafter never proposes anything we keep: keep it small
-# Config keys copied from the target so the drafter's RoPE and shapes match what SGLang expects.
-TARGET_KEYS = (
-    "hidden_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "rms_norm_eps",
-    "hidden_act",
-    "max_position_embeddings",
-    "rope_theta",
-    "rope_scaling",
-    "rope_parameters",
-    "vocab_size",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-)
 
 
 class RowCountError(RuntimeError):
@@ -90,56 +72,31 @@ def write_capture_drafter(
     seed: int = 0,
 ) -> Path:
     """Write a random-weight EAGLE-3 drafter folder whose only job is to make SGLang capture
-    the target's aux states at `layer_ids`. Same layout as an exported drafter (stage export)."""
+    the target's aux states at `layer_ids`; config and tensors are those of stage export."""
+    from specbuild.drafter.config import DrafterConfig
+    from specbuild.export import expected_tensors, hf_config
+
     folder = Path(folder)
-    cfg = {k: target_config[k] for k in TARGET_KEYS if k in target_config}
-    hidden = int(cfg["hidden_size"])
-    heads = int(cfg["num_attention_heads"])
-    kv_heads = int(cfg.get("num_key_value_heads", heads))
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    inter = int(cfg["intermediate_size"])
-    vocab = int(cfg["vocab_size"])
-    draft_vocab = min(CAPTURE_DRAFT_VOCAB, vocab)
-    cfg.update(
-        architectures=["LlamaForCausalLMEagle3"],
-        model_type="llama",
-        num_hidden_layers=1,
-        head_dim=head_dim,
-        draft_vocab_size=draft_vocab,
-        target_hidden_size=hidden,
-        tie_word_embeddings=False,
-        torch_dtype="bfloat16",
-        eagle_config={
-            "eagle_aux_hidden_state_layer_ids": [int(i) for i in layer_ids],
-            "use_aux_hidden_state": True,
-        },
+    target = dict(target_config.get("text_config", target_config))
+    cfg = DrafterConfig.from_target(
+        target, draft_vocab_size=min(CAPTURE_DRAFT_VOCAB, int(target["vocab_size"]))
+    )
+    config = hf_config(
+        cfg, layer_ids=[int(i) for i in layer_ids], target_config=target, dtype="bfloat16"
     )
     g = torch.Generator().manual_seed(seed)
-
-    def rand(*shape: int) -> Tensor:
-        return (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
-
-    ones = torch.ones(hidden, dtype=torch.bfloat16)
-    tensors = {
-        # midlayer attention reads [embedding | projected hidden], hence 2H inputs
-        "midlayer.self_attn.q_proj.weight": rand(heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.k_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.v_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
-        "midlayer.self_attn.o_proj.weight": rand(hidden, heads * head_dim),
-        "midlayer.mlp.gate_proj.weight": rand(inter, hidden),
-        "midlayer.mlp.up_proj.weight": rand(inter, hidden),
-        "midlayer.mlp.down_proj.weight": rand(hidden, inter),
-        "midlayer.input_layernorm.weight": ones.clone(),
-        "midlayer.hidden_norm.weight": ones.clone(),
-        "midlayer.post_attention_layernorm.weight": ones.clone(),
-        "fc.weight": rand(hidden, AUX_LAYERS * hidden),
-        "norm.weight": ones.clone(),
-        "lm_head.weight": rand(draft_vocab, hidden),
-        "d2t": torch.zeros(draft_vocab, dtype=torch.int64),  # draft id i -> target id i
-        "t2d": torch.arange(vocab) < draft_vocab,
-    }
+    tensors: dict[str, Tensor] = {}
+    for name, (shape, _dtype) in expected_tensors(cfg, "bfloat16").items():
+        if name == "d2t":
+            tensors[name] = torch.zeros(shape, dtype=torch.int64)  # draft id i -> target id i
+        elif name == "t2d":
+            tensors[name] = torch.arange(shape[0]) < cfg.draft_vocab_size
+        elif name.endswith("norm.weight"):
+            tensors[name] = torch.ones(shape, dtype=torch.bfloat16)
+        else:
+            tensors[name] = (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
     folder.mkdir(parents=True, exist_ok=True)
-    write_json(folder / "config.json", cfg)
+    write_json(folder / "config.json", config)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
 

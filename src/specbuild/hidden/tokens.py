@@ -106,7 +106,9 @@ def read_token_shard(path: str | os.PathLike, *, vocab_size: int) -> TokenShard:
     )
 
 
-def check_token_meta(meta_json: str | os.PathLike, target: TargetInfo, *, rows: int) -> dict:
+def check_token_meta(
+    meta_json: str | os.PathLike, target: TargetInfo, *, rows: int | None = None
+) -> dict:
     """The consistency gate: the tokenized shard must come from the configured target.
 
     Returns the parsed meta. Raises TokenizedShardError naming each differing field, both
@@ -123,7 +125,7 @@ def check_token_meta(meta_json: str | os.PathLike, target: TargetInfo, *, rows: 
                 f"{key}: tokenized with {what} {str(have)[:16]}..., but the configured target "
                 f"{target.name!r} has {str(want)[:16]}..."
             )
-    if meta.get("rows") is not None and int(meta["rows"]) != rows:
+    if rows is not None and meta.get("rows") is not None and int(meta["rows"]) != rows:
         faults.append(f"rows: meta.json says {meta['rows']}, the shard holds {rows}")
     if faults:
         raise TokenizedShardError(
