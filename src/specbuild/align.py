@@ -20,7 +20,6 @@ SGLang-served target it measures exactly the mismatch above.
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 import logging
 import os
@@ -137,18 +136,6 @@ def alignment_faults(
     return faults
 
 
-def _open_feature_backend(name: str, *, folder, layer_ids, dtype, device, options):
-    # The hidden stage's registry, so align serves with exactly the backend classes that
-    # extract; `options` carries engine settings (server flags) the plain open_backend lacks.
-    from specbuild.hidden.extract import BACKENDS
-
-    if name not in BACKENDS:
-        raise ValueError(f"align.backend {name!r}: choose one of {sorted(BACKENDS)}")
-    module_name, cls_name = BACKENDS[name].split(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    return cls.from_folder(folder, layer_ids=layer_ids, dtype=dtype, device=device, **options)
-
-
 def _markdown(layers: Sequence[LayerAlignment], header: str) -> str:
     lines = [header, "", "| " + " | ".join(ALIGN_KEYS) + " |", "|" + "---|" * len(ALIGN_KEYS)]
     for la in layers:
@@ -177,6 +164,7 @@ def check_alignment(
 ) -> list[LayerAlignment]:
     """Compare a fixed sample of shard rows with the serving backend; write report and tables;
     raise AlignmentError naming every layer outside the thresholds."""
+    from specbuild.hidden.extract import open_backend
     from specbuild.hidden.shards import dequantize_aux, read_shard
 
     loaded = [read_shard(p) for p in shards]
@@ -203,7 +191,8 @@ def check_alignment(
         layer_ids,
         backend,
     )
-    engine = _open_feature_backend(
+    # the hidden stage's own registry: align serves with exactly the classes that extract
+    engine = open_backend(
         backend,
         folder=target_dir,
         layer_ids=layer_ids,

@@ -44,8 +44,7 @@ def test_faults_name_each_layer_and_threshold_it_breaks():
         compare_layer("mid", 14, x, 1.5 * x),  # same direction, 50% larger norm
         compare_layer("high", 26, x, torch.randn(16, 8, generator=g)),  # unrelated
     ]
-    faults = alignment_faults(layers, min_cosine=0.99, max_abs_diff=None,
-                              norm_ratio_tolerance=0.05)  # fmt: skip
+    faults = alignment_faults(layers, min_cosine=0.99, max_abs_diff=None, norm_ratio_tolerance=0.05)
     assert [la.status for la in layers] == ["ok", "FAIL", "FAIL"]
     assert faults[0].startswith("layer mid (layer-output id 14): norm ratio 1.5000")
     assert faults[1].startswith("layer high (layer-output id 26): mean cosine")
@@ -69,8 +68,14 @@ def hf_shard(tmp_path_factory, target_model) -> Path:
         "aux": torch.cat([a for a, _ in feats]).to(torch.bfloat16),
         "last": torch.cat([b for _, b in feats]).to(torch.bfloat16),
     }
-    meta = {"layer_ids": json.dumps(LAYER_IDS), "backend": "hf", "target_fingerprint": "t",
-            "tokenizer_fingerprint": "k", "dtype": "bf16", "specbuild_version": "0"}  # fmt: skip
+    meta = {
+        "layer_ids": json.dumps(LAYER_IDS),
+        "backend": "hf",
+        "target_fingerprint": "t",
+        "tokenizer_fingerprint": "k",
+        "dtype": "bf16",
+        "specbuild_version": "0",
+    }
     path = tmp_path_factory.mktemp("hidden") / "00000.safetensors"
     write_shard(path, tensors, meta)
     return path
@@ -78,9 +83,14 @@ def hf_shard(tmp_path_factory, target_model) -> Path:
 
 def _check(tmp_path, shard, target_dir, **kw):
     return check_alignment(
-        shards=[shard], target_dir=target_dir, report=tmp_path / "report.json",
-        table_csv=tmp_path / "align.csv", table_md=tmp_path / "align.md", samples=2, **kw,
-    )  # fmt: skip
+        shards=[shard],
+        target_dir=target_dir,
+        report=tmp_path / "report.json",
+        table_csv=tmp_path / "align.csv",
+        table_md=tmp_path / "align.md",
+        samples=2,
+        **kw,
+    )
 
 
 def test_hf_shards_served_by_hf_are_green(tmp_path, hf_shard, target_dir):
@@ -92,8 +102,7 @@ def test_hf_shards_served_by_hf_are_green(tmp_path, hf_shard, target_dir):
     assert "| last |" in (tmp_path / "align.md").read_text()
 
 
-def test_a_shard_whose_final_state_is_off_stops_the_build_naming_it(tmp_path, hf_shard,
-                                                                     target_dir):  # fmt: skip
+def test_a_shard_whose_final_state_is_off_stops_the_build_naming_it(tmp_path, hf_shard, target_dir):
     from specbuild.hidden.shards import read_shard
 
     tensors, meta = read_shard(hf_shard)

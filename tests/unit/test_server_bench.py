@@ -34,8 +34,11 @@ from specbuild.io import read_json, read_jsonl
 STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
 LAUNCHER = (sys.executable, str(STUB))
 REPO = Path(__file__).resolve().parents[2]
-MT_BENCH = {"path": str(REPO / "resources/bench/mt_bench.jsonl"), "format": "turns",
-            "id_key": "question_id"}  # fmt: skip
+MT_BENCH = {
+    "path": str(REPO / "resources/bench/mt_bench.jsonl"),
+    "format": "turns",
+    "id_key": "question_id",
+}
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +70,13 @@ def test_spec_server_args_rejects_bad_chains(chain, drafter_dir, match):
 
 def test_chain_rows_use_spec_verify_ct_and_follow_the_specdec_schema(target_dir, drafter):
     args = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(drafter)]
-    spec = ServerSpec(model_path=str(target_dir), launcher=LAUNCHER, server_args=tuple(args),
-                      env={"SGLANG_STUB_ACCEPT": "3"}, startup_timeout_s=20)  # fmt: skip
+    spec = ServerSpec(
+        model_path=str(target_dir),
+        launcher=LAUNCHER,
+        server_args=tuple(args),
+        env={"SGLANG_STUB_ACCEPT": "3"},
+        startup_timeout_s=20,
+    )
     with SGLangServer(spec) as srv:
         engine = SGLangBenchBackend(base_url=srv.base_url, config="3-1-4", drafter="ours")
         c = engine.complete([10, 20, 30], max_new_tokens=13)
@@ -101,12 +109,21 @@ def test_server_bench_writes_rows_sweep_and_summary_for_drafter_and_baseline(
     for chain in ("baseline", "3-1-4"):
         out = tmp_path / chain
         summary = run_server_bench(
-            target_dir=target_dir, config=chain, sets=sets, out_rows=f"{out}.jsonl",
-            out_sweep=f"{out}.sweep.jsonl", out_summary=f"{out}.summary.json",
-            drafter_dir=str(drafter) if chain != "baseline" else None, drafter_name="ours",
-            launcher=LAUNCHER, server_args={"disable_radix_cache": True}, startup_timeout_s=20,
-            max_new_tokens=12, concurrency=[1, 3], sweep_min_requests=4,
-        )  # fmt: skip
+            target_dir=target_dir,
+            config=chain,
+            sets=sets,
+            out_rows=f"{out}.jsonl",
+            out_sweep=f"{out}.sweep.jsonl",
+            out_summary=f"{out}.summary.json",
+            drafter_dir=str(drafter) if chain != "baseline" else None,
+            drafter_name="ours",
+            launcher=LAUNCHER,
+            server_args={"disable_radix_cache": True},
+            startup_timeout_s=20,
+            max_new_tokens=12,
+            concurrency=[1, 3],
+            sweep_min_requests=4,
+        )
         rows = list(read_jsonl(f"{out}.jsonl"))
         assert len(rows) == 4  # 2 prompts x 2 turns
         assert set(ROW_KEYS) <= set(rows[0]) and rows[0]["ttft_s"] is not None
@@ -121,9 +138,13 @@ def test_server_bench_writes_rows_sweep_and_summary_for_drafter_and_baseline(
             verify = sum(r["verify_steps"] for r in rows)
             assert summary["accept_length_sglang"] == comp / verify > 1.0
     table = write_server_bench_outputs(
-        summaries, sweeps, csv_path=tmp_path / "t.csv", md_path=tmp_path / "t.md",
-        sweep_csv_path=tmp_path / "s.csv", plot_path=tmp_path / "p.png",
-    )  # fmt: skip
+        summaries,
+        sweeps,
+        csv_path=tmp_path / "t.csv",
+        md_path=tmp_path / "t.md",
+        sweep_csv_path=tmp_path / "s.csv",
+        plot_path=tmp_path / "p.png",
+    )
     assert [r["config"] for r in table] == ["baseline", "3-1-4"]
     assert table[0]["speedup"] == 1.0
     assert (tmp_path / "p.png").stat().st_size > 1000
@@ -131,8 +152,10 @@ def test_server_bench_writes_rows_sweep_and_summary_for_drafter_and_baseline(
 
 
 def test_summarize_rows_accept_lengths_match_both_conventions():
-    rows = [{"completion_tokens": 9, "verify_steps": 4, "wall_s": 1.0, "config": "3-1-4"},
-            {"completion_tokens": 5, "verify_steps": 2, "wall_s": 1.0, "config": "3-1-4"}]  # fmt: skip
+    rows = [
+        {"completion_tokens": 9, "verify_steps": 4, "wall_s": 1.0, "config": "3-1-4"},
+        {"completion_tokens": 5, "verify_steps": 2, "wall_s": 1.0, "config": "3-1-4"},
+    ]
     s = summarize_rows(rows, [])
     assert s["accept_length"] == (14 - 2) / 6  # bonus token included, prefill token not
     assert s["accept_length_sglang"] == 14 / 6  # SGLang: Σ completion / Σ spec_verify_ct
@@ -142,8 +165,14 @@ def test_summarize_rows_accept_lengths_match_both_conventions():
 
 
 def test_env_faults_name_bad_nccl_values_and_refuse_nvlink_multicast():
-    ok = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS",
-          "NCCL_MAX_NCHANNELS": "16", "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}  # fmt: skip
+    ok = {
+        "NCCL_PROTO": "LL",
+        "NCCL_ALGO": "Ring",
+        "NCCL_P2P_LEVEL": "SYS",
+        "NCCL_MAX_NCHANNELS": "16",
+        "NCCL_BUFFSIZE": "16777216",
+        "NCCL_NTHREADS": "512",
+    }
     assert env_faults(ok) == []
     faults = env_faults({"NCCL_PROTO": "LL256", "NCCL_NTHREADS": "100", "NCCL_NVLS_ENABLE": "1"})
     assert len(faults) == 3
@@ -161,11 +190,21 @@ def test_ignored_flags_reports_values_the_server_overrode():
 
 def _point(tmp_path, target_dir, name, args=None, env=None):
     return run_tuning_point(
-        target_dir=target_dir, point=name, point_args=args or {}, point_env=env or {},
-        base_args={"disable_radix_cache": True}, base_env={}, out=tmp_path / f"{name}.json",
-        prompt_set=MT_BENCH, prompts=2, launcher=LAUNCHER, startup_timeout_s=20,
-        max_new_tokens=8, concurrency=[1, 2], sweep_min_requests=2,
-    )  # fmt: skip
+        target_dir=target_dir,
+        point=name,
+        point_args=args or {},
+        point_env=env or {},
+        base_args={"disable_radix_cache": True},
+        base_env={},
+        out=tmp_path / f"{name}.json",
+        prompt_set=MT_BENCH,
+        prompts=2,
+        launcher=LAUNCHER,
+        startup_timeout_s=20,
+        max_new_tokens=8,
+        concurrency=[1, 2],
+        sweep_min_requests=2,
+    )
 
 
 def test_tuning_point_with_an_unknown_flag_is_rejected_and_never_started(tmp_path, target_dir):
@@ -181,8 +220,9 @@ def test_tuning_point_whose_server_dies_is_recorded_as_start_failed(tmp_path, ta
 
 
 def test_tuning_point_measures_and_notes_nccl_without_collectives(tmp_path, target_dir):
-    row = _point(tmp_path, target_dir, "nccl", args={"cuda_graph_max_bs": 8},
-                 env={"NCCL_PROTO": "LL"})  # fmt: skip
+    row = _point(
+        tmp_path, target_dir, "nccl", args={"cuda_graph_max_bs": 8}, env={"NCCL_PROTO": "LL"}
+    )
     assert row["status"] == "ok", row["detail"]
     assert row["single_stream_tokens_per_s"] > 0 and row["peak_concurrency"] in (1, 2)
     assert "NCCL_PROTO has no effect at tp_size 1" in row["notes"]
@@ -193,9 +233,11 @@ def test_tuning_table_has_one_row_per_point_with_its_status(tmp_path, target_dir
     _point(tmp_path, target_dir, "a")
     _point(tmp_path, target_dir, "b", args={"bogus_flag": True})
     rows = write_tuning_outputs(
-        [tmp_path / "a.json", tmp_path / "b.json"], csv_path=tmp_path / "t.csv",
-        md_path=tmp_path / "t.md", plot_path=tmp_path / "t.png",
-    )  # fmt: skip
+        [tmp_path / "a.json", tmp_path / "b.json"],
+        csv_path=tmp_path / "t.csv",
+        md_path=tmp_path / "t.md",
+        plot_path=tmp_path / "t.png",
+    )
     assert [(r["point"], r["status"]) for r in rows] == [("a", "ok"), ("b", "rejected")]
     header = (tmp_path / "t.csv").read_text().splitlines()[0]
     assert header.split(",") == list(TUNING_KEYS)

@@ -94,9 +94,16 @@ def test_build_server_args_renders_values_bare_booleans_lists_and_drops_false():
         }
     )
     assert args == [
-        "--attention-backend", "triton", "--disable-radix-cache",
-        "--chunked-prefill-size", "-1", "--cuda-graph-bs", "1", "2", "4",
-    ]  # fmt: skip
+        "--attention-backend",
+        "triton",
+        "--disable-radix-cache",
+        "--chunked-prefill-size",
+        "-1",
+        "--cuda-graph-bs",
+        "1",
+        "2",
+        "4",
+    ]
 
 
 def test_build_server_args_refuses_flags_specbuild_sets_itself():
@@ -188,16 +195,19 @@ def test_openai_backend_sends_key_from_env_and_never_shows_it(model_dir, monkeyp
     )
     with caplog.at_level(logging.INFO, logger="specbuild"), SGLangServer(spec) as srv:
         client = OpenAIBackend(base_url=srv.base_url + "/v1", api_key_env="SPECBUILD_TEST_KEY")
-        reqs = [GenerationRequest(id=f"r{i}", messages=[{"role": "user", "content": "a b c"}])
-                for i in range(3)]  # fmt: skip
+        reqs = [
+            GenerationRequest(id=f"r{i}", messages=[{"role": "user", "content": "a b c"}])
+            for i in range(3)
+        ]
         gens = client.generate(reqs, SamplingParams(max_new_tokens=4))
     assert [g.id for g in gens] == ["r0", "r1", "r2"]
     assert all(g.finish_reason == "length" and g.completion_tokens == 4 for g in gens)
     assert gens[0].reasoning == "thinking about 3 tokens"
     assert secret not in repr(client)
     # the launcher line is logged; the client's own logging must not add the key elsewhere
-    assert not any(secret in r.getMessage() for r in caplog.records if "starting" not in
-                   r.getMessage())  # fmt: skip
+    assert not any(
+        secret in r.getMessage() for r in caplog.records if "starting" not in r.getMessage()
+    )
 
 
 def test_openai_backend_refuses_a_named_but_unset_key_variable(monkeypatch):
@@ -219,8 +229,13 @@ def test_openai_backend_returns_error_rows_when_the_key_is_wrong(model_dir, monk
 
 
 def test_make_backend_sglang_launches_generates_and_stops_its_server(model_dir):
-    backend = make_backend("sglang", target_dir=str(model_dir), launcher=LAUNCHER,
-                           server_args={"disable_radix_cache": True}, startup_timeout_s=20)  # fmt: skip
+    backend = make_backend(
+        "sglang",
+        target_dir=str(model_dir),
+        launcher=LAUNCHER,
+        server_args={"disable_radix_cache": True},
+        startup_timeout_s=20,
+    )
     try:
         [g] = backend.generate(
             [GenerationRequest(id="a", messages=[{"role": "user", "content": "hello there"}])],
@@ -248,12 +263,20 @@ def test_capture_drafter_is_an_eagle3_folder_with_the_requested_layer_ids(tmp_pa
         assert tuple(fh.get_slice("fc.weight").get_shape()) == (8, 24)
     assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= keys
     assert not any(k.startswith("embed_tokens") for k in keys)
+    from specbuild.export import export_faults
+
+    assert export_faults(folder) == []  # the very layout stage export checks for SGLang
 
 
 def test_feature_backend_returns_aux_at_the_drafter_layers_and_the_final_state(model_dir):
     layer_ids = [1, 3, 4]
-    fb = SGLangFeatureBackend(target_dir=model_dir, layer_ids=layer_ids, launcher=LAUNCHER,
-                              startup_timeout_s=20, request_batch=2)  # fmt: skip
+    fb = SGLangFeatureBackend(
+        target_dir=model_dir,
+        layer_ids=layer_ids,
+        launcher=LAUNCHER,
+        startup_timeout_s=20,
+        request_batch=2,
+    )
     try:
         batch = [[5, 6, 7, 8], [5, 6, 7], [9]]  # shared prefixes: the radix cache must be off
         out = fb.extract(batch)
@@ -274,8 +297,11 @@ def test_a_radix_cache_hit_dropping_rows_is_caught_not_written(model_dir):
     from specbuild.backends.openai import post_json
 
     with SGLangServer(spec) as srv:
-        payload = {"input_ids": [[3, 4, 5, 6]], "return_hidden_states": True,
-                   "sampling_params": {"max_new_tokens": 1}}  # fmt: skip
+        payload = {
+            "input_ids": [[3, 4, 5, 6]],
+            "return_hidden_states": True,
+            "sampling_params": {"max_new_tokens": 1},
+        }
         post_json(srv.base_url + "/generate", payload)
         [again] = post_json(srv.base_url + "/generate", payload)
     with pytest.raises(RowCountError, match=r"1 hidden-state rows for 4 input tokens"):

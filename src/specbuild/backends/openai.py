@@ -28,6 +28,11 @@ __all__ = ["OpenAIBackend", "post_json", "get_json", "iter_sse", "HTTPError", "a
 
 log = logging.getLogger("specbuild")
 
+try:  # hidden states come back as JSON float lists: orjson parses them ~5x faster
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - orjson ships with SGLang, not with the CPU default
+    _loads = json.loads
+
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 RETRY_BACKOFF_S = (1.0, 4.0, 16.0)  # three retries cover a server restart or a short overload
 
@@ -69,7 +74,7 @@ def _open(req: urllib.request.Request, timeout: float):
 
 def post_json(url: str, payload: Any, *, api_key: str | None = None, timeout: float = 600.0) -> Any:
     with _open(_request(url, payload, api_key), timeout) as r:
-        return json.loads(r.read())
+        return _loads(r.read())
 
 
 def get_json(url: str, *, api_key: str | None = None, timeout: float = 30.0) -> Any:

@@ -1,0 +1,53 @@
+#!/bin/bash
+# specbuild on one offline H200 with the SGLang 0.5.17 kit (shared/tools/sglang-device).
+#
+# Here, once (about 3 minutes, ~1.5 GB scratch; both folders are in .git/info/exclude):
+#   bash ../shared/tools/sglang-device/prepare_local.sh $PWD/.sgl
+#   rm -rf .ship1 .ship2 .ship3 && for i in 1 2 3; do cp -r .sgl/ship$i .ship$i; done
+#   bash tools/h200/wheels.sh            # snakemake + its pure-python deps -> .whl (~7 MB)
+# On the device, one machine hold, each call right after the last (the machine stays warm
+# 30 s and /tmp must survive):
+#   carry [.ship1]: bash .ship1/stage.sh .ship1
+#   carry [.ship2]: bash .ship2/stage.sh .ship2 && bash .ship2/setup_site.sh
+#   carry [.ship3]: bash .ship3/stage.sh .ship3 && bash .ship3/model.sh /tmp/smol
+#   carry [.whl]:   bash tools/h200/run.sh          (repeat until it prints "specbuild: done")
+# Each call runs snakemake for at most SPECBUILD_BUDGET_S seconds (the device's limit is
+# 600 s per command), stops it cleanly (servers included), and resumes where it stopped on
+# the next call; results/ stays on the machine between calls. Extra arguments go to
+# snakemake (targets such as `align`, `bench_server_table`, `tuning`, or flags).
+# Tables, plots and logs come back in $OUT: summary.md, snakemake.log, specbuild-h200.tar.gz.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+CONFIG=${SPECBUILD_CONFIG:-config/examples/smollm2-sglang-h200.yaml}
+BUDGET_S=${SPECBUILD_BUDGET_S:-520}
+OUT=${OUT:-/tmp/specbuild-out}
+mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+# NVLink multicast stays off on shared hosts (device notes); servers inherit this environment.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+[ -d /tmp/site/sglang ] || { echo "specbuild: /tmp/site has no sglang: run the kit's three staging calls first"; exit 2; }
+[ -f /tmp/smol/config.json ] || { echo "specbuild: /tmp/smol missing: run .ship3/model.sh /tmp/smol"; exit 2; }
+if [ ! -f /tmp/site/.specbuild-wheels ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && touch /tmp/site/.specbuild-wheels || exit 1
+fi
+python3 -c "import snakemake, sglang, transformers, specbuild; print('snakemake', snakemake.__version__, 'sglang', sglang.__version__, 'transformers', transformers.__version__)" || exit 1
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+
+# greedy scheduler: the ILP one needs pulp (16 MB of solver binaries) for no gain here;
+# gpu=1 keeps two servers from sharing the GPU by accident.
+timeout -s TERM -k 90 "$BUDGET_S" python3 -m snakemake --configfile "$CONFIG" --cores 16 \
+  --resources gpu=1 --scheduler greedy --rerun-incomplete --keep-going "$@" \
+  2>&1 | tee "$OUT/snakemake.log"
+rc=${PIPESTATUS[0]}
+
+{
+  echo "# specbuild on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), rc=$rc"
+  for t in results/tables/*.md; do [ -f "$t" ] && { echo; echo "## $t"; cat "$t"; }; done
+  echo; echo '## snakemake summary'; python3 -m snakemake --configfile "$CONFIG" --summary 2>/dev/null | cut -f1,4,5 | head -80
+} > "$OUT/summary.md"
+tar -czf "$OUT/specbuild-h200.tar.gz" --exclude='*.safetensors' logs results/tables results/plots \
+  results/align results/bench_sglang results/tuning results/generated results/bench 2>/dev/null
+if [ "$rc" -eq 0 ]; then echo "specbuild: done"; else echo "specbuild: rc=$rc (124: budget reached; call again to resume)"; fi
+exit "$rc"
