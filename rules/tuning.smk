@@ -2,7 +2,15 @@
 # and the server tuning sweep, one job (one server start) per chain or tuning point.
 # Jobs ask for gpu=1 so that, with `--resources gpu=1`, servers never share a GPU by accident.
 
-DRAFTER_FILES = ["results/drafter/config.json", "results/drafter/model.safetensors"]
+
+def serving_drafter_files():
+    """The exported drafter the servers load: the bench stage's folder (results/drafter)."""
+    folder = config["bench"]["drafter"].rstrip("/")
+    return [f"{folder}/config.json", f"{folder}/model.safetensors"]
+
+
+def serving_drafter_name():
+    return config["bench"]["drafter_name"]
 
 
 def serving_chains():
@@ -14,7 +22,7 @@ def serving_chains():
 def serving_bench_inputs(wildcards):
     inputs = {"fp": target_file("fingerprint.json")}
     if wildcards.chain != "baseline":
-        inputs["drafter"] = DRAFTER_FILES
+        inputs["drafter"] = serving_drafter_files()
     return inputs
 
 
@@ -27,7 +35,7 @@ def serving_sets():
 def tuning_inputs(wildcards):
     inputs = {"fp": target_file("fingerprint.json")}
     if config["sglang"]["tuning"]["chain"] != "baseline":
-        inputs["drafter"] = DRAFTER_FILES
+        inputs["drafter"] = serving_drafter_files()
     return inputs
 
 
@@ -78,6 +86,7 @@ rule bench_server:
         runtime=60,
     params:
         server=sglang_server_options(),
+        drafter_name=serving_drafter_name(),
         sets=serving_sets(),
         max_new_tokens=config["sglang"]["bench"]["max_new_tokens"],
         concurrency=config["sglang"]["bench"]["concurrency"],

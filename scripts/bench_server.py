@@ -14,7 +14,7 @@ run_server_bench(
     out_sweep=snakemake.output.sweep,
     out_summary=snakemake.output.summary,
     drafter_dir=str(Path(drafter[0]).parent) if drafter else None,
-    drafter_name=str(Path(drafter[0]).parent) if drafter else "none",
+    drafter_name=snakemake.params.drafter_name if drafter else "none",
     launcher=server["launcher"],
     server_args=server["server_args"],
     env=server["env"],

@@ -312,3 +312,21 @@ def test_parse_hidden_states_rejects_a_wrong_width():
     resp = {"meta_info": {"hidden_states": [[[0.0] * 8, [0.0] * 8]]}}
     with pytest.raises(RowCountError, match=r"expected \[2, 24\]"):
         parse_hidden_states(resp, n_tokens=2, width=24, what="aux")
+
+
+def test_sequential_mode_runs_one_server_at_a_time_with_the_same_rows(model_dir):
+    fb = SGLangFeatureBackend(
+        target_dir=model_dir,
+        layer_ids=[1, 3, 4],
+        launcher=LAUNCHER,
+        startup_timeout_s=20,
+        mode="sequential",
+    )
+    try:
+        assert all(s.proc is None for s in fb.servers.values())  # nothing runs until asked
+        [(aux, last)] = fb.extract([[5, 6, 7]])
+        assert all(s.proc.poll() is not None for s in fb.servers.values())
+    finally:
+        fb.close()
+    assert tuple(aux.shape) == (3, 24) and tuple(last.shape) == (3, 8)
+    assert math.isclose(float(aux[2, 9]), stub_feature(7, 2, 3, 1), rel_tol=1e-6)

@@ -7,11 +7,14 @@ Why two servers. SGLang 0.5.17 returns per prompt token, through `/generate` wit
   * with no drafter: the final post-norm state [T, H].
 No single server returns both, so this backend starts two on the same GPU(s) for the shard:
 an aux server with a *capture drafter* (random weights, the shard's layer ids; only the target's
-states come back, so its weights never matter) and a plain server. Both start in parallel and
-each takes `mem_fraction_static` of the memory.
+states come back, so its weights never matter) and a plain server. In `parallel` mode both
+start together and each takes `mem_fraction_static` of the memory; in `sequential` mode (a
+target too large for two copies, e.g. Kimi-K2.5 on 8 GPUs) one runs at a time, started anew
+for each `extract` call, so the hidden stage should pass one batch per shard.
 
 Cost (documented in the README): two server starts per hidden job (on SmolLM2/H200 ~40-90 s
-each, in parallel), the target's weights twice in GPU memory, and JSON transport of float
+each, in parallel; one after the other in sequential mode), the target's weights twice in GPU
+memory (parallel mode), and JSON transport of float
 lists (SGLang measured ~7.5k tok/s vs 300k tok/s prefill). Use large shards with this backend
 (one job per shard) and keep `hf` for bulk extraction where the engines agree (stage `align`
 measures whether they do). Targets too large for two copies need a bigger machine or `hf`.
@@ -51,6 +54,7 @@ __all__ = ["SGLangFeatureBackend", "write_capture_drafter", "parse_hidden_states
 log = logging.getLogger("specbuild")
 
 AUX_LAYERS = 3
+FEATURE_MODES = ("parallel", "sequential")
 # Flags the feature servers need for correct rows; a user value for these is overridden.
 FEATURE_SERVER_ARGS = {
     "enable_return_hidden_states": True,
@@ -155,7 +159,11 @@ class SGLangFeatureBackend:
         mem_fraction_static: float = 0.35,
         request_batch: int = 8,
         request_timeout_s: float = 600.0,
+        mode: str = "parallel",
     ) -> None:
+        if mode not in FEATURE_MODES:
+            raise ValueError(f"sglang.hidden.mode {mode!r}: choose one of {FEATURE_MODES}")
+        self.mode = mode
         self.target_dir = Path(target_dir)
         self.layer_ids = [int(i) for i in layer_ids]
         cfg = read_json(self.target_dir / "config.json")
@@ -194,15 +202,20 @@ class SGLangFeatureBackend:
             "aux": SGLangServer(spec(aux_args), name="sglang-aux"),
             "last": SGLangServer(spec(base), name="sglang-last"),
         }
+        if mode == "parallel":
+            self._start(list(self.servers.values()))
+
+    def _start(self, servers: list[SGLangServer]) -> None:
+        """Start servers concurrently (startup dominates); on any failure stop them all."""
         errors: list[BaseException] = []
 
         def start(srv: SGLangServer) -> None:
             try:
                 srv.start()
-            except BaseException as err:  # collected; both are stopped below
+            except BaseException as err:  # collected; all are stopped below
                 errors.append(err)
 
-        threads = [threading.Thread(target=start, args=(s,)) for s in self.servers.values()]
+        threads = [threading.Thread(target=start, args=(s,)) for s in servers]
         for t in threads:
             t.start()
         for t in threads:
@@ -210,7 +223,8 @@ class SGLangFeatureBackend:
         if errors:
             self.close()
             raise errors[0]
-        self._check_capture_layers()
+        if self.servers["aux"] in servers:
+            self._check_capture_layers()
 
     @classmethod
     def from_folder(
@@ -250,27 +264,34 @@ class SGLangFeatureBackend:
             raise RowCountError(f"{which} server returned {len(out)} outputs for {len(batch)}")
         return out
 
-    def extract(self, batch: list[list[int]]) -> list[tuple[Tensor, Tensor]]:
-        results: list[tuple[Tensor, Tensor]] = []
+    def _states(self, which: str, batch: list[list[int]], width: int) -> list[Tensor]:
+        out: list[Tensor] = []
         for start in range(0, len(batch), self.request_batch):
             chunk = batch[start : start + self.request_batch]
+            for i, resp in enumerate(self._generate(which, chunk)):
+                what = f"{which}, sample {start + i} of the batch ({len(chunk[i])} tokens)"
+                out.append(
+                    parse_hidden_states(resp, n_tokens=len(chunk[i]), width=width, what=what)
+                )
+        return out
+
+    def extract(self, batch: list[list[int]]) -> list[tuple[Tensor, Tensor]]:
+        widths = {"aux": AUX_LAYERS * self.hidden, "last": self.hidden}
+        if self.mode == "parallel":
             with ThreadPoolExecutor(max_workers=2) as pool:
-                aux_f = pool.submit(self._generate, "aux", chunk)
-                last_f = pool.submit(self._generate, "last", chunk)
-                aux_out, last_out = aux_f.result(), last_f.result()
-            for i, ids in enumerate(chunk):
-                what = f"sample {start + i} of the batch ({len(ids)} tokens)"
-                aux = parse_hidden_states(
-                    aux_out[i],
-                    n_tokens=len(ids),
-                    width=AUX_LAYERS * self.hidden,
-                    what="aux, " + what,
-                )
-                last = parse_hidden_states(
-                    last_out[i], n_tokens=len(ids), width=self.hidden, what="last, " + what
-                )
-                results.append((aux, last))
-        return results
+                futures = {k: pool.submit(self._states, k, batch, w) for k, w in widths.items()}
+                states = {k: f.result() for k, f in futures.items()}
+        else:
+            # one server at a time: for targets too large for two copies; costs two server
+            # starts per call, so give the hidden stage one batch per shard (batch_tokens)
+            states = {}
+            for k, w in widths.items():
+                self._start([self.servers[k]])
+                try:
+                    states[k] = self._states(k, batch, w)
+                finally:
+                    self.servers[k].stop()
+        return list(zip(states["aux"], states["last"], strict=True))
 
     def close(self) -> None:
         for srv in self.servers.values():
