@@ -163,6 +163,7 @@ def sglang_feature_args():
         **sglang_server_options(),
         "mem_fraction_static": sg["hidden"]["mem_fraction_static"],
         "request_batch": sg["hidden"]["request_batch"],
+        "mode": sg["hidden"]["mode"],
         "request_timeout_s": sg["request_timeout_s"],
     }
 
