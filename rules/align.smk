@@ -17,7 +17,7 @@ def align_backend_options():
 
 def align_gpus():
     if config["align"]["backend"] == "sglang":
-        return 1
+        return sglang_gpus()
     return device_gpus(config["align"]["device"])
 
 

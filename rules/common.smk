@@ -47,6 +47,8 @@ def device_gpus(device):
 def generate_gpus():
     if config["generate"]["backend"] == "openai":
         return 0  # the endpoint's GPUs are not ours to schedule
+    if config["generate"]["backend"] == "sglang":
+        return sglang_gpus()
     return device_gpus(config["generate"]["device"])
 
 
@@ -118,13 +120,19 @@ def aux_layer_ids():
 
 def hidden_gpus():
     if config["hidden"]["backend"] == "sglang":
-        return 1  # the serving engine runs on a GPU whatever `device` says
+        return sglang_gpus()  # the serving engine runs on GPUs whatever `device` says
     return device_gpus(config["hidden"]["device"])
 
 
 def hidden_backend_options():
     """Engine settings of the feature backend (server flags for sglang; hf needs none)."""
     return sglang_feature_args() if config["hidden"]["backend"] == "sglang" else {}
+
+
+def sglang_gpus():
+    """GPUs one SGLang server takes: its tensor-parallel size (`tp_size` or `tp`)."""
+    args = config["sglang"]["server_args"]
+    return int(args.get("tp_size") or args.get("tp") or 1)
 
 
 def sglang_server_options():

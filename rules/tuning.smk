@@ -1,6 +1,7 @@
 # SGLang-served measurements: our drafter at each chain vs a baseline server (bench_server),
 # and the server tuning sweep, one job (one server start) per chain or tuning point.
-# Jobs ask for gpu=1 so that, with `--resources gpu=1`, servers never share a GPU by accident.
+# Jobs ask for the server's GPUs (tp_size): with `--resources gpu=N` two servers never share
+# GPUs by accident.
 
 
 def serving_drafter_files():
@@ -81,7 +82,7 @@ rule bench_server:
     wildcard_constraints:
         chain="baseline|[0-9]+-[0-9]+-[0-9]+",
     resources:
-        gpu=1,
+        gpu=sglang_gpus(),
         mem_mb=8000,
         runtime=60,
     params:
@@ -125,7 +126,7 @@ rule tuning_point:
     log:
         "logs/tuning/{point}.log",
     resources:
-        gpu=1,
+        gpu=sglang_gpus(),
         mem_mb=8000,
         runtime=60,
     params:
