@@ -32,6 +32,8 @@ include: "rules/tokenize.smk"
 include: "rules/hidden.smk"
 include: "rules/vocab.smk"
 include: "rules/align.smk"
+include: "rules/train.smk"
+include: "rules/export.smk"
 include: "rules/tuning.smk"
 
 

@@ -44,6 +44,16 @@ def device_gpus(device):
     return 1 if device == "cuda" else 0
 
 
+def train_gpus():
+    """GPUs of the train job: one per DDP process on CUDA (train.nproc)."""
+    return config["train"]["nproc"] * device_gpus(config["train"]["device"])
+
+
+def train_hparams():
+    """Every training hyper-parameter (schema defaults filled in), as one plain dict."""
+    return dict(config["train"])
+
+
 def generate_gpus():
     if config["generate"]["backend"] == "openai":
         return 0  # the endpoint's GPUs are not ours to schedule
@@ -180,5 +190,6 @@ def all_outputs():
     return (
         per_shard("results/hidden/{dataset}/{shard}.safetensors")
         + ["results/vocab/vocab.safetensors", "results/align/report.json"]
+        + ["results/drafter/config.json", "results/drafter/model.safetensors"]
         + serving_outputs()
     )

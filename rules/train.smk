@@ -1,0 +1,27 @@
+rule train:
+    """Train the EAGLE-3 drafter on every hidden-state shard; keep the best checkpoint."""
+    input:
+        shards=per_shard("results/hidden/{dataset}/{shard}.safetensors"),
+        vocab="results/vocab/vocab.safetensors",
+        fp=target_file("fingerprint.json"),
+        # the gate: train only on features that match the serving engine's
+        align="results/align/report.json",
+    output:
+        best="results/train/best.safetensors",
+        metrics="results/train/metrics.jsonl",
+    log:
+        "logs/train/train.log",
+    # torch's intra-op threads on CPU; Snakemake scales this down to --cores
+    threads: 4
+    resources:
+        gpu=train_gpus(),
+        # one batch of features + the target's lm_head and embedding; raise for large targets
+        mem_mb=8000,
+        runtime=720,
+    params:
+        # Resumable state is deliberately not an output: Snakemake deletes the outputs of a
+        # failed job, and a killed job must find its checkpoints to resume.
+        state_dir="results/train/state",
+        hparams=train_hparams(),
+    script:
+        "../scripts/train.py"

@@ -1,0 +1,11 @@
+from pathlib import Path
+
+from specbuild.export import export_for_sglang
+from specbuild.io import setup_logging
+
+setup_logging(snakemake.log[0])
+export_for_sglang(
+    checkpoint=snakemake.input.best,
+    out_dir=Path(snakemake.output.config).parent,
+    dtype=snakemake.params.dtype,
+)

@@ -1,0 +1,15 @@
+from specbuild.drafter.train import TrainConfig, train_drafter
+from specbuild.io import setup_logging
+
+setup_logging(snakemake.log[0])
+train_drafter(
+    shards=list(snakemake.input.shards),
+    vocab=snakemake.input.vocab,
+    target_fingerprint=snakemake.input.fp,
+    best_out=snakemake.output.best,
+    metrics_out=snakemake.output.metrics,
+    state_dir=snakemake.params.state_dir,
+    config=TrainConfig.from_params(snakemake.params.hparams),
+    log_path=snakemake.log[0],
+    threads=snakemake.threads,
+)
