@@ -55,14 +55,16 @@ class Batch:
     aux: Tensor  # float32 [B,L,3H]
     last_next: Tensor  # float32 [B,L,H]
     valid: Tensor  # bool [B,L]
-    position_ids: Tensor  # int64 [B,L]
+    position_ids: Tensor  # int64 [B,L], -1 on padding
+    refs: list[SampleRef]
 
     @property
     def num_tokens(self) -> int:
         return int((self.position_ids >= 0).sum())
 
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(*(t.to(device, non_blocking=True) for t in self.__dict__.values()))
+        tensors = (self.input_ids, self.aux, self.last_next, self.valid, self.position_ids)
+        return Batch(*(t.to(device, non_blocking=True) for t in tensors), refs=self.refs)
 
 
 def sample_key(path: str | os.PathLike, index: int) -> str:
@@ -164,6 +166,7 @@ class ShardSet:
             last_next=torch.zeros(B, L, H),
             valid=torch.zeros(B, L, dtype=torch.bool),
             position_ids=torch.full((B, L), -1, dtype=torch.int64),
+            refs=list(refs),
         )
         for b, s in enumerate(samples):
             n = s["input_ids"].shape[0] - 1  # shape: index t = 0 .. n-1

@@ -97,16 +97,18 @@ class Teacher:
         return self
 
     @torch.no_grad()
-    def targets(self, last: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(in_draft bool [N], argmax target id [N], logsumexp over the full vocab [N])."""
-        top, lse = [], []
+    def targets(self, last: Tensor, *, with_lse: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """(in_draft bool [N], argmax target id [N], logsumexp over the full vocab [N]).
+
+        The logsumexp (only the metrics need it) is as costly as the matmul: skip it in training.
+        """
+        top, lse = [last.new_zeros(0, dtype=torch.int64)], [last.new_zeros(0)]
         for rows in last.split(_CHUNK):
             logits = rows.to(self.full.dtype) @ self.full.T  # shape: [n,V]
             top.append(logits.argmax(-1))
-            lse.append(logits.float().logsumexp(-1))
-        top_ids = torch.cat(top) if top else last.new_zeros(0, dtype=torch.int64)
-        lse_all = torch.cat(lse) if lse else last.new_zeros(0)
-        return self.t2d[top_ids], top_ids, lse_all
+            lse.append(logits.float().logsumexp(-1) if with_lse else logits.new_zeros(0))
+        top_ids = torch.cat(top)
+        return self.t2d[top_ids], top_ids, torch.cat(lse)
 
     @torch.no_grad()
     def draft_logits(self, last: Tensor) -> Tensor:

@@ -38,11 +38,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import nn
 
-from specbuild.drafter.data import Batch, ShardSet, plan_batches, split_samples
-from specbuild.drafter.metrics import StepCounts, step_counts
+from specbuild.drafter.data import ShardSet, plan_batches, split_samples
 from specbuild.drafter.model import DrafterConfig, Eagle3Drafter
+from specbuild.drafter.objective import TTTObjective, evaluate
 from specbuild.drafter.state import (
     TrainState,
     clear_state,
@@ -54,7 +54,7 @@ from specbuild.drafter.teacher import Teacher, read_target_weights, read_vocab
 from specbuild.io import atomic_path, read_json, setup_logging, write_jsonl
 from specbuild.target import read_target_info
 
-__all__ = ["TrainConfig", "TTTObjective", "TrainingInterrupted", "lr_at", "train_drafter"]
+__all__ = ["TrainConfig", "TrainingInterrupted", "lr_at", "train_drafter"]
 
 log = logging.getLogger("specbuild")
 
@@ -128,47 +128,6 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class TTTObjective(nn.Module):
-    """The training-time-test loss as a module, so DDP sees one forward per step."""
-
-    def __init__(self, drafter: Eagle3Drafter, teacher: Teacher, cfg: TrainConfig, amp: bool):
-        super().__init__()
-        self.drafter, self.teacher, self.cfg, self.amp = drafter, teacher, cfg, amp
-
-    def forward(self, batch: Batch, counts: StepCounts | None = None) -> Tensor:
-        mask = batch.valid.clone()  # shape: [B,L]
-        in_draft, top, lse = self.teacher.targets(batch.last_next[batch.valid])
-        mask[batch.valid] = in_draft  # the target's argmax cannot be drafted: no loss there
-        top_all = torch.zeros_like(batch.input_ids).masked_scatter(batch.valid, top)
-        lse_all = torch.zeros_like(batch.valid, dtype=torch.float32).masked_scatter(
-            batch.valid, lse
-        )
-        device_type = batch.aux.device.type
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
-            positions = batch.position_ids.clamp_min(0)
-            hiddens = self.drafter.unroll(batch.input_ids, batch.aux, positions, self.cfg.ttt_steps)
-        loss = batch.aux.new_zeros(())
-        for i, h in enumerate(hiddens):
-            m = mask[:, i:]  # shape: [B,L-i] step i predicts index t+i's target
-            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
-                logits = self.drafter.logits(h[m]).float()  # shape: [N_i,Vd]
-            teacher = self.teacher.draft_logits(batch.last_next[:, i:][m])  # shape: [N_i,Vd]
-            ce = -(teacher.softmax(-1) * logits.log_softmax(-1)).sum()
-            loss = loss + self.cfg.loss_decay**i * ce / max(int(m.sum()), 1)
-            if counts is not None:
-                counts.add(
-                    i,
-                    *step_counts(
-                        logits,
-                        teacher,
-                        lse_all[:, i:][m],
-                        top_all[:, i:][m],
-                        self.teacher.draft_ids,
-                    ),
-                )
-        return loss
-
-
 def _setup(cfg: TrainConfig) -> tuple[int, int, torch.device]:
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -208,32 +167,6 @@ def _build(cfg: TrainConfig, target_dir: Path, vocab: str, vocab_size: int):
         model.d2t.copy_(d2t)
         model.t2d.copy_(t2d)
     return model, teacher
-
-
-@torch.no_grad()
-def _evaluate(objective: TTTObjective, data: ShardSet, refs, cfg, rank, world, device) -> dict:
-    counts = StepCounts.zeros(cfg.ttt_steps)
-    lengths = [r.length for r in refs]
-    plan = plan_batches(
-        lengths,
-        token_budget=cfg.token_budget,
-        max_length=cfg.max_length,
-        seed=cfg.seed,
-        epoch=0,
-        rank=rank,
-        world_size=world,
-        shuffle=False,
-        drop_tail=False,
-    )
-    for idx in plan:
-        batch = data.batch([refs[i] for i in idx], cfg.max_length).to(device)
-        counts.loss_sum += objective(batch, counts).item()
-        counts.batches += 1
-    if world > 1:
-        flat = counts.as_tensor().to(device)
-        dist.all_reduce(flat)
-        counts = StepCounts.from_tensor(flat.cpu(), cfg.ttt_steps)
-    return counts.summary()
 
 
 def train_drafter(
@@ -315,7 +248,7 @@ def train_drafter(
         clear_state(state_dir)
     if world > 1:
         dist.barrier()
-    objective = TTTObjective(model, teacher, cfg, amp)
+    objective = TTTObjective(model, teacher, steps=cfg.ttt_steps, decay=cfg.loss_decay, amp=amp)
     step_fn = objective
     if world > 1:
         step_fn = nn.parallel.DistributedDataParallel(objective, broadcast_buffers=False)
@@ -371,7 +304,16 @@ def train_drafter(
                     "step": state.step,
                     "epoch": epoch,
                     "tokens": state.tokens,
-                    **_evaluate(objective, data, eval_refs, cfg, rank, world, device),
+                    **evaluate(
+                        objective,
+                        data,
+                        eval_refs,
+                        token_budget=cfg.token_budget,
+                        max_length=cfg.max_length,
+                        rank=rank,
+                        world_size=world,
+                        device=device,
+                    ),
                 }
                 state.metrics.append(row)
                 best = row["acceptance_length"] > state.best

@@ -1,0 +1,104 @@
+"""The training-time-test objective and its evaluation (alignment: see drafter/train.py).
+
+Loss = sum_i decay**i * soft cross-entropy(teacher, drafter) at unroll step i, averaged over
+the positions that count: the predicted token is a response token and the target's argmax is
+in the draft vocabulary. The teacher is computed once per batch at those positions; step i
+reads it shifted by i (step i at index t predicts what index t+i's teacher predicts).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from specbuild.drafter.data import Batch, SampleRef, ShardSet, plan_batches
+from specbuild.drafter.metrics import StepCounts, step_counts
+from specbuild.drafter.model import Eagle3Drafter
+from specbuild.drafter.teacher import Teacher
+
+__all__ = ["TTTObjective", "evaluate"]
+
+
+class TTTObjective(nn.Module):
+    """The loss as a module, so DDP sees one forward per optimizer step."""
+
+    def __init__(
+        self, drafter: Eagle3Drafter, teacher: Teacher, *, steps: int, decay: float, amp: bool
+    ):
+        super().__init__()
+        self.drafter, self.teacher = drafter, teacher
+        self.steps, self.decay, self.amp = steps, decay, amp
+        # Per sample: is the target's argmax at each loss position in the draft vocabulary?
+        # One full-vocabulary matmul per sample per run (memoized: it costs like a step).
+        self.in_draft: dict[SampleRef, Tensor] = {}
+
+    def _mask(self, batch: Batch) -> Tensor:
+        mask = batch.valid.clone()  # shape: [B,L]
+        for b, ref in enumerate(batch.refs):
+            if ref not in self.in_draft:
+                ok, _, _ = self.teacher.targets(batch.last_next[b][batch.valid[b]], with_lse=False)
+                self.in_draft[ref] = ok.cpu()
+            mask[b, batch.valid[b]] = self.in_draft[ref].to(mask.device)
+        return mask  # the target's argmax cannot be drafted: no loss there
+
+    def forward(self, batch: Batch, counts: StepCounts | None = None) -> Tensor:
+        mask = self._mask(batch)
+        if counts is not None:  # metrics want the target's argmax and full-vocab logsumexp
+            _, top, lse = self.teacher.targets(batch.last_next[mask])
+        row = torch.full_like(batch.input_ids, -1)  # shape: [B,L] -> row of the teacher tables
+        row[mask] = torch.arange(int(mask.sum()), device=row.device)
+        t_logits = self.teacher.draft_logits(batch.last_next[mask])  # shape: [M,Vd]
+        t_probs = t_logits.softmax(-1)
+        device_type = batch.aux.device.type
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
+            positions = batch.position_ids.clamp_min(0)
+            hiddens = self.drafter.unroll(batch.input_ids, batch.aux, positions, self.steps)
+        loss = batch.aux.new_zeros(())
+        for i, h in enumerate(hiddens):
+            m = mask[:, i:]  # shape: [B,L-i] step i at index t targets index t+i
+            r = row[:, i:][m]  # shape: [N_i]
+            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
+                logits = self.drafter.logits(h[m]).float()  # shape: [N_i,Vd]
+            ce = -(t_probs[r] * logits.log_softmax(-1)).sum()
+            loss = loss + self.decay**i * ce / max(r.numel(), 1)
+            if counts is not None:
+                stats = step_counts(logits, t_logits[r], lse[r], top[r], self.teacher.draft_ids)
+                counts.add(i, *stats)
+        return loss
+
+
+@torch.no_grad()
+def evaluate(
+    objective: TTTObjective,
+    data: ShardSet,
+    refs: list[SampleRef],
+    *,
+    token_budget: int,
+    max_length: int,
+    rank: int = 0,
+    world_size: int = 1,
+    device: torch.device | str = "cpu",
+) -> dict:
+    """Metrics over `refs` (split across DDP ranks, summed with all_reduce)."""
+    counts = StepCounts.zeros(objective.steps)
+    plan = plan_batches(
+        [r.length for r in refs],
+        token_budget=token_budget,
+        max_length=max_length,
+        seed=0,
+        epoch=0,
+        rank=rank,
+        world_size=world_size,
+        shuffle=False,
+        drop_tail=False,
+    )
+    for idx in plan:
+        batch = data.batch([refs[i] for i in idx], max_length).to(device)
+        counts.loss_sum += objective(batch, counts).item()
+        counts.batches += 1
+    if world_size > 1:
+        flat = counts.as_tensor().to(device)
+        dist.all_reduce(flat)
+        counts = StepCounts.from_tensor(flat.cpu(), objective.steps)
+    return counts.summary()
