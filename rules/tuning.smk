@@ -34,7 +34,10 @@ def serving_sets():
 
 
 def tuning_inputs(wildcards):
-    inputs = {"fp": target_file("fingerprint.json")}
+    inputs = {
+        "fp": target_file("fingerprint.json"),
+        "help": "results/tuning/launch_server.help.txt",
+    }
     if config["sglang"]["tuning"]["chain"] != "baseline":
         inputs["drafter"] = serving_drafter_files()
     return inputs
@@ -115,6 +118,18 @@ rule bench_server_table:
         "logs/bench_sglang/table.log",
     script:
         "../scripts/bench_server_table.py"
+
+
+rule sglang_help:
+    """The server's --help, once per sweep: every point's flags are checked against it."""
+    output:
+        "results/tuning/launch_server.help.txt",
+    log:
+        "logs/tuning/help.log",
+    params:
+        launcher=config["sglang"]["launcher"],
+    script:
+        "../scripts/sglang_help.py"
 
 
 rule tuning_point:

@@ -15,6 +15,7 @@ run_tuning_point(
     base_env=server["env"],
     out=snakemake.output[0],
     prompt_set=snakemake.params.prompt_set,
+    help_text=Path(snakemake.input.help).read_text(),
     prompts=snakemake.params.prompts,
     chain=snakemake.params.chain,
     drafter_dir=str(Path(drafter[0]).parent) if drafter else None,

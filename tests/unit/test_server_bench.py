@@ -188,7 +188,14 @@ def test_ignored_flags_reports_values_the_server_overrode():
     ]
 
 
-def _point(tmp_path, target_dir, name, args=None, env=None):
+@pytest.fixture(scope="module")
+def stub_help() -> str:
+    from specbuild.backends.server import launcher_help
+
+    return launcher_help(LAUNCHER)
+
+
+def _point(tmp_path, target_dir, help_text, name, args=None, env=None):
     return run_tuning_point(
         target_dir=target_dir,
         point=name,
@@ -198,6 +205,7 @@ def _point(tmp_path, target_dir, name, args=None, env=None):
         base_env={},
         out=tmp_path / f"{name}.json",
         prompt_set=MT_BENCH,
+        help_text=help_text,
         prompts=2,
         launcher=LAUNCHER,
         startup_timeout_s=20,
@@ -207,21 +215,30 @@ def _point(tmp_path, target_dir, name, args=None, env=None):
     )
 
 
-def test_tuning_point_with_an_unknown_flag_is_rejected_and_never_started(tmp_path, target_dir):
-    row = _point(tmp_path, target_dir, "typo", args={"cuda_graph_max_bz": 8})
+def test_tuning_point_with_an_unknown_flag_is_rejected_and_never_started(
+    tmp_path, target_dir, stub_help
+):
+    row = _point(tmp_path, target_dir, stub_help, "typo", args={"cuda_graph_max_bz": 8})
     assert row["status"] == "rejected"
     assert "--cuda-graph-max-bz" in row["detail"] and row["peak_output_tokens_per_s"] is None
 
 
-def test_tuning_point_whose_server_dies_is_recorded_as_start_failed(tmp_path, target_dir):
-    row = _point(tmp_path, target_dir, "dies", env={"SGLANG_STUB_EXIT": "7"})
+def test_tuning_point_whose_server_dies_is_recorded_as_start_failed(
+    tmp_path, target_dir, stub_help
+):
+    row = _point(tmp_path, target_dir, stub_help, "dies", env={"SGLANG_STUB_EXIT": "7"})
     assert row["status"] == "start_failed" and "code 7" in row["detail"]
     assert read_json(tmp_path / "dies.json") == row
 
 
-def test_tuning_point_measures_and_notes_nccl_without_collectives(tmp_path, target_dir):
+def test_tuning_point_measures_and_notes_nccl_without_collectives(tmp_path, target_dir, stub_help):
     row = _point(
-        tmp_path, target_dir, "nccl", args={"cuda_graph_max_bs": 8}, env={"NCCL_PROTO": "LL"}
+        tmp_path,
+        target_dir,
+        stub_help,
+        "nccl",
+        args={"cuda_graph_max_bs": 8},
+        env={"NCCL_PROTO": "LL"},
     )
     assert row["status"] == "ok", row["detail"]
     assert row["single_stream_tokens_per_s"] > 0 and row["peak_concurrency"] in (1, 2)
@@ -229,9 +246,9 @@ def test_tuning_point_measures_and_notes_nccl_without_collectives(tmp_path, targ
     assert json.loads(row["env"]) == {"NCCL_PROTO": "LL"}
 
 
-def test_tuning_table_has_one_row_per_point_with_its_status(tmp_path, target_dir):
-    _point(tmp_path, target_dir, "a")
-    _point(tmp_path, target_dir, "b", args={"bogus_flag": True})
+def test_tuning_table_has_one_row_per_point_with_its_status(tmp_path, target_dir, stub_help):
+    _point(tmp_path, target_dir, stub_help, "a")
+    _point(tmp_path, target_dir, stub_help, "b", args={"bogus_flag": True})
     rows = write_tuning_outputs(
         [tmp_path / "a.json", tmp_path / "b.json"],
         csv_path=tmp_path / "t.csv",

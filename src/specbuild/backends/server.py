@@ -32,6 +32,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -177,7 +178,10 @@ class SGLangServer:
         return [
             *resolve_launcher(spec.launcher),
             "--model-path",
-            spec.model_path,
+            # a local folder as an absolute path: never mistaken for a hub id
+            str(Path(spec.model_path).resolve())
+            if Path(spec.model_path).exists()
+            else spec.model_path,
             "--host",
             spec.host,
             "--port",

@@ -47,6 +47,7 @@ __all__ = [
     "ignored_flags",
     "run_tuning_point",
     "write_tuning_outputs",
+    "write_launcher_help",
 ]
 
 log = logging.getLogger("specbuild")
@@ -155,6 +156,7 @@ def run_tuning_point(
     base_env: Mapping[str, str],
     out: str | os.PathLike,
     prompt_set: Mapping[str, Any],
+    help_text: str,
     prompts: int = 4,
     chain: str = BASELINE,
     drafter_dir: str | None = None,
@@ -166,7 +168,9 @@ def run_tuning_point(
     concurrency: Sequence[int] = (1, 8, 32, 64),
     sweep_min_requests: int = 16,
 ) -> dict:
-    """Check, start and measure one point; write its row as JSON (also when it fails)."""
+    """Check, start and measure one point; write its row as JSON (also when it fails).
+
+    `help_text` is the server's `--help` (rule sglang_help writes it once per sweep)."""
     from specbuild.bench.sets import read_bench_prompts
     from specbuild.target import load_tokenizer
 
@@ -183,7 +187,7 @@ def run_tuning_point(
     args = {**dict(base_args), **dict(point_args), **spec_server_args(chain, drafter_dir)}
     env = {**dict(base_env), **{k: str(v) for k, v in point_env.items()}}
     rendered = build_server_args(args)
-    row = _check_point(point, args, env, rendered, launcher)
+    row = _check_point(point, args, env, rendered, help_text)
     if row is None:
         row = _measure_point(
             point,
@@ -208,13 +212,9 @@ def run_tuning_point(
 
 
 def _check_point(
-    point: str, args: Mapping, env: Mapping, rendered: list[str], launcher: Sequence[str]
+    point: str, args: Mapping, env: Mapping, rendered: list[str], help_text: str
 ) -> dict | None:
     faults = env_faults(env)
-    try:
-        help_text = launcher_help(launcher, env=env)
-    except (ServerStartError, OSError, TimeoutError) as err:
-        return _row(point, "start_failed", f"launch_server --help failed: {err}"[:500], args, env)
     unknown = unknown_flags(rendered, help_text)
     if unknown:
         faults.insert(
@@ -346,3 +346,11 @@ def _plot_tuning(rows: Sequence[Mapping[str, Any]], path) -> None:
     with atomic_open(path, "wb") as fh:
         fig.savefig(fh, format="png", dpi=110)
     plt.close(fig)
+
+
+def write_launcher_help(launcher: Sequence[str], out: str | os.PathLike) -> str:
+    """The launcher's `--help` once per sweep, for every point's flag check."""
+    text = launcher_help(launcher)
+    with atomic_open(out) as fh:
+        fh.write(text)
+    return text
