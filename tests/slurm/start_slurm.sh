@@ -11,7 +11,8 @@
 # status-check delay). No cgroups (containers rarely allow them): proctrack/linuxproc,
 # task/none. No GPUs (no gres.conf); profiles/slurm-test sets gpu=0.
 #
-# Env: SPECBUILD_SLURM_CPUS (default: nproc), SPECBUILD_SLURM_FORCE_CONF=1 rewrites a
+# Env: SPECBUILD_SLURM_CPUS (default: nproc, at least 2), SPECBUILD_SLURM_MEM_MB (default:
+# 90% of RAM), SPECBUILD_SLURM_FORCE_CONF=1 rewrites a
 # slurm.conf this script did not write (never done silently: a real cluster's config
 # must not be clobbered).
 set -euo pipefail
@@ -36,9 +37,11 @@ fi
 [[ $(id -u) == 0 ]] || die "starting slurmctld/slurmd/munged needs root"
 
 host=$(hostname -s)
-cpus=${SPECBUILD_SLURM_CPUS:-$(nproc)}
-# 90% of physical memory: slurmd drains a node that reports less than RealMemory.
-mem_mb=$(awk '/MemTotal/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
+# At least 2 CPUs (profiles/slurm-test caps jobs at 2 threads): with no cgroups, SLURM
+# takes the configured count as given (SlurmdParameters=config_overrides).
+cpus=${SPECBUILD_SLURM_CPUS:-$(( $(nproc) > 2 ? $(nproc) : 2 ))}
+# 90% of physical memory (--mem requests above it are refused at submission).
+mem_mb=${SPECBUILD_SLURM_MEM_MB:-$(awk '/MemTotal/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)}
 
 if [[ -e $CONF ]] && ! grep -qF "$MARKER" "$CONF" && [[ ${SPECBUILD_SLURM_FORCE_CONF:-0} != 1 ]]; then
     die "$CONF exists and was not written by this script; set SPECBUILD_SLURM_FORCE_CONF=1 to replace it"

@@ -1,0 +1,136 @@
+"""Only stale steps rerun: a complete tiny run, then appended records and changed settings.
+
+Each test states which jobs a change must schedule, as the exact (rule, wildcards) list of a
+dry-run, and, where it runs them, that every other file kept its mtime and content. Appending
+runs for real on a copy of the built workflow; setting changes are dry-runs against it.
+
+What the stages after the shards read (so what a change must rerun):
+  vocab   every tokenized shard          align   the first hidden shard of each dataset
+  train   every hidden shard + vocab     export  train        bench   export
+"""
+
+from __future__ import annotations
+
+import pytest
+from workflow_helpers import (
+    DATASET,
+    N_RECORDS,
+    SHARD_SIZE,
+    append_records,
+    copy_workdir,
+    planned_jobs,
+    results_state,
+    schema_sections,
+    shard_jobs,
+    snakemake,
+    tiny_config,
+    write_config,
+)
+
+pytestmark = pytest.mark.workflow
+
+# Per-shard stages in DAG order, and the results folder each writes.
+SHARD_STAGES = {
+    "samples": "samples",
+    "generate": "generated",
+    "tokenize": "tokenized",
+    "hidden": "hidden",
+}
+SHARDS = [f"{i:05d}" for i in range(-(-N_RECORDS // SHARD_SIZE))]
+
+
+def expected_jobs(built, first_shard_stage: str | None, shards, after: set[str]):
+    """Per-shard jobs from `first_shard_stage` on for `shards`, plus the built run's jobs of
+    the rules in `after` (with their wildcards); stages the workflow lacks drop out."""
+    rules = {rule for rule, _ in built.jobs}
+    jobs = []
+    if first_shard_stage is not None:
+        names = list(SHARD_STAGES)
+        stages = [r for r in names[names.index(first_shard_stage) :] if r in rules]
+        jobs = shard_jobs(stages, shards)
+    jobs += [j for j in built.jobs if j[0] in after]
+    return sorted(jobs)
+
+
+def dry_run_with(built, tmp_path, **sections) -> list[tuple[str, str]]:
+    """The jobs a dry-run schedules when keys of config sections change (the rest kept)."""
+    for name in sections:
+        if name not in schema_sections():
+            pytest.skip(f"the workflow has no `{name}` stage yet")
+    changed = write_config(tmp_path, tiny_config(**sections), name="changed.yaml")
+    return planned_jobs(built.workdir, "--configfile", str(changed))
+
+
+def test_complete_run_leaves_no_job_to_schedule(built_workflow):
+    assert built_workflow.jobs, "the first run scheduled nothing"
+    assert planned_jobs(built_workflow.workdir) == []
+    # The plain command users type (profiles/default supplies the cores) says the same.
+    proc = snakemake(built_workflow.workdir, "--dry-run")
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_passing_the_unchanged_config_again_schedules_nothing(built_workflow, tmp_path):
+    # Guards the tests below: a --configfile equal to the built config is no change.
+    assert dry_run_with(built_workflow, tmp_path) == []
+
+
+def test_generation_temperature_reruns_from_generate_down(built_workflow, tmp_path):
+    jobs = dry_run_with(built_workflow, tmp_path, generate={"temperature": 0.7})
+    after = {"vocab", "align", "train", "export", "bench"}
+    assert jobs == expected_jobs(built_workflow, "generate", SHARDS, after)
+
+
+def test_tokenize_max_length_reruns_from_tokenize_down_but_not_generate(built_workflow, tmp_path):
+    jobs = dry_run_with(built_workflow, tmp_path, tokenize={"max_length": 200})
+    after = {"vocab", "align", "train", "export", "bench"}
+    assert jobs == expected_jobs(built_workflow, "tokenize", SHARDS, after)
+
+
+def test_aux_layer_ids_rerun_hidden_and_after_but_not_generate_or_tokenize(
+    built_workflow, tmp_path
+):
+    # vocab counts tokens, not features: it stays.
+    jobs = dry_run_with(built_workflow, tmp_path, hidden={"layer_ids": [2, 14, 25]})
+    after = {"align", "train", "export", "bench"}
+    assert jobs == expected_jobs(built_workflow, "hidden", SHARDS, after)
+
+
+def test_training_hyperparameter_reruns_only_train_export_and_bench(built_workflow, tmp_path):
+    jobs = dry_run_with(built_workflow, tmp_path, train={"lr": 3e-3})
+    assert jobs == expected_jobs(built_workflow, None, [], {"train", "export", "bench"})
+
+
+def test_benchmark_setting_reruns_only_benchmarking(built_workflow, tmp_path):
+    jobs = dry_run_with(built_workflow, tmp_path, bench={"max_new_tokens": 12})
+    assert jobs == expected_jobs(built_workflow, None, [], {"bench"})
+
+
+def test_appending_records_reruns_only_the_partial_and_new_shards(built_workflow, tmp_path):
+    workdir = copy_workdir(built_workflow.workdir, tmp_path / "wf")
+    rules = {rule for rule, _ in built_workflow.jobs}
+    folders = [folder for stage, folder in SHARD_STAGES.items() if stage in rules]
+    before = {f: results_state(workdir, f) for f in folders}
+    assert planned_jobs(workdir) == []  # the copy is as up to date as the original
+
+    # 6 -> 9 records in shards of 4: shard 00000 is full and stays, 00001 grows from 2 to 4
+    # records, 00002 is new with 1. align reads only shard 00000, so it stays too.
+    append_records(workdir, 9)
+    after_shards = {"vocab", "train", "export", "bench"}
+    assert planned_jobs(workdir) == expected_jobs(
+        built_workflow, "samples", ["00001", "00002"], after_shards
+    )
+
+    snakemake(workdir, "--cores", "2")
+    after = {f: results_state(workdir, f) for f in folders}
+    for folder in folders:
+        old = {p: v for p, v in before[folder].items() if f"/{DATASET}/00000." in p}
+        assert old, f"no files of shard 00000 under results/{folder}"
+        assert {p: after[folder].get(p) for p in old} == old, (
+            f"results/{folder}/ shard 00000 changed"
+        )
+        grown = [p for p in before[folder] if f"/{DATASET}/00001." in p]
+        assert grown and any(after[folder][p][0] != before[folder][p][0] for p in grown), (
+            f"results/{folder}/ shard 00001 was not rebuilt"
+        )
+        assert any(f"/{DATASET}/00002." in p for p in after[folder]), f"no shard 00002 in {folder}"
+    assert planned_jobs(workdir) == []

@@ -1,0 +1,144 @@
+"""The tiny workflow on a real single-node SLURM, through `--profile profiles/slurm-test`.
+
+tests/slurm/start_slurm.sh installs (as root, via apt-get, when missing) and starts munge,
+slurmctld and slurmd. Every job of the run must be an sbatch job that SLURM reports
+COMPLETED, and the results must equal the local run's (`built_workflow`), file for file.
+Skipped only where SLURM is absent and this process cannot be root to install it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from workflow_helpers import REPO, make_workdir, planned_jobs, snakemake
+
+pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
+
+START_SLURM = REPO / "tests" / "slurm" / "start_slurm.sh"
+SLURM_TOOLS = ("sbatch", "squeue", "srun", "sinfo", "slurmctld", "slurmd", "munged")
+_SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (.+?)\)")
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster() -> str:
+    """A running one-node SLURM (started here if needed); returns `sinfo`'s node line."""
+    have_slurm = all(shutil.which(t) for t in SLURM_TOOLS)
+    if os.geteuid() != 0:
+        up = have_slurm and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
+        if not up:
+            pytest.skip(
+                "no running SLURM here, and installing/starting one needs root "
+                f"(run {START_SLURM} as root, then rerun this test)"
+            )
+        return "existing cluster"
+    proc = subprocess.run(["bash", str(START_SLURM)], capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        pytest.fail(f"{START_SLURM} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc.stdout.strip()
+
+
+def slurm_states(job_ids: list[str]) -> dict[str, str]:
+    """SLURM's state of each job (squeue lists finished jobs for MinJobAge seconds)."""
+    proc = subprocess.run(
+        ["squeue", "--states=all", "--noheader", "--format=%i|%T", f"--jobs={','.join(job_ids)}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(line.split("|") for line in proc.stdout.split())
+
+
+def test_slurm_profile_sends_gpu_rules_to_the_gpu_partition(tmp_path, target_dir):
+    # Dry-run only (no cluster needed): the profile parses and its placeholders reach the jobs.
+    workdir = make_workdir(tmp_path / "wf", target_dir)
+    proc = snakemake(workdir, "--profile", "profiles/slurm", "--dry-run")
+    text = proc.stdout + proc.stderr
+    blocks = re.findall(r"rule (\w+):\n((?:    .*\n)+)", text)
+    assert blocks, text[-3000:]
+    gpu_rules = {"generate", "hidden", "align", "train", "bench"}
+    for rule, body in blocks:
+        resources = body.split("resources:", 1)[1]
+        want = "CHANGE_ME_gpu_partition" if rule in gpu_rules else "CHANGE_ME_cpu_partition"
+        assert f"slurm_partition={want}" in resources, f"{rule}: {resources}"
+        assert "slurm_account=CHANGE_ME_account" in resources, f"{rule}: {resources}"
+
+
+def test_slurm_test_profile_names_only_existing_plugin_settings():
+    # A misspelt key would be an unknown command-line option: list them against the plugin.
+    from snakemake_executor_plugin_slurm import ExecutorSettings
+
+    known = {f"slurm-{name.replace('_', '-')}" for name in ExecutorSettings.__dataclass_fields__}
+    for profile in ("slurm", "slurm-test"):
+        keys = yaml.safe_load((REPO / "profiles" / profile / "config.yaml").read_text())
+        plugin_keys = {k for k in keys if k.startswith("slurm-")}
+        assert plugin_keys <= known, f"profiles/{profile}: {sorted(plugin_keys - known)}"
+
+
+def test_workflow_runs_through_slurm_and_matches_the_local_run(
+    slurm_cluster, built_workflow, tmp_path, target_dir
+):
+    workdir = make_workdir(tmp_path / "wf", target_dir)
+    jobs = planned_jobs(workdir)
+    assert jobs == built_workflow.jobs
+
+    proc = snakemake(workdir, "--profile", "profiles/slurm-test", timeout=1500)
+    submitted = _SUBMITTED.findall(proc.stdout + proc.stderr)
+    # Every job but `all` (a local rule) went through sbatch, each as its own SLURM job.
+    assert len(submitted) == len(jobs), proc.stderr[-5000:]
+    slurm_ids = [slurm_id for _, slurm_id, _ in submitted]
+    assert len(set(slurm_ids)) == len(slurm_ids)
+    for _, slurm_id, log in submitted:  # SLURM's own log of each job, named by its job id
+        assert Path(log).name == f"{slurm_id}.log" and Path(log).is_file()
+        assert Path(log).is_relative_to(workdir / "logs" / "slurm")
+    assert set(slurm_states(slurm_ids).values()) == {"COMPLETED"}
+
+    assert planned_jobs(workdir) == []
+    local = results_files(built_workflow.workdir)
+    assert sorted(results_files(workdir)) == sorted(local)
+    for rel in local:
+        assert same_result(built_workflow.workdir / rel, workdir / rel), f"{rel} differs"
+
+
+def results_files(workdir: Path) -> list[str]:
+    """Every result file but the (linked) target folder."""
+    root = workdir / "results"
+    return [
+        str(p.relative_to(workdir))
+        for p in root.rglob("*")
+        if p.is_file() and p.relative_to(root).parts[0] != "target"
+    ]
+
+
+def same_result(a: Path, b: Path) -> bool:
+    """Byte-equal, or for safetensors equal tensors and metadata; for JSON files equal after
+    dropping keys that measure time (seconds, tokens/s), which no two runs share."""
+    if a.read_bytes() == b.read_bytes():
+        return True
+    if a.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(a, "pt") as fa, safe_open(b, "pt") as fb:
+            if fa.metadata() != fb.metadata() or set(fa.keys()) != set(fb.keys()):
+                return False
+            return all(fa.get_tensor(k).equal(fb.get_tensor(k)) for k in fa.keys())
+    if a.suffix == ".json":
+        return _untimed(json.loads(a.read_text())) == _untimed(json.loads(b.read_text()))
+    return False
+
+
+_TIMING_KEY = re.compile(r"(seconds|_s$|_ms$|per_s|tok_s|time|elapsed)")
+
+
+def _untimed(value):
+    if isinstance(value, dict):
+        return {k: _untimed(v) for k, v in value.items() if not _TIMING_KEY.search(k)}
+    if isinstance(value, list):
+        return [_untimed(v) for v in value]
+    return value
