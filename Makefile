@@ -9,12 +9,13 @@ CORES  ?= all
 ARGS   ?=
 SNAKEMAKE = $(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) $(ARGS)
 
-.PHONY: help setup run dry-run test lint format report clean clean-all
+.PHONY: help setup run dry-run test lint format report clean clean-all slurm
 .PHONY: bench-extract
 
 help:
 	@echo "make run      set up if needed, then build $(CONFIG) end to end (TARGET=$(TARGET))"
 	@echo "make test     set up if needed, then run the test suite"
+	@echo "make slurm    build through SLURM (SLURM_PROFILE=profiles/slurm or profiles/slurm-test)"
 	@echo "make dry-run | lint | format | report | clean | clean-all"
 
 setup: $(VENV)/.setup-done
@@ -55,6 +56,15 @@ BENCH_ARGS ?=
 bench-extract: setup
 	$(SNAKEMAKE) target
 	$(BIN)/python -m specbuild.bench.extract $(BENCH_ARGS)
+
+# Every job through sbatch, with the profile's resources (README "Running on a cluster").
+# profiles/slurm needs its account/partition placeholders filled in first;
+# SLURM_PROFILE=profiles/slurm-test starts and uses this machine's one-node test cluster.
+# CORES caps each job's threads (default: this machine's core count).
+SLURM_PROFILE ?= profiles/slurm
+slurm: setup
+	$(if $(findstring slurm-test,$(SLURM_PROFILE)),bash tests/slurm/start_slurm.sh)
+	$(SNAKEMAKE) --profile $(SLURM_PROFILE) $(TARGET)
 
 report: setup
 	$(SNAKEMAKE) $(TARGET)
