@@ -204,8 +204,9 @@ class SGLangServer:
         env = {**os.environ, **{k: str(v) for k, v in self.spec.env.items()}}
         env_note = " ".join(f"{k}={v}" for k, v in sorted(self.spec.env.items()))
         log.info("starting %s: %s%s", self.name, env_note + " " if env_note else "", " ".join(cmd))
-        # A new session makes the server the leader of its own process group, so stop() can
-        # reach the scheduler/detokenizer processes SGLang spawns, not only the launcher.
+        # Its own process group (not a new session) lets stop() reach the scheduler and
+        # detokenizer processes SGLang spawns, while a server orphaned by a SIGKILLed job still
+        # belongs to the caller's session, which the device tool and terminals clean up.
         self.proc = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,
@@ -214,7 +215,7 @@ class SGLangServer:
             text=True,
             errors="replace",
             env=env,
-            start_new_session=True,
+            process_group=0,
         )
         atexit.register(self.stop)
         self._reader = threading.Thread(target=self._forward_output, daemon=True)
