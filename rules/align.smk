@@ -1,26 +1,6 @@
 # Stage align: training features vs the serving engine's, before train (see specbuild/align.py).
 
 
-def align_shards():
-    """The first hidden shard of each dataset: a fixed sample that appending data never moves."""
-    return [
-        f"results/hidden/{d}/{shard_ids(d)[0]}.safetensors"
-        for d in config["datasets"]
-        if shard_ids(d)
-    ]
-
-
-def align_backend_options():
-    """Engine settings of the serving feature backend; hf needs none beyond dtype/device."""
-    return sglang_feature_args() if config["align"]["backend"] == "sglang" else {}
-
-
-def align_gpus():
-    if config["align"]["backend"] == "sglang":
-        return sglang_gpus()
-    return device_gpus(config["align"]["device"])
-
-
 rule align:
     """Recompute a fixed sample of shard rows with the serving engine; stop on a mismatch."""
     input:
@@ -32,6 +12,8 @@ rule align:
         md="results/tables/align.md",
     log:
         "logs/align/align.log",
+    conda:
+        "../envs/specbuild.yaml"
     threads: 2
     resources:
         gpu=align_gpus(),

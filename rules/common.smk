@@ -186,6 +186,97 @@ def sglang_feature_args():
     }
 
 
+# --- align, serving bench and tuning (rules/align.smk, rules/tuning.smk) ---
+
+
+def align_shards():
+    """The first hidden shard of each dataset: a fixed sample that appending data never moves."""
+    return [
+        f"results/hidden/{d}/{shard_ids(d)[0]}.safetensors"
+        for d in config["datasets"]
+        if shard_ids(d)
+    ]
+
+
+def align_backend_options():
+    """Engine settings of the serving feature backend; hf needs none beyond dtype/device."""
+    return sglang_feature_args() if config["align"]["backend"] == "sglang" else {}
+
+
+def align_gpus():
+    if config["align"]["backend"] == "sglang":
+        return sglang_gpus()
+    return device_gpus(config["align"]["device"])
+
+
+def serving_drafter_files():
+    """The exported drafter the servers load: the bench stage's folder (results/drafter)."""
+    folder = config["bench"]["drafter"].rstrip("/")
+    return [f"{folder}/config.json", f"{folder}/model.safetensors"]
+
+
+def serving_drafter_name():
+    return config["bench"]["drafter_name"]
+
+
+def serving_chains():
+    """Server configs of the serving bench: the baseline (if on) and every chain."""
+    b = config["sglang"]["bench"]
+    return (["baseline"] if b["baseline"] else []) + list(b["chains"])
+
+
+def serving_bench_inputs(wildcards):
+    inputs = {"fp": target_file("fingerprint.json")}
+    if wildcards.chain != "baseline":
+        inputs["drafter"] = serving_drafter_files()
+    return inputs
+
+
+def serving_sets():
+    return {
+        name: dict(spec) for name, spec in config["sglang"]["bench"]["sets"].items()
+    }
+
+
+def tuning_inputs(wildcards):
+    inputs = {
+        "fp": target_file("fingerprint.json"),
+        "help": "results/tuning/launch_server.help.txt",
+    }
+    if config["sglang"]["tuning"]["chain"] != "baseline":
+        inputs["drafter"] = serving_drafter_files()
+    return inputs
+
+
+def tuning_point_args(wildcards):
+    return dict(
+        config["sglang"]["tuning"]["points"][wildcards.point].get("server_args", {})
+    )
+
+
+def tuning_point_env(wildcards):
+    env = config["sglang"]["tuning"]["points"][wildcards.point].get("env", {})
+    return {k: str(v) for k, v in env.items()}
+
+
+def tuning_prompt_set():
+    """The first serving-bench set: its first turns are the tuning prompts."""
+    return dict(next(iter(config["sglang"]["bench"]["sets"].values())))
+
+
+def serving_outputs():
+    """Tables and plots of the serving bench and the tuning sweep, when enabled."""
+    out = []
+    if config["sglang"]["bench"]["enabled"]:
+        out += [
+            "results/tables/bench_sglang.md",
+            "results/plots/bench_sglang_throughput.png",
+        ]
+    if config["sglang"]["tuning"]["enabled"] and config["sglang"]["tuning"]["points"]:
+        out += ["results/tables/tuning.md", "results/plots/tuning.png"]
+    return out
+
+
 def all_outputs():
     return (
         per_shard("results/hidden/{dataset}/{shard}.safetensors")

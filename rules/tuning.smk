@@ -4,74 +4,6 @@
 # GPUs by accident.
 
 
-def serving_drafter_files():
-    """The exported drafter the servers load: the bench stage's folder (results/drafter)."""
-    folder = config["bench"]["drafter"].rstrip("/")
-    return [f"{folder}/config.json", f"{folder}/model.safetensors"]
-
-
-def serving_drafter_name():
-    return config["bench"]["drafter_name"]
-
-
-def serving_chains():
-    """Server configs of the serving bench: the baseline (if on) and every chain."""
-    b = config["sglang"]["bench"]
-    return (["baseline"] if b["baseline"] else []) + list(b["chains"])
-
-
-def serving_bench_inputs(wildcards):
-    inputs = {"fp": target_file("fingerprint.json")}
-    if wildcards.chain != "baseline":
-        inputs["drafter"] = serving_drafter_files()
-    return inputs
-
-
-def serving_sets():
-    return {
-        name: dict(spec) for name, spec in config["sglang"]["bench"]["sets"].items()
-    }
-
-
-def tuning_inputs(wildcards):
-    inputs = {
-        "fp": target_file("fingerprint.json"),
-        "help": "results/tuning/launch_server.help.txt",
-    }
-    if config["sglang"]["tuning"]["chain"] != "baseline":
-        inputs["drafter"] = serving_drafter_files()
-    return inputs
-
-
-def tuning_point_args(wildcards):
-    return dict(
-        config["sglang"]["tuning"]["points"][wildcards.point].get("server_args", {})
-    )
-
-
-def tuning_point_env(wildcards):
-    env = config["sglang"]["tuning"]["points"][wildcards.point].get("env", {})
-    return {k: str(v) for k, v in env.items()}
-
-
-def tuning_prompt_set():
-    """The first serving-bench set: its first turns are the tuning prompts."""
-    return dict(next(iter(config["sglang"]["bench"]["sets"].values())))
-
-
-def serving_outputs():
-    """Tables and plots of the serving bench and the tuning sweep, when enabled."""
-    out = []
-    if config["sglang"]["bench"]["enabled"]:
-        out += [
-            "results/tables/bench_sglang.md",
-            "results/plots/bench_sglang_throughput.png",
-        ]
-    if config["sglang"]["tuning"]["enabled"] and config["sglang"]["tuning"]["points"]:
-        out += ["results/tables/tuning.md", "results/plots/tuning.png"]
-    return out
-
-
 rule bench_server:
     """Serve the exported drafter at one chain (or no drafter: baseline); bench and sweep."""
     input:
@@ -84,6 +16,8 @@ rule bench_server:
         "logs/bench_sglang/{chain}.log",
     wildcard_constraints:
         chain="baseline|[0-9]+-[0-9]+-[0-9]+",
+    conda:
+        "../envs/specbuild.yaml"
     resources:
         gpu=sglang_gpus(),
         mem_mb=8000,
@@ -116,6 +50,8 @@ rule bench_server_table:
         plot="results/plots/bench_sglang_throughput.png",
     log:
         "logs/bench_sglang/table.log",
+    conda:
+        "../envs/specbuild.yaml"
     script:
         "../scripts/bench_server_table.py"
 
@@ -126,6 +62,8 @@ rule sglang_help:
         "results/tuning/launch_server.help.txt",
     log:
         "logs/tuning/help.log",
+    conda:
+        "../envs/specbuild.yaml"
     params:
         launcher=config["sglang"]["launcher"],
     script:
@@ -140,6 +78,8 @@ rule tuning_point:
         "results/tuning/{point}.json",
     log:
         "logs/tuning/{point}.log",
+    conda:
+        "../envs/specbuild.yaml"
     resources:
         gpu=sglang_gpus(),
         mem_mb=8000,
@@ -172,5 +112,7 @@ rule tuning:
         plot="results/plots/tuning.png",
     log:
         "logs/tuning/table.log",
+    conda:
+        "../envs/specbuild.yaml"
     script:
         "../scripts/tuning_table.py"
