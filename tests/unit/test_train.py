@@ -163,3 +163,16 @@ def test_fp8_shards_train_like_bf16_ones(tmp_path):
     ws8 = make_workspace(tmp_path / "ws", SyntheticSpec(samples=8, seq_len=16, aux_dtype="fp8"))
     best = run(ws8, tmp_path / "out", epochs=1)
     assert best["eval_positions"][0] > 0 and best["step"] >= 1
+
+
+def test_two_gloo_processes_train_with_ddp_through_torchrun(ws, tmp_path):
+    best = run(ws, tmp_path, epochs=1, nproc=2)  # relaunches itself as 2 torchrun workers
+    assert (tmp_path / "best.safetensors").exists() and best["step"] == 2  # 4 batches / 2 ranks
+    state = json.loads((tmp_path / "state" / "latest.json").read_text())
+    assert state["checkpoint"] == "step-00000002"
+
+
+@pytest.mark.gpu
+def test_cuda_bf16_autocast_run_overfits_like_the_cpu_one(ws, tmp_path):
+    best = run(ws, tmp_path, epochs=12, device="cuda")
+    assert best["acc"][0] > 0.9

@@ -1,18 +1,19 @@
-"""Drafter configuration: the shape and RoPE facts the server must agree on, read from the target.
+"""Configuration: the drafter's architecture (`DrafterConfig`) and training (`TrainConfig`).
 
-`DrafterConfig.from_target` takes them from the target's config.json (transformers 4 or 5
-layout); `from_export` reads them back from an exported drafter's config.json.
+`DrafterConfig` holds the shape and RoPE facts the server must agree on: `from_target` reads
+them from the target's config.json (transformers 4 or 5 layout), `from_export` back from an
+exported drafter's config.json.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 from torch import Tensor
 
-__all__ = ["AUX_LAYERS", "DrafterConfig", "rope_from_hf", "rope_inv_freq"]
+__all__ = ["AUX_LAYERS", "DrafterConfig", "TrainConfig", "rope_from_hf", "rope_inv_freq"]
 
 AUX_LAYERS = 3  # EAGLE-3 fuses the low, mid and high layer outputs of the target
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -127,3 +128,66 @@ def rope_inv_freq(cfg: DrafterConfig) -> Tensor:
         medium = (wavelen >= old / high) & (wavelen <= old / low)
         inv = torch.where(medium, blended, scaled)
     return inv.float()
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Training hyper-parameters (config section `train`, reaching the job as params).
+
+    Rejected combinations (`check`): max_length > token_budget, ttt_steps < 1, eval_fraction
+    or warmup_fraction outside [0, 1), device cuda without CUDA, nproc above the visible GPUs,
+    precision bfloat16 on CPU, and unknown keys (`from_params`).
+    """
+
+    ttt_steps: int = 7  # drafts chained in training-time test
+    loss_decay: float = 0.8  # weight of step i is decay**i
+    lr: float = 1e-4
+    warmup_fraction: float = 0.05  # share of all steps with linear warmup, then cosine to 0
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 0.5  # max global grad norm
+    epochs: int = 1
+    token_budget: int = 8192  # batch size x padded length per rank
+    max_length: int = 2048  # longer samples keep their first max_length tokens
+    seed: int = 0
+    eval_fraction: float = 0.05  # held-out samples (0: evaluate on the training set)
+    eval_interval: int = 0  # steps between evals; 0: at the end of each epoch only
+    save_interval: int = 200  # steps between resumable checkpoints
+    log_interval: int = 10
+    fc_norm: bool = False  # EAGLE-3.1 per-aux RMSNorm before fc
+    device: str = "auto"  # auto | cpu | cuda
+    precision: str = "auto"  # auto (bf16 autocast on CUDA) | float32 | bfloat16
+    nproc: int = 1  # processes (GPUs) for DDP through torchrun
+
+    @classmethod
+    def from_params(cls, params: dict) -> TrainConfig:
+        names = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(params) - set(names))
+        if unknown:
+            raise ValueError(f"train params: unknown key(s) {unknown}; known: {sorted(names)}")
+        cfg = cls(**params)
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        faults = []
+        if self.max_length > self.token_budget:
+            faults.append(f"max_length {self.max_length} > token_budget {self.token_budget}")
+        if self.ttt_steps < 1:
+            faults.append("ttt_steps must be >= 1")
+        if not 0 <= self.eval_fraction < 1 or not 0 <= self.warmup_fraction < 1:
+            faults.append("eval_fraction and warmup_fraction must lie in [0, 1)")
+        if self.device not in ("auto", "cpu", "cuda"):
+            faults.append(f"device {self.device!r}: choose auto, cpu or cuda")
+        if self.precision not in ("auto", "float32", "bfloat16"):
+            faults.append(f"precision {self.precision!r}: choose auto, float32 or bfloat16")
+        cuda = self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available())
+        if self.device == "cuda" and not torch.cuda.is_available():
+            faults.append("device cuda, but no CUDA GPU is visible")
+        if cuda and self.nproc > torch.cuda.device_count():
+            faults.append(f"nproc {self.nproc} > {torch.cuda.device_count()} visible GPUs")
+        if not cuda and self.precision == "bfloat16":
+            faults.append("precision bfloat16 needs CUDA (CPU training runs in float32)")
+        if faults:
+            raise ValueError("train config: " + "; ".join(faults))

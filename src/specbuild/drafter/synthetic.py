@@ -6,9 +6,12 @@ Tokens walk a fixed permutation (x[t+1] = perm[x[t]]) inside the draft vocabular
 target's `last` at t points at lm_head row x[t+1], so the next token is predictable from the
 current one and a drafter that learns anything reaches high accuracy.
 
-    python -m specbuild.drafter.synthetic OUT [--preset llama8b|tiny] [--nproc N]
+    python -m specbuild.drafter.synthetic OUT [--preset llama8b|tiny] [--epochs N]
 
-writes OUT/{target,vocab,hidden} and OUT/spec.json for `python -m specbuild.drafter.train`.
+writes OUT/{target,vocab,hidden} and OUT/spec.json; then, printing tokens/s in the log:
+
+    python -m specbuild.drafter.train OUT/spec.json                                   # 1 GPU
+    torchrun --standalone --nproc_per_node 2 -m specbuild.drafter.train OUT/spec.json  # 2 GPUs
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class SyntheticSpec:
 PRESETS = {
     "tiny": SyntheticSpec(),
     # Llama-3.1-8B shapes: what a real EAGLE-3 drafter trains at
-    "llama8b": SyntheticSpec(4096, 14336, 32, 8, 128256, 32000, 32, 96, 2048, 4),
+    "llama8b": SyntheticSpec(4096, 14336, 32, 8, 128256, 32000, 32, 64, 2048, 4),
 }
 
 
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--token-budget", type=int, default=16384)
+    ap.add_argument("--token-budget", type=int, default=8192)
     args = ap.parse_args(argv)
     out = Path(args.out)
     paths = make_workspace(out, PRESETS[args.preset])
@@ -177,9 +180,9 @@ def main(argv: list[str] | None = None) -> None:
         "config": {
             "epochs": args.epochs,
             "token_budget": args.token_budget,
-            "max_length": min(args.token_budget, 4096),
+            "max_length": min(args.token_budget, 2048),
             "nproc": args.nproc,
-            "eval_fraction": 0.05,
+            "eval_fraction": 0.1,
             "log_interval": 5,
             "save_interval": 10_000,
         },

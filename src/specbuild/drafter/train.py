@@ -18,9 +18,7 @@ In step i, query t attends to step-0 keys 0..t plus its own keys of steps 1..i
 (`model.ttt_attention`): what a KV cache holds when the drafter chains i drafts.
 
 Loss: sum_i decay**i * soft cross-entropy(teacher restricted to the draft vocab, drafter).
-Rejected config combinations (TrainConfig.check): max_length > token_budget, ttt_steps < 1,
-eval_fraction outside [0, 1), warmup_fraction outside [0, 1), device cuda without CUDA,
-nproc above the GPUs present, precision bfloat16 on CPU.
+Hyper-parameters and the config combinations rejected up front: `config.TrainConfig`.
 """
 
 from __future__ import annotations
@@ -33,15 +31,16 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from specbuild.drafter.config import DrafterConfig, TrainConfig
 from specbuild.drafter.data import ShardSet, plan_batches, split_samples
-from specbuild.drafter.model import DrafterConfig, Eagle3Drafter
+from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import TTTObjective, evaluate
 from specbuild.drafter.state import (
     TrainState,
@@ -57,62 +56,6 @@ from specbuild.target import read_target_info
 __all__ = ["TrainConfig", "TrainingInterrupted", "lr_at", "train_drafter"]
 
 log = logging.getLogger("specbuild")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    ttt_steps: int = 7  # drafts chained in training-time test
-    loss_decay: float = 0.8  # weight of step i is decay**i
-    lr: float = 1e-4
-    warmup_fraction: float = 0.05  # share of all steps with linear warmup, then cosine to 0
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 0.5  # max global grad norm
-    epochs: int = 1
-    token_budget: int = 8192  # batch size x padded length per rank
-    max_length: int = 2048  # longer samples keep their first max_length tokens
-    seed: int = 0
-    eval_fraction: float = 0.05  # held-out samples (0: evaluate on the training set)
-    eval_interval: int = 0  # steps between evals; 0: at the end of each epoch only
-    save_interval: int = 200  # steps between resumable checkpoints
-    log_interval: int = 10
-    fc_norm: bool = False  # EAGLE-3.1 per-aux RMSNorm before fc
-    device: str = "auto"  # auto | cpu | cuda
-    precision: str = "auto"  # auto (bf16 autocast on CUDA) | float32 | bfloat16
-    nproc: int = 1  # processes (GPUs) for DDP through torchrun
-
-    @classmethod
-    def from_params(cls, params: dict) -> TrainConfig:
-        names = {f.name: f.type for f in fields(cls)}
-        unknown = sorted(set(params) - set(names))
-        if unknown:
-            raise ValueError(f"train params: unknown key(s) {unknown}; known: {sorted(names)}")
-        cfg = cls(**params)
-        cfg.check()
-        return cfg
-
-    def check(self) -> None:
-        faults = []
-        if self.max_length > self.token_budget:
-            faults.append(f"max_length {self.max_length} > token_budget {self.token_budget}")
-        if self.ttt_steps < 1:
-            faults.append("ttt_steps must be >= 1")
-        if not 0 <= self.eval_fraction < 1 or not 0 <= self.warmup_fraction < 1:
-            faults.append("eval_fraction and warmup_fraction must lie in [0, 1)")
-        if self.device not in ("auto", "cpu", "cuda"):
-            faults.append(f"device {self.device!r}: choose auto, cpu or cuda")
-        if self.precision not in ("auto", "float32", "bfloat16"):
-            faults.append(f"precision {self.precision!r}: choose auto, float32 or bfloat16")
-        cuda = self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available())
-        if self.device == "cuda" and not torch.cuda.is_available():
-            faults.append("device cuda, but no CUDA GPU is visible")
-        if cuda and self.nproc > torch.cuda.device_count():
-            faults.append(f"nproc {self.nproc} > {torch.cuda.device_count()} visible GPUs")
-        if not cuda and self.precision == "bfloat16":
-            faults.append("precision bfloat16 needs CUDA (CPU training runs in float32)")
-        if faults:
-            raise ValueError("train config: " + "; ".join(faults))
 
 
 class TrainingInterrupted(RuntimeError):
@@ -139,6 +82,14 @@ def _setup(cfg: TrainConfig) -> tuple[int, int, torch.device]:
         torch.cuda.set_device(local)
         return rank, world, torch.device("cuda", local)
     return rank, world, torch.device("cpu")
+
+
+def _sum_ranks(n: int, device: torch.device, world: int) -> int:
+    if world == 1:
+        return n
+    t = torch.tensor([n], dtype=torch.int64, device=device)
+    dist.all_reduce(t)
+    return int(t.item())
 
 
 def _job_key(cfg: TrainConfig, shards: list[str], vocab: str, fingerprint: str, world: int) -> str:
@@ -251,7 +202,7 @@ def train_drafter(
     objective = TTTObjective(model, teacher, steps=cfg.ttt_steps, decay=cfg.loss_decay, amp=amp)
     step_fn = objective
     if world > 1:
-        step_fn = nn.parallel.DistributedDataParallel(objective, broadcast_buffers=False)
+        step_fn = nn.parallel.DistributedDataParallel(objective)
     meta = {
         "drafter_config": model.config.to_dict(),
         "layer_ids": data.layer_ids,
@@ -270,7 +221,8 @@ def train_drafter(
         world,
         device,
     )
-    t0, seen, losses = time.perf_counter(), 0, []
+    # tokens/s over the steps since the last progress line (eval and checkpoint time excluded)
+    clock, window, losses, trained, train_time = time.perf_counter(), 0, [], 0, 0.0
     for epoch in range(state.epoch, cfg.epochs):
         plan = plans[epoch]
         for b in range(state.batch if epoch == state.epoch else 0, len(plan)):
@@ -283,12 +235,19 @@ def train_drafter(
             nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             optimizer.step()
             state.step, state.epoch, state.batch = state.step + 1, epoch, b + 1
-            state.tokens += batch.num_tokens * world
-            seen += batch.num_tokens * world
+            window += batch.num_tokens
             losses.append(loss.item())
             end_of_epoch = b + 1 == len(plan)
-            if state.step % cfg.log_interval == 0 or end_of_epoch:
-                rate = seen / (time.perf_counter() - t0)
+            eval_due = end_of_epoch or (cfg.eval_interval and state.step % cfg.eval_interval == 0)
+            save_due = state.step % cfg.save_interval == 0 or state.step == total
+            if eval_due or save_due or state.step % cfg.log_interval == 0:
+                tokens = _sum_ranks(window, device, world)
+                elapsed = time.perf_counter() - clock
+                state.tokens, trained, train_time = (
+                    state.tokens + tokens,
+                    trained + tokens,
+                    train_time + elapsed,
+                )
                 log.info(
                     "step %d/%d epoch %d loss %.4f lr %.2e %.0f tokens/s",
                     state.step,
@@ -296,10 +255,10 @@ def train_drafter(
                     epoch,
                     sum(losses) / len(losses),
                     lr_at(state.step - 1, total, cfg),
-                    rate,
+                    tokens / max(elapsed, 1e-9),
                 )
-                losses = []
-            if end_of_epoch or (cfg.eval_interval and state.step % cfg.eval_interval == 0):
+                window, losses = 0, []
+            if eval_due:
                 row = {
                     "step": state.step,
                     "epoch": epoch,
@@ -335,7 +294,7 @@ def train_drafter(
                 state.best = max(state.best, row["acceptance_length"])
             if end_of_epoch:
                 state.epoch, state.batch = epoch + 1, 0
-            if rank == 0 and (state.step % cfg.save_interval == 0 or state.step == total):
+            if rank == 0 and save_due:
                 save_checkpoint(
                     state_dir, job=job, state=state, model=model.export_state(), optimizer=optimizer
                 )
@@ -343,8 +302,15 @@ def train_drafter(
                 dist.barrier()
             if stop_after is not None and state.step >= stop_after:
                 raise TrainingInterrupted(f"stopped after step {state.step}")
-    elapsed = time.perf_counter() - t0
-    log.info("trained %d tokens in %.1f s: %.0f tokens/s", seen, elapsed, seen / max(elapsed, 1e-9))
+            if window == 0:  # a progress line was just written: restart its clock
+                clock = time.perf_counter()
+    log.info(
+        "trained %d tokens in %.1f s of steps: %.0f tokens/s (%d rank(s))",
+        trained,
+        train_time,
+        trained / max(train_time, 1e-9),
+        world,
+    )
     best_row = max(state.metrics, key=lambda r: r["acceptance_length"])
     if rank == 0:
         with atomic_path(best_out) as tmp:
