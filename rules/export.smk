@@ -7,6 +7,8 @@ rule export:
         weights="results/drafter/model.safetensors",
     log:
         "logs/export/export.log",
+    conda:
+        "../envs/specbuild.yaml"
     resources:
         mem_mb=2000,
         runtime=10,

@@ -11,6 +11,8 @@ rule train:
         metrics="results/train/metrics.jsonl",
     log:
         "logs/train/train.log",
+    conda:
+        "../envs/specbuild.yaml"
     # torch's intra-op threads on CPU; Snakemake scales this down to --cores
     threads: 4
     resources:
