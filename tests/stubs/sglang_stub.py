@@ -15,6 +15,7 @@ it knows. Behaviour switches for failure tests come from the environment (the sw
   SGLANG_STUB_ACCEPT=<k>         tokens per verify step with a drafter (default 3)
   SGLANG_STUB_STEP_S=<seconds>   sleep per forward step (default 0.0005)
   SGLANG_STUB_REASONING=1        chat replies carry reasoning_content
+  SGLANG_STUB_CHILD=1            spawn a child process that ignores SIGTERM
 
 Hidden states: a plain server returns one "final" state [T, H] per prompt token; with an EAGLE3
 drafter loaded it returns the three aux states [T, 3H] for the layer ids in the drafter's
@@ -322,6 +323,18 @@ def main(argv: list[str] | None = None) -> int:
     if code:
         print(f"stub: failing at start with code {code} as asked", flush=True)
         return int(code)
+    if os.environ.get("SGLANG_STUB_CHILD"):
+        # like SGLang's scheduler/detokenizer processes: a child that ignores SIGTERM
+        import subprocess
+
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import signal, time; "
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)",
+            ]
+        )
     Handler.model = Model(args)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True

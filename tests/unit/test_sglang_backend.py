@@ -130,6 +130,23 @@ def test_server_binds_loopback_on_a_free_port_and_stops_with_its_process_group(m
     assert _closed(url), f"server pid {pid} still answers after stop"
 
 
+def test_stop_leaves_no_process_of_the_server_group_even_one_ignoring_sigterm(model_dir):
+    import os
+
+    import specbuild.backends.server as server_mod
+
+    spec = spec_for(model_dir, env={"SGLANG_STUB_CHILD": "1"})
+    old = server_mod.STOP_GRACE_S
+    server_mod.STOP_GRACE_S = 2.0  # the child ignores SIGTERM: SIGKILL comes after this
+    try:
+        with SGLangServer(spec) as srv:
+            pgid = srv.proc.pid
+    finally:
+        server_mod.STOP_GRACE_S = old
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+
+
 def test_server_output_goes_to_the_job_log(model_dir, caplog):
     with caplog.at_level(logging.INFO, logger="specbuild"):
         with SGLangServer(spec_for(model_dir), name="stubby"):

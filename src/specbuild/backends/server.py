@@ -263,28 +263,30 @@ class SGLangServer:
             self._reader.join(timeout=5)
 
     def stop(self) -> int | None:
-        """Stop the whole process group: SIGTERM, then SIGKILL after a grace period."""
+        """Stop the whole process group: SIGTERM, SIGKILL after a grace period, and return
+        only once no process of the group is left, so the next server finds the GPU free."""
         proc = self.proc
         if proc is None:
             return None
         if proc.poll() is None:
             log.info("stopping %s (pid %d)", self.name, proc.pid)
-            for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10.0)):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        else:
-            # The launcher is gone; children it left in its group must not hold the GPU.
+        deadline = time.monotonic() + STOP_GRACE_S
+        sig = signal.SIGTERM
+        while _group_alive(proc.pid):
+            if time.monotonic() > deadline:
+                sig = signal.SIGKILL
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, sig)
             except (ProcessLookupError, PermissionError):
+                break
+            try:
+                proc.wait(timeout=0.5)  # reaps the launcher; children are reaped by init
+            except subprocess.TimeoutExpired:
                 pass
+            if sig == signal.SIGKILL and time.monotonic() > deadline + 10:
+                log.warning("%s: processes of group %d outlived SIGKILL", self.name, proc.pid)
+                break
+        proc.poll()
         self._drain()
         atexit.unregister(self.stop)
         return proc.returncode
@@ -313,6 +315,16 @@ class SGLangServer:
     def get_json(self, path: str, timeout: float = 30.0) -> Any:
         with urllib.request.urlopen(self.base_url + path, timeout=timeout) as r:
             return json.loads(r.read())
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _raise_system_exit(signum: int, frame: object) -> None:
