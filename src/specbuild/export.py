@@ -14,6 +14,7 @@ key, shape and dtype with what the config implies and lists every fault at once.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from specbuild.drafter.state import read_drafter
 from specbuild.io import atomic_path, read_json, write_json
 
 __all__ = ["ExportError", "export_for_sglang", "check_export", "export_faults", "hf_config"]
+
+log = logging.getLogger("specbuild")
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ALLOWED_EXTRA_FILES = ("README.md", "metrics.json")
@@ -125,6 +128,15 @@ def export_for_sglang(
         save_file(state, str(tmp), metadata={"format": "pt"})
     write_json(out_dir / "config.json", config)
     check_export(out_dir)
+    log.info(
+        "exported %s (step %s, accept_len %s): %d tensors, %s, aux layers %s; check passed",
+        out_dir,
+        meta.get("step"),
+        (meta.get("metrics") or {}).get("acceptance_length"),
+        len(state),
+        dtype,
+        meta["layer_ids"],
+    )
 
 
 def _tensor_faults(folder: Path, cfg: DrafterConfig, dtype: str) -> list[str]:
