@@ -133,6 +133,7 @@ def test_server_bench_writes_rows_sweep_and_summary_for_drafter_and_baseline(
         sweeps.append(f"{out}.sweep.jsonl")
         if chain == "baseline":
             assert summary["accept_length"] == 1.0 and rows[0]["drafter"] == "none"
+            assert summary["accept_length_sglang"] is None  # no spec_verify_ct without drafter
         else:
             comp = sum(r["completion_tokens"] for r in rows)
             verify = sum(r["verify_steps"] for r in rows)

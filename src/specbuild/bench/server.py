@@ -255,12 +255,14 @@ def summarize_rows(rows: Sequence[Mapping[str, Any]], sweep: Sequence[Mapping[st
     verify = sum(r["verify_steps"] for r in rows)
     wall = sum(r["wall_s"] for r in rows)
     peak = max(sweep, key=lambda r: r["output_tokens_per_s"] or 0.0) if sweep else None
+    baseline = bool(rows) and rows[0]["config"] == BASELINE
     return {
         "config": rows[0]["config"] if rows else None,
         "requests": len(rows),
         "completion_tokens": comp,
         "accept_length": (comp - len(rows)) / verify if verify else None,
-        "accept_length_sglang": comp / verify if verify else None,
+        # SGLang's convention needs spec_verify_ct: undefined without a drafter
+        "accept_length_sglang": comp / verify if verify and not baseline else None,
         "single_stream_tokens_per_s": comp / wall if wall else None,
         "ttft_s_mean": _mean([r.get("ttft_s") for r in rows]),
         "itl_s_mean": _mean([r.get("itl_s") for r in rows]),
