@@ -82,3 +82,37 @@ def test_sglang_stages_run_end_to_end_against_the_stub(tmp_path, target_dir):
     # every server was stopped: no stub is left answering
     log = (wd / "logs/tuning/base.log").read_text()
     assert "stopping sglang-tune-base" in log
+
+
+def test_openai_endpoint_key_never_reaches_params_metadata_or_logs(
+    tmp_path, target_dir, monkeypatch
+):
+    from workflow_helpers import REPO, make_workdir, snakemake, tiny_config, write_config
+
+    from specbuild.backends.server import ServerSpec, SGLangServer
+
+    secret = "sk-never-in-metadata-0123456789"
+    monkeypatch.setenv("SPECBUILD_WF_KEY", secret)
+    stub = (sys.executable, str(REPO / "tests" / "stubs" / "sglang_stub.py"), "--api-key", secret)
+    wd = make_workdir(tmp_path / "wf", target_dir)
+    if not (wd / "envs").exists():
+        shutil.copytree(REPO / "envs", wd / "envs")
+    with SGLangServer(
+        ServerSpec(model_path=str(target_dir), launcher=stub, startup_timeout_s=30)
+    ) as srv:
+        config = tiny_config(generate={"backend": "openai", "max_new_tokens": 5})
+        config["sglang"] = {"endpoint": srv.base_url + "/v1", "api_key_env": "SPECBUILD_WF_KEY"}
+        write_config(wd, config)
+        snakemake(wd, "--cores", "1", "results/generated/tiny/00000.jsonl")
+    rows = list(read_jsonl(wd / "results/generated/tiny/00000.jsonl"))
+    assert rows and all(r["finish_reason"] in ("stop", "length") for r in rows)
+    leaks = [
+        p
+        for p in wd.rglob("*")
+        if p.is_file() and not p.is_symlink() and secret.encode() in p.read_bytes()
+    ]
+    assert leaks == []
+    meta = "".join(
+        p.read_text(errors="replace") for p in (wd / ".snakemake").rglob("*") if p.is_file()
+    )
+    assert "SPECBUILD_WF_KEY" in meta  # the variable's name is a param; its value is not
