@@ -10,7 +10,8 @@ Layout of the state directory:
 A checkpoint directory is filled under a temporary name and renamed into place, then
 latest.json is replaced atomically, so a kill at any moment leaves the previous checkpoint
 intact. The job key (hyper-parameters + inputs) is stored with it: state from a different
-job is never resumed.
+job is never resumed. The LR schedule is a pure function of the step and each epoch's batch
+plan of (seed, epoch), so step + (epoch, batch) are their whole state.
 """
 
 from __future__ import annotations
