@@ -10,7 +10,7 @@ ARGS   ?=
 SNAKEMAKE = $(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) $(ARGS)
 
 .PHONY: help setup run dry-run test lint format report clean clean-all slurm
-.PHONY: bench-extract
+.PHONY: bench-extract bench-train
 
 help:
 	@echo "make run      set up if needed, then build $(CONFIG) end to end (TARGET=$(TARGET))"
@@ -56,6 +56,15 @@ BENCH_ARGS ?=
 bench-extract: setup
 	$(SNAKEMAKE) target
 	$(BIN)/python -m specbuild.bench.extract $(BENCH_ARGS)
+
+# Stage train: drafter training tokens/s on synthetic shards of a target's shapes.
+# On GPUs: make bench-train PRESET=llama8b NPROC=2 (torchrun, one process per GPU).
+PRESET ?= tiny
+NPROC  ?= 1
+bench-train: setup
+	$(BIN)/python -m specbuild.drafter.synthetic results/bench-train --preset $(PRESET) --nproc $(NPROC)
+	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) -m specbuild.drafter.train \
+		results/bench-train/spec.json 2>&1 | grep -E "tokens/s|error|Error"
 
 # Every job through sbatch, with the profile's resources (README "Running on a cluster").
 # profiles/slurm needs its account/partition placeholders filled in first;
