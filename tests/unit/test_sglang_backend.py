@@ -347,3 +347,35 @@ def test_sequential_mode_runs_one_server_at_a_time_with_the_same_rows(model_dir)
         fb.close()
     assert tuple(aux.shape) == (3, 24) and tuple(last.shape) == (3, 8)
     assert math.isclose(float(aux[2, 9]), stub_feature(7, 2, 3, 1), rel_tol=1e-6)
+
+
+def test_second_feature_server_gets_about_the_first_ones_share_under_both_accountings():
+    from specbuild.hidden.sglang import second_mem_fraction
+
+    f = 0.3
+    f2 = second_mem_fraction(f)
+    assert f2 - f == pytest.approx(0.3)  # KV budget vs total memory
+    assert f2 * (1 - f) == pytest.approx(0.42)  # vs memory free before its weights loaded
+
+
+def test_parallel_mode_refuses_a_fraction_two_servers_cannot_share(model_dir):
+    with pytest.raises(ValueError, match="mode: sequential"):
+        SGLangFeatureBackend(
+            target_dir=model_dir, layer_ids=[1, 3, 4], launcher=LAUNCHER, mem_fraction_static=0.6
+        )
+
+
+def test_feature_servers_start_in_turn_the_second_with_the_larger_fraction(model_dir):
+    fb = SGLangFeatureBackend(
+        target_dir=model_dir,
+        layer_ids=[1, 3, 4],
+        launcher=LAUNCHER,
+        startup_timeout_s=20,
+        mem_fraction_static=0.3,
+    )
+    try:
+        aux = fb.servers["aux"].get_json("/server_info")
+        last = fb.servers["last"].get_json("/server_info")
+    finally:
+        fb.close()
+    assert (aux["mem_fraction_static"], last["mem_fraction_static"]) == ("0.3", "0.6")

@@ -8,16 +8,20 @@ Why two servers. SGLang 0.5.17 returns per prompt token, through `/generate` wit
 No single server returns both, so this backend starts two on the same GPU(s) for the shard:
 an aux server with a *capture drafter* (random weights, the shard's layer ids; only the target's
 states come back, so its weights never matter) and a plain server. In `parallel` mode both
-start together and each takes `mem_fraction_static` of the memory; in `sequential` mode (a
-target too large for two copies, e.g. Kimi-K2.5 on 8 GPUs) one runs at a time, started anew
-for each `extract` call, so the hidden stage should pass one batch per shard.
+serve at once: the aux server starts first with `mem_fraction_static` = f, the plain one once
+the first holds its memory, with `second_mem_fraction(f)`. SGLang sizes its KV pool from the
+free memory it sees against a fraction of the total (or, in newer versions, of the memory free
+before its weights loaded), so two servers starting together both count the same free memory
+and the later allocation fails; started in turn with 2f, the second gets about what the first
+has under either accounting (f <= 0.4). In `sequential` mode (a target too large for two
+copies, e.g. Kimi-K2.5 on 8 GPUs) one runs at a time with f, started anew for each `extract`
+call, so the hidden stage should pass one batch per shard.
 
-Cost (documented in the README): two server starts per hidden job (on SmolLM2/H200 ~40-90 s
-each, in parallel; one after the other in sequential mode), the target's weights twice in GPU
-memory (parallel mode), and JSON transport of float
-lists (SGLang measured ~7.5k tok/s vs 300k tok/s prefill). Use large shards with this backend
-(one job per shard) and keep `hf` for bulk extraction where the engines agree (stage `align`
-measures whether they do). Targets too large for two copies need a bigger machine or `hf`.
+Cost (documented in the README): two server starts per hidden job, one after the other (on
+SmolLM2/H200 ~40-90 s each), the target's weights twice in GPU memory (parallel mode), and
+JSON transport of float lists (SGLang measured ~7.5k tok/s vs 300k tok/s prefill). Use large
+shards with this backend (one job per shard) and keep `hf` for bulk extraction where the
+engines agree (stage `align` measures whether they do).
 
 Row integrity: the radix cache serves a repeated prefix from cache and returns no states for
 it, and chunked prefill can split a prompt; both would silently drop rows. The servers run
@@ -30,7 +34,6 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,6 +58,7 @@ log = logging.getLogger("specbuild")
 
 AUX_LAYERS = 3
 FEATURE_MODES = ("parallel", "sequential")
+MAX_PARALLEL_FRACTION = 0.4  # the second server gets 2f: both plus activations must fit
 # Flags the feature servers need for correct rows; a user value for these is overridden.
 FEATURE_SERVER_ARGS = {
     "enable_return_hidden_states": True,
@@ -62,6 +66,16 @@ FEATURE_SERVER_ARGS = {
     "chunked_prefill_size": -1,
 }
 CAPTURE_DRAFT_VOCAB = 256  # the capture drafter never proposes anything we keep: keep it small
+
+
+def second_mem_fraction(first: float) -> float:
+    """mem_fraction_static of the server started second, beside one holding `first`.
+
+    SGLang's KV budget is free memory minus (1 - f) x (total, or free-before-weights). With the
+    first server holding f of the GPU, 2f gives the second (2f - f) = f of the total under the
+    first accounting and 2f(1 - f) under the second: about the first server's share either way.
+    """
+    return round(min(2 * first, 0.85), 3)
 
 
 class RowCountError(RuntimeError):
@@ -198,32 +212,31 @@ class SGLangFeatureBackend:
                 startup_timeout_s=startup_timeout_s,
             )
 
+        last_args = dict(base)
+        if mode == "parallel":
+            if mem_fraction_static > MAX_PARALLEL_FRACTION:
+                raise ValueError(
+                    f"sglang.hidden.mem_fraction_static {mem_fraction_static} is more than "
+                    f"{MAX_PARALLEL_FRACTION}: two servers share the GPUs in parallel mode; "
+                    f"lower it or use sglang.hidden.mode: sequential"
+                )
+            last_args["mem_fraction_static"] = second_mem_fraction(mem_fraction_static)
         self.servers = {
             "aux": SGLangServer(spec(aux_args), name="sglang-aux"),
-            "last": SGLangServer(spec(base), name="sglang-last"),
+            "last": SGLangServer(spec(last_args), name="sglang-last"),
         }
         if mode == "parallel":
-            self._start(list(self.servers.values()))
+            self._start("aux")
+            self._start("last")  # only now: the aux server's memory is taken and counted
 
-    def _start(self, servers: list[SGLangServer]) -> None:
-        """Start servers concurrently (startup dominates); on any failure stop them all."""
-        errors: list[BaseException] = []
-
-        def start(srv: SGLangServer) -> None:
-            try:
-                srv.start()
-            except BaseException as err:  # collected; all are stopped below
-                errors.append(err)
-
-        threads = [threading.Thread(target=start, args=(s,)) for s in servers]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
+    def _start(self, which: str) -> None:
+        """Start one server; on failure stop every server of this backend."""
+        try:
+            self.servers[which].start()
+        except BaseException:
             self.close()
-            raise errors[0]
-        if self.servers["aux"] in servers:
+            raise
+        if which == "aux":
             self._check_capture_layers()
 
     @classmethod
@@ -286,7 +299,7 @@ class SGLangFeatureBackend:
             # starts per call, so give the hidden stage one batch per shard (batch_tokens)
             states = {}
             for k, w in widths.items():
-                self._start([self.servers[k]])
+                self._start(k)
                 try:
                     states[k] = self._states(k, batch, w)
                 finally:
