@@ -211,12 +211,17 @@ def align_gpus():
 
 def serving_drafter_files():
     """The exported drafter the servers load: the bench stage's folder (results/drafter)."""
-    folder = config["bench"]["drafter"].rstrip("/")
+    folder = _bench_setting("drafter", "results/drafter").rstrip("/")
     return [f"{folder}/config.json", f"{folder}/model.safetensors"]
 
 
 def serving_drafter_name():
-    return config["bench"]["drafter_name"]
+    return _bench_setting("drafter_name", "specbuild")
+
+
+def _bench_setting(key, default):
+    # the bench stage's drafter folder and name, shared so both benches serve the same drafter
+    return config.get("bench", {}).get(key, default)
 
 
 def serving_chains():
