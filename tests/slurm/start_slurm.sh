@@ -87,10 +87,16 @@ if [[ ! -e $CONF ]] || [[ "$(cat "$CONF")" != "$new_conf" ]]; then
     conf_changed=1
 fi
 
-running() { pgrep -x "$1" >/dev/null 2>&1; }
+# A daemon runs if the pid in its pid file is alive (no pgrep: procps may be absent).
+pidfile() { case $1 in munged) echo /run/munge/munged.pid ;; *) echo "/run/$1.pid" ;; esac; }
+running() { local f; f=$(pidfile "$1"); [[ -s $f ]] && kill -0 "$(cat "$f")" 2>/dev/null; }
 
 if ! running munged; then
-    chown munge:munge /run/munge
+    # The package's postinst makes the key; an image built without it may lack one.
+    [[ -s /etc/munge/munge.key ]] || mungekey --create --keyfile=/etc/munge/munge.key
+    mkdir -p /var/lib/munge /var/log/munge
+    chown munge:munge /etc/munge/munge.key /run/munge /var/lib/munge /var/log/munge
+    chmod 0600 /etc/munge/munge.key
     runuser -u munge -- /usr/sbin/munged
 fi
 for _ in $(seq 50); do munge -n </dev/null >/dev/null 2>&1 && break; sleep 0.2; done
@@ -100,7 +106,7 @@ if [[ $conf_changed == 1 ]]; then
     # A changed config needs fresh daemons (and a clean state, the node name may differ).
     # Stop them by the pid files they wrote, never by name.
     for d in slurmd slurmctld; do
-        if [[ -s /run/$d.pid ]] && kill "$(cat "/run/$d.pid")" 2>/dev/null; then
+        if running "$d" && kill "$(cat "$(pidfile "$d")")"; then
             for _ in $(seq 50); do running "$d" || break; sleep 0.2; done
         fi
     done

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -43,6 +44,8 @@ WORKFLOW_FILES = (
     "config/config.schema.yaml",
     "resources",
     "profiles",
+    "envs",  # rules name their conda env (--sdm conda); metadata records it
+    "report",  # captions of report() outputs
 )
 
 PROMPTS = [
@@ -74,6 +77,31 @@ TINY_SECTIONS: dict[str, dict] = {
     "hidden": {"backend": "hf", "device": "cpu", "batch_tokens": 512},
     "vocab": {"draft_size": 512},
     "align": {"backend": "hf", "device": "cpu", "samples": 2},
+    "train": {
+        "ttt_steps": 2,
+        "epochs": 1,
+        "token_budget": 256,
+        "max_length": 128,
+        "eval_fraction": 0.0,  # evaluate on the training set: a tiny split could be empty
+        "save_interval": 1000,
+        "log_interval": 1,
+        "device": "cpu",
+    },
+    "bench": {
+        "chains": ["2-1-3"],
+        "baseline": True,
+        "max_new_tokens": 8,
+        "device": "cpu",
+        "threads": 1,
+        "sets": {
+            "gsm8k": {
+                "path": "resources/bench/gsm8k_test.jsonl",
+                "format": "prompt",
+                "key": "question",
+                "limit": 1,
+            }
+        },
+    },
 }
 
 
@@ -148,6 +176,8 @@ def make_workdir(path: Path, target_dir: Path, n_records: int = N_RECORDS) -> Pa
     for name in WORKFLOW_FILES:
         src = REPO / name
         dst = path / name
+        if not src.exists():
+            continue
         dst.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
@@ -169,16 +199,22 @@ def snakemake(
     workdir: Path, *args: str, check: bool = True, timeout: float = 900
 ) -> subprocess.CompletedProcess:
     """Run the real snakemake in `workdir`; on failure show its output and the job logs."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    proc = subprocess.run(
+    # Own process group: on a timeout the jobs it started go too, not only snakemake.
+    with subprocess.Popen(
         [str(SNAKEMAKE), "--snakefile", "Snakefile", *args],
         cwd=workdir,
-        env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-    )
+        start_new_session=True,
+    ) as popen:
+        try:
+            stdout, stderr = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(popen.pid, signal.SIGKILL)
+            stdout, stderr = popen.communicate()
+            pytest.fail(f"snakemake {' '.join(args)} ran over {timeout} s\n{stderr[-6000:]}")
+    proc = subprocess.CompletedProcess(popen.args, popen.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         logs = (
             "\n".join(
