@@ -24,6 +24,9 @@ if not config:
     configfile: "config/config.yaml"
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/target.smk"
 include: "rules/samples.smk"
@@ -35,6 +38,8 @@ include: "rules/align.smk"
 include: "rules/train.smk"
 include: "rules/export.smk"
 include: "rules/tuning.smk"
+include: "rules/bench.smk"
+include: "rules/report.smk"
 
 
 rule all:

@@ -288,4 +288,5 @@ def all_outputs():
         + ["results/vocab/vocab.safetensors", "results/align/report.json"]
         + ["results/drafter/config.json", "results/drafter/model.safetensors"]
         + serving_outputs()
+        + bench_outputs()
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbuild.bench.hf import HFBaseline, HFSpecDecoder, eos_token_ids
+from specbuild.bench.hf import HFBaseline, HFSpecDecoder, eos_token_ids, load_drafter
 from specbuild.bench.sets import BenchPrompt, read_bench_prompts, render_prompt
 from specbuild.bench.specdec import (
     ROW_KEYS,
@@ -158,6 +158,60 @@ def test_perfect_drafter_commits_steps_plus_one_tokens_per_verify(target_model, 
     assert got.token_ids == greedy
     assert (got.verify_steps, got.accepted_per_position) == (4, [4, 4, 4])
     assert acceptance_length(len(got.token_ids), got.verify_steps) == 4.0
+
+
+def export_random_drafter(target_model, out: Path, draft_vocab: int = 2048) -> Path:
+    """An exported folder (config.json + model.safetensors) of a seeded, untrained drafter."""
+    from safetensors.torch import save_file
+
+    from specbuild.drafter.model import DrafterConfig, Eagle3Drafter
+    from specbuild.export import check_export, hf_config
+
+    target_cfg = target_model.config.to_dict()
+    cfg = DrafterConfig.from_target(target_cfg, draft_vocab_size=draft_vocab)
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(cfg)
+    drafter.t2d[:draft_vocab] = True  # draft id i is target id i (d2t stays 0)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.contiguous() for k, v in drafter.export_state().items()}, out / "model.safetensors"
+    )
+    config = hf_config(cfg, layer_ids=[1, 14, 26], target_config=target_cfg, dtype="float32")
+    (out / "config.json").write_text(json.dumps(config))
+    check_export(out)
+    return out
+
+
+def test_exported_drafter_loads_like_sglang_and_decodes_losslessly(
+    target_model, tokenizer, reference, tmp_path
+):
+    folder = export_random_drafter(target_model, tmp_path / "drafter")
+    drafter, layer_ids = load_drafter(folder, target_model)
+    assert layer_ids == [1, 14, 26]
+    spec = HFSpecDecoder(
+        target_model,
+        drafter,
+        layer_ids=layer_ids,
+        chain=ChainSpec.parse("3-1-4"),
+        eos_ids=eos_token_ids(target_model, tokenizer),
+        drafter_name="random",
+    )
+    for ids, greedy in reference[::5]:
+        got = spec.complete(ids, MAX_NEW)
+        assert got.token_ids == greedy
+        assert got.verify_steps >= 1
+
+
+def test_drafter_for_another_target_is_refused_with_every_mismatch(target_model, tmp_path):
+    folder = export_random_drafter(target_model, tmp_path / "drafter")
+    config = json.loads((folder / "config.json").read_text())
+    config["target_hidden_size"] = 4096
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 14, 99]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as err:
+        load_drafter(folder, target_model)
+    assert "target_hidden_size is 4096, the target has 576" in str(err.value)
+    assert "aux layer ids [1, 14, 99] outside" in str(err.value)
 
 
 def test_baseline_engine_equals_greedy_generate(target_model, tokenizer, reference):

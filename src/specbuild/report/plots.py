@@ -58,6 +58,7 @@ def plot_acceptance(rows: pd.DataFrame, path: str | os.PathLike) -> None:
             ax=ax,
         )
     ax.set(xlabel="benchmark set", ylabel="acceptance length (tokens / verify step)")
+    ax.set_ylim(bottom=0)  # a wide t interval on few requests must not suggest negatives
     ax.set_title("Acceptance length (95% interval over requests)")
     _save(fig, path)
 

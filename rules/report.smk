@@ -1,0 +1,93 @@
+# Tables and plots over every bench row file, for `snakemake --report results/report.html`.
+# Files marked report() appear in the HTML report with their caption from report/*.rst.
+
+BENCH_TABLES = ["bench", "positions", "train_vs_bench"]
+BENCH_PLOTS = ["acceptance_length", "acceptance_by_position", "speedup"]
+
+
+def report_tables_inputs(wildcards):
+    """Every bench row file, plus training's metrics when the report compares against them."""
+    inputs = {"rows": bench_row_files()}
+    if config["report"]["train_metrics"]:
+        inputs["train"] = config["report"]["train_metrics"]
+    return inputs
+
+
+def bench_outputs():
+    """Everything the report shows: each table in three formats and each plot."""
+    return [
+        f"results/tables/{t}.{ext}"
+        for t in BENCH_TABLES
+        for ext in ("csv", "md", "html")
+    ] + [f"results/plots/{p}.png" for p in BENCH_PLOTS]
+
+
+rule bench_tables:
+    """Aggregate bench rows per set x config x drafter; compare with training's estimate."""
+    input:
+        unpack(report_tables_inputs),
+    output:
+        bench=report(
+            "results/tables/bench.html",
+            caption="../report/bench_table.rst",
+            category="Benchmark",
+            subcategory="Tables",
+        ),
+        positions=report(
+            "results/tables/positions.html",
+            caption="../report/positions_table.rst",
+            category="Benchmark",
+            subcategory="Tables",
+        ),
+        train_vs_bench=report(
+            "results/tables/train_vs_bench.html",
+            caption="../report/train_vs_bench_table.rst",
+            category="Benchmark",
+            subcategory="Tables",
+        ),
+        other=expand("results/tables/{t}.{ext}", t=BENCH_TABLES, ext=["csv", "md"]),
+    log:
+        "logs/report/tables.log",
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    script:
+        "../scripts/tables.py"
+
+
+rule bench_plots:
+    """Seaborn plots of acceptance length, per-position acceptance and speedup."""
+    input:
+        rows=bench_row_files(),
+    output:
+        acceptance=report(
+            "results/plots/acceptance_length.png",
+            caption="../report/acceptance_plot.rst",
+            category="Benchmark",
+            subcategory="Plots",
+        ),
+        positions=report(
+            "results/plots/acceptance_by_position.png",
+            caption="../report/positions_plot.rst",
+            category="Benchmark",
+            subcategory="Plots",
+        ),
+        speedup=report(
+            "results/plots/speedup.png",
+            caption="../report/speedup_plot.rst",
+            category="Benchmark",
+            subcategory="Plots",
+        ),
+    log:
+        "logs/report/plots.log",
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    script:
+        "../scripts/plots.py"
+
+
+rule report:
+    """Every table and plot the HTML report shows (then: snakemake --report results/report.html)."""
+    input:
+        bench_outputs(),
