@@ -9,6 +9,8 @@ rule hidden:
         "results/hidden/{dataset}/{shard}.safetensors",
     log:
         "logs/hidden/{dataset}/{shard}.log",
+    conda:
+        "../envs/specbuild.yaml"
     # torch's intra-op threads; Snakemake scales this down to --cores
     threads: 4
     resources:

@@ -9,6 +9,8 @@ rule vocab:
         stats="results/vocab/vocab_stats.json",
     log:
         "logs/vocab/vocab.log",
+    conda:
+        "../envs/specbuild.yaml"
     resources:
         mem_mb=2000,
         runtime=30,
