@@ -71,7 +71,7 @@ def load_drafter(folder: str | os.PathLike, target) -> tuple[torch.nn.Module, li
         )
     embed = target.get_input_embeddings().weight.detach().float()
     drafter = Eagle3Drafter.from_pretrained(folder, embed_tokens_weight=embed)
-    return drafter.float().eval(), [int(i) for i in layer_ids]
+    return drafter.float().to(target.device).eval(), [int(i) for i in layer_ids]
 
 
 def crop_cache(cache, length: int) -> None:
@@ -106,17 +106,21 @@ class HFBaseline:
 
         start = time.perf_counter()
         cache = DynamicCache()
-        inputs = torch.tensor([prompt_ids])
+        dev = self.target.device
+        inputs = torch.tensor([prompt_ids], device=dev)
         out: list[int] = []
         ttft = None
         while True:
-            logits = self.target(input_ids=inputs, cache=cache, use_cache=True).logits
+            # prefill scores only its last position: the rest of the prompt needs no logits
+            logits = self.target(
+                input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1
+            ).logits
             token = int(logits[0, -1].argmax())
             out.append(token)
             ttft = ttft if ttft is not None else time.perf_counter() - start
             if token in self.eos_ids or len(out) >= max_new_tokens:
                 break
-            inputs = torch.tensor([[token]])
+            inputs = torch.tensor([[token]], device=dev)
         wall = time.perf_counter() - start
         return Completion(token_ids=out, verify_steps=len(out) - 1, wall_s=wall, ttft_s=ttft)
 
@@ -146,17 +150,21 @@ class HFSpecDecoder:
         self.drafter = drafter_name
         self.new_cache = new_cache or _drafter_cache
 
-    def _target_forward(self, ids: list[int], cache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Greedy next tokens [n] and aux states [1, n, 3H] for `ids` appended to `cache`."""
+    def _target_forward(
+        self, ids: list[int], cache, *, last_only: bool = False
+    ) -> tuple[list[int], torch.Tensor]:
+        """Greedy next tokens and aux states [1, n, 3H] for `ids` appended to `cache`;
+        `last_only` (prefill) scores only the last position, as the baseline does."""
         out = self.target(
-            input_ids=torch.tensor([ids]),
+            input_ids=torch.tensor([ids], device=self.target.device),
             cache=cache,
             use_cache=True,
             output_hidden_states=True,
+            logits_to_keep=1 if last_only else 0,
         )
         # hidden_states[0] is the embedding output, so layer id i is index i + 1
         aux = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
-        return out.logits[0].argmax(-1), aux  # shape: [n], [1, n, 3H]
+        return out.logits[0].argmax(-1).tolist(), aux  # one host sync per forward
 
     def _draft(self, tokens: list[int], aux: torch.Tensor, cache) -> list[int]:
         """Extend the drafter with committed (token, aux) pairs, then draft `steps` target ids.
@@ -166,8 +174,10 @@ class HFSpecDecoder:
         """
         d = self.drafter_model
         start = cache.length
-        pos = torch.arange(start, start + len(tokens))[None]  # shape: [1, n]
-        hidden, logits = d(torch.tensor([tokens]), d.project(aux), pos, cache=cache)
+        dev = self.target.device
+        pos = torch.arange(start, start + len(tokens), device=dev)[None]  # shape: [1, n]
+        ids = torch.tensor([tokens], device=dev)
+        hidden, logits = d(ids, d.project(aux), pos, cache=cache)
         committed = cache.length
         drafts: list[int] = []
         for step in range(self.chain.steps):
@@ -175,7 +185,7 @@ class HFSpecDecoder:
             drafts.append(int(draft))
             if step + 1 == self.chain.steps:
                 break
-            pos = torch.tensor([[committed + step]])
+            pos = torch.tensor([[committed + step]], device=dev)
             hidden, logits = d(draft[:, None], hidden[:, -1:], pos, cache=cache)
         cache.crop(committed)
         return drafts
@@ -186,8 +196,8 @@ class HFSpecDecoder:
 
         start = time.perf_counter()
         t_cache, d_cache = DynamicCache(), self.new_cache()
-        preds, aux = self._target_forward(prompt_ids, t_cache)
-        out = [int(preds[-1])]
+        preds, aux = self._target_forward(prompt_ids, t_cache, last_only=True)
+        out = [preds[-1]]
         ttft = time.perf_counter() - start
         # The drafter sees each token beside the aux state of the position before it.
         pending, pending_aux = prompt_ids[1:] + out, aux
@@ -198,9 +208,9 @@ class HFSpecDecoder:
             base = t_cache.get_seq_length()
             preds, aux = self._target_forward([out[-1]] + drafts, t_cache)
             n = 0
-            while n < len(drafts) and drafts[n] == int(preds[n]):
+            while n < len(drafts) and drafts[n] == preds[n]:
                 n += 1
-            new = drafts[:n] + [int(preds[n])]
+            new = drafts[:n] + [preds[n]]
             steps += 1
             for k in range(n):
                 accepted[k] += 1
