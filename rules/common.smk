@@ -1,7 +1,10 @@
 """Helpers for the rules: config validation, path helpers, params as plain builtins."""
 
+import os
+
 from snakemake.utils import validate
 
+from specbuild.bench.specdec import ChainSpec
 from specbuild.samples import record_digests
 
 
@@ -280,6 +283,93 @@ def serving_outputs():
     if config["sglang"]["tuning"]["enabled"] and config["sglang"]["tuning"]["points"]:
         out += ["results/tables/tuning.md", "results/plots/tuning.png"]
     return out
+
+
+# Bench and report helpers (rules/bench.smk, rules/report.smk).
+
+# A bench chain the engine cannot run fails at parse time, not after hours of training.
+for _chain in config["bench"]["chains"]:
+    ChainSpec.parse(_chain)
+
+
+def bench_set_names():
+    return list(config["bench"]["sets"])
+
+
+def bench_chains():
+    """Configs benched per set: the baseline (if on) and every chain, e.g. "3-1-4"."""
+    b = config["bench"]
+    return (["baseline"] if b["baseline"] else []) + list(b["chains"])
+
+
+def bench_row_files():
+    return [
+        f"results/bench/{s}/{c}.jsonl"
+        for s in bench_set_names()
+        for c in bench_chains()
+    ]
+
+
+def bench_drafter_files():
+    folder = config["bench"]["drafter"].rstrip("/")
+    return [f"{folder}/config.json", f"{folder}/model.safetensors"]
+
+
+def bench_inputs(wildcards):
+    """Target fingerprint and prompt file; the drafter's files for every chain but baseline."""
+    inputs = {
+        "fp": target_file("fingerprint.json"),
+        "prompts": config["bench"]["sets"][wildcards.set]["path"],
+    }
+    if wildcards.chain != "baseline":
+        inputs["drafter"] = bench_drafter_files()
+    return inputs
+
+
+def bench_set_spec(wildcards):
+    """The set's config entry as a plain dict (schema defaults filled in)."""
+    return dict(config["bench"]["sets"][wildcards.set])
+
+
+def bench_drafter_name(wildcards):
+    return "none" if wildcards.chain == "baseline" else config["bench"]["drafter_name"]
+
+
+def bench_job_cores():
+    """Cores a bench job claims: when exclusive, every core of this machine (Snakemake caps it
+    at --cores), so timings measure the engine and not contention; else its torch threads.
+    """
+    b = config["bench"]
+    return max(b["threads"], os.cpu_count() or 1) if b["exclusive"] else b["threads"]
+
+
+def bench_drafter_dir(wildcards):
+    return (
+        None
+        if wildcards.chain == "baseline"
+        else config["bench"]["drafter"].rstrip("/")
+    )
+
+
+BENCH_TABLES = ["bench", "positions", "train_vs_bench"]
+BENCH_PLOTS = ["acceptance_length", "acceptance_by_position", "speedup"]
+
+
+def report_tables_inputs(wildcards):
+    """Every bench row file, plus training's metrics when the report compares against them."""
+    inputs = {"rows": bench_row_files()}
+    if config["report"]["train_metrics"]:
+        inputs["train"] = config["report"]["train_metrics"]
+    return inputs
+
+
+def bench_outputs():
+    """Everything the report shows: each table in three formats and each plot."""
+    return [
+        f"results/tables/{t}.{ext}"
+        for t in BENCH_TABLES
+        for ext in ("csv", "md", "html")
+    ] + [f"results/plots/{p}.png" for p in BENCH_PLOTS]
 
 
 def all_outputs():

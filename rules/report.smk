@@ -1,26 +1,6 @@
 # Tables and plots over every bench row file, for `snakemake --report results/report.html`.
 # Files marked report() appear in the HTML report with their caption from report/*.rst.
 
-BENCH_TABLES = ["bench", "positions", "train_vs_bench"]
-BENCH_PLOTS = ["acceptance_length", "acceptance_by_position", "speedup"]
-
-
-def report_tables_inputs(wildcards):
-    """Every bench row file, plus training's metrics when the report compares against them."""
-    inputs = {"rows": bench_row_files()}
-    if config["report"]["train_metrics"]:
-        inputs["train"] = config["report"]["train_metrics"]
-    return inputs
-
-
-def bench_outputs():
-    """Everything the report shows: each table in three formats and each plot."""
-    return [
-        f"results/tables/{t}.{ext}"
-        for t in BENCH_TABLES
-        for ext in ("csv", "md", "html")
-    ] + [f"results/plots/{p}.png" for p in BENCH_PLOTS]
-
 
 rule bench_tables:
     """Aggregate bench rows per set x config x drafter; compare with training's estimate."""
@@ -48,6 +28,8 @@ rule bench_tables:
         other=expand("results/tables/{t}.{ext}", t=BENCH_TABLES, ext=["csv", "md"]),
     log:
         "logs/report/tables.log",
+    conda:
+        "../envs/specbuild.yaml"
     resources:
         mem_mb=1000,
         runtime=10,
@@ -80,6 +62,8 @@ rule bench_plots:
         ),
     log:
         "logs/report/plots.log",
+    conda:
+        "../envs/specbuild.yaml"
     resources:
         mem_mb=1000,
         runtime=10,
