@@ -77,7 +77,7 @@ def plot_positions(summary: pd.DataFrame, path: str | os.PathLike) -> None:
             markers=True,
             ax=ax,
         )
-    ax.set(xlabel="draft position", ylabel="accepted share of verify steps", ylim=(0, 1.02))
+    ax.set(xlabel="draft position", ylabel="accepted share of verify steps", ylim=(-0.02, 1.02))
     ax.set_title("Acceptance per draft position")
     _save(fig, path)
 
