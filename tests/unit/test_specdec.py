@@ -214,6 +214,57 @@ def test_drafter_for_another_target_is_refused_with_every_mismatch(target_model,
     assert "aux layer ids [1, 14, 99] outside" in str(err.value)
 
 
+def test_engine_drafts_exactly_what_the_training_unroll_predicts():
+    """Train/serve alignment: at index t, training's unrolled steps 0..2 (token x[t+1+i] at
+    position t+i beside g_t, then its own hidden) must give the logits of the engine's chain
+    d1, d2, d3 when the sequence continues with the engine's own drafts."""
+    from types import SimpleNamespace
+
+    from specbuild.drafter.model import DrafterCache, DrafterConfig, Eagle3Drafter
+
+    cfg = DrafterConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=100,
+        draft_vocab_size=100,
+        target_hidden_size=32,
+    )
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(cfg).eval()
+    drafter.embed_tokens.weight.normal_(std=1.0)
+    seen: list[torch.Tensor] = []  # last-position logits of every drafter call, in order
+    forward = drafter.forward
+
+    def recording_forward(*args, **kwargs):
+        hidden, logits = forward(*args, **kwargs)
+        seen.append(logits[0, -1])
+        return hidden, logits
+
+    drafter.forward = recording_forward
+    spec = HFSpecDecoder(
+        SimpleNamespace(device=torch.device("cpu")),
+        drafter,
+        layer_ids=[0, 1, 2],
+        chain=ChainSpec.parse("3-1-4"),
+        eos_ids={0},
+        drafter_name="tiny",
+    )
+    t = 9
+    x = torch.randint(1, 100, (t + 2,)).tolist()  # x0 .. x_{t+1}
+    aux = torch.randn(1, t + 3, 3 * 32)  # g_0 .. g_{t+2}
+    with torch.inference_mode():
+        drafts = spec._draft(x[1:], aux[:, : t + 1], DrafterCache())
+        u = torch.tensor([x[1:] + drafts[:2]])  # step-0 tokens, continued by d1, d2
+        outs = drafter.unroll(u, aux, torch.arange(t + 3)[None], steps=3)
+    trained = torch.stack([drafter.logits(h[0, t]) for h in outs])  # shape: [3, Vd]
+    assert trained.argmax(-1).tolist() == drafts
+    # RoPE makes a position slip move the logits by ~1e-3 here: compare values, not only argmax
+    torch.testing.assert_close(torch.stack(seen), trained, atol=1e-5, rtol=1e-5)
+
+
 def test_baseline_engine_equals_greedy_generate(target_model, tokenizer, reference):
     base = HFBaseline(target_model, eos_ids=eos_token_ids(target_model, tokenizer))
     for ids, greedy in reference[:3]:
