@@ -365,6 +365,8 @@ def report_tables_inputs(wildcards):
 
 def bench_outputs():
     """Everything the report shows: each table in three formats and each plot."""
+    if not config["bench"]["enabled"]:
+        return []
     return [
         f"results/tables/{t}.{ext}"
         for t in BENCH_TABLES
