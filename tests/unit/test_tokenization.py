@@ -21,7 +21,9 @@ def _tok(tokenizer, messages, **kw):
 
 
 def _masked_text(tokenizer, row):
-    return tokenizer.decode([t for t, m in zip(row["input_ids"], row["loss_mask"]) if m])
+    return tokenizer.decode(
+        [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
+    )
 
 
 def test_golden_mask_on_smollm2_template(tokenizer):
