@@ -24,19 +24,24 @@ _FINISHED = re.compile(r"^Finished jobid: (\d+)")
 
 
 def job_events(log: Path) -> dict[int, dict]:
-    """jobid -> {rule, wildcards, start, end}: positions of its launch and finish in the log."""
+    """jobid -> {rule, wildcards, start, end}: positions of its launch and finish in the log.
+
+    A job block is "rule NAME:" then indented "key: value" lines (jobid, wildcards, ... in any
+    order), so a block is recorded once it ends."""
     jobs: dict[int, dict] = {}
-    rule = None
-    for pos, line in enumerate(log.read_text().splitlines()):
+    block: dict | None = None
+    for pos, line in enumerate([*log.read_text().splitlines(), ""]):
+        if block is not None and not line.startswith("    "):
+            jobs[block.pop("jobid")] = block
+            block = None
         if m := _START.match(line):
-            rule, wildcards = m.group(1), ""
-        elif rule and (m := _WILDCARDS.match(line)):
-            wildcards = m.group(1)
-        elif rule and (m := _JOBID.match(line)):
-            jobs[int(m.group(1))] = {"rule": rule, "wildcards": wildcards, "start": pos}
+            block = {"rule": m.group(1), "wildcards": "", "start": pos}
+        elif block is not None and (m := _WILDCARDS.match(line)):
+            block["wildcards"] = m.group(1)
+        elif block is not None and (m := _JOBID.match(line)):
+            block["jobid"] = int(m.group(1))
         elif m := _FINISHED.match(line):
             jobs[int(m.group(1))]["end"] = pos
-            rule = None
     return jobs
 
 
@@ -56,14 +61,15 @@ def forced_tokenize_run(built, workdir: Path, cores: int) -> Path:
     copy_workdir(built.workdir, workdir)
     targets = [f"results/tokenized/{DATASET}/{s}.jsonl" for s in ("00000", "00001")]
     before = set((workdir / ".snakemake" / "log").glob("*.snakemake.log"))
-    snakemake(workdir, "--cores", str(cores), "--forcerun", "tokenize", *targets)
+    # Targets first: --forcerun takes every word after it as a rule or file to force.
+    snakemake(workdir, *targets, "--cores", str(cores), "--forcerun", "tokenize")
     (log,) = set((workdir / ".snakemake" / "log").glob("*.snakemake.log")) - before
     return log
 
 
 def tokenize_jobs(log: Path) -> list[dict]:
-    jobs = [j for j in job_events(log).values() if j["rule"] == "tokenize"]
-    assert len(jobs) == 2, jobs
+    jobs = list(job_events(log).values())
+    assert sorted(j["rule"] for j in jobs) == ["tokenize", "tokenize"], jobs
     return jobs
 
 

@@ -8,6 +8,7 @@ Skipped only where SLURM is absent and this process cannot be root to install it
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -106,19 +107,28 @@ def test_workflow_runs_through_slurm_and_matches_the_local_run(
         assert same_result(built_workflow.workdir / rel, workdir / rel), f"{rel} differs"
 
 
+# Not compared: the target folder is linked from the test cache; train/state/ is resume state
+# keyed by the job's absolute paths; speedup.png plots timings only.
+NOT_COMPARED = ("results/target/", "results/train/state/", "results/plots/speedup.png")
+# Keys and columns that measure time on this machine at that moment: wall/ttft/itl seconds,
+# tokens/s, and speedup (a ratio of two timings).
+_TIMING = re.compile(r"(_s|_ms|per_s)$|^speedup$")
+
+
 def results_files(workdir: Path) -> list[str]:
-    """Every result file but the (linked) target folder."""
-    root = workdir / "results"
-    return [
-        str(p.relative_to(workdir))
-        for p in root.rglob("*")
-        if p.is_file() and p.relative_to(root).parts[0] != "target"
-    ]
+    """Result files to compare; a table's .md/.html renderings are compared via its .csv."""
+    files = []
+    for p in (workdir / "results").rglob("*"):
+        rel = str(p.relative_to(workdir))
+        rendering = p.suffix in (".md", ".html") and p.with_suffix(".csv").exists()
+        if p.is_file() and not rel.startswith(NOT_COMPARED) and not rendering:
+            files.append(rel)
+    return files
 
 
 def same_result(a: Path, b: Path) -> bool:
-    """Byte-equal, or for safetensors equal tensors and metadata; for JSON files equal after
-    dropping keys that measure time (seconds, tokens/s), which no two runs share."""
+    """Byte-equal; or equal tensors and metadata (safetensors); or equal once timing keys
+    and columns are dropped (JSON, JSONL, CSV)."""
     if a.read_bytes() == b.read_bytes():
         return True
     if a.suffix == ".safetensors":
@@ -130,15 +140,27 @@ def same_result(a: Path, b: Path) -> bool:
             return all(fa.get_tensor(k).equal(fb.get_tensor(k)) for k in fa.keys())
     if a.suffix == ".json":
         return _untimed(json.loads(a.read_text())) == _untimed(json.loads(b.read_text()))
+    if a.suffix == ".jsonl":
+        rows = [[_untimed(json.loads(line)) for line in p.read_text().splitlines()] for p in (a, b)]
+        return rows[0] == rows[1]
+    if a.suffix == ".csv":
+        tables = [[_untimed(row) for row in csv.DictReader(p.open())] for p in (a, b)]
+        return tables[0] == tables[1]
     return False
-
-
-_TIMING_KEY = re.compile(r"(seconds|_s$|_ms$|per_s|tok_s|time|elapsed)")
 
 
 def _untimed(value):
     if isinstance(value, dict):
-        return {k: _untimed(v) for k, v in value.items() if not _TIMING_KEY.search(k)}
+        return {k: _untimed(v) for k, v in value.items() if not _TIMING.search(k)}
     if isinstance(value, list):
         return [_untimed(v) for v in value]
     return value
+
+
+def test_result_comparison_ignores_timings_but_not_results(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text('{"accept_length": 2.5, "tokens_per_s": 9.7, "wall_s": 0.8}\n')
+    b.write_text('{"accept_length": 2.5, "tokens_per_s": 11.5, "wall_s": 0.7}\n')
+    assert same_result(a, b)
+    b.write_text('{"accept_length": 2.4, "tokens_per_s": 9.7, "wall_s": 0.8}\n')
+    assert not same_result(a, b)
