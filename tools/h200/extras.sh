@@ -21,9 +21,12 @@ SPECBUILD_TEST_TARGET=$PWD/results/target/smollm2-135m-instruct \
 timeout 120 python3 -m specbuild.bench.extract --device cuda --dtype bfloat16 --samples 256 \
   --max-len 1024 --batch-tokens 16384 --repeats 3 --out "$OUT/extract_gpu.json" 2>&1 | tail -8
 
-# Same data and hyper-parameters, two DDP processes: only train.nproc differs.
-timeout 240 python3 -m snakemake --configfile "$CONFIG" --cores 16 --scheduler greedy \
-  --config 'train={"nproc": 2}' --forcerun train --until train --resources gpu=2 \
-  results/train/best.safetensors 2>&1 | tail -5
+# Same data and hyper-parameters, two DDP processes: only train.nproc differs. Targets come
+# first: --resources and --forcerun take every word after them.
+python3 -c "import yaml,sys; c=yaml.safe_load(open(sys.argv[1])); c['train']['nproc']=2; \
+yaml.safe_dump(c, open('/tmp/specbuild-2gpu.yaml', 'w'), sort_keys=False)" "$CONFIG"
+timeout 240 python3 -m snakemake results/train/best.safetensors \
+  --configfile /tmp/specbuild-2gpu.yaml --cores 16 --scheduler greedy --resources gpu=2 \
+  --forcerun train 2>&1 | tail -5
 cp logs/train/train.log "$OUT/train-2gpu.log" 2>/dev/null
 grep -h "tokens/s (" logs/train/train.log | tail -1
