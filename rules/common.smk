@@ -7,7 +7,6 @@ from snakemake.utils import validate
 from specbuild.bench.specdec import ChainSpec
 from specbuild.samples import record_digests
 
-
 validate(config, schema="../config/config.schema.yaml")
 
 
@@ -116,7 +115,9 @@ def shard_range(wildcards):
 def per_shard(pattern):
     """Expand a results pattern over every (dataset, shard)."""
     return [
-        pattern.format(dataset=d, shard=s) for d in config["datasets"] for s in shard_ids(d)
+        pattern.format(dataset=d, shard=s)
+        for d in config["datasets"]
+        for s in shard_ids(d)
     ]
 
 
@@ -162,19 +163,29 @@ def sglang_server_options():
 
 def sglang_backend_args(backend):
     """Constructor kwargs of the sglang/openai generation backend. Only the *name* of the
-    API key's environment variable goes into params (they are stored in Snakemake metadata)."""
+    API key's environment variable goes into params (they are stored in Snakemake metadata).
+    """
     sg = config["sglang"]
-    common = {"max_concurrency": sg["max_concurrency"], "request_timeout_s": sg["request_timeout_s"]}
+    common = {
+        "max_concurrency": sg["max_concurrency"],
+        "request_timeout_s": sg["request_timeout_s"],
+    }
     if backend == "openai":
         if not sg["endpoint"]:
-            raise ValueError("generate.backend openai needs sglang.endpoint (the server's base URL)")
+            raise ValueError(
+                "generate.backend openai needs sglang.endpoint (the server's base URL)"
+            )
         return {
             "base_url": sg["endpoint"],
             "model": sg["served_model"],
             "api_key_env": sg["api_key_env"],
             **common,
         }
-    return {"target_dir": f"results/target/{TARGET}", **sglang_server_options(), **common}
+    return {
+        "target_dir": f"results/target/{TARGET}",
+        **sglang_server_options(),
+        **common,
+    }
 
 
 def sglang_feature_args():
