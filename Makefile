@@ -32,7 +32,8 @@ $(VENV)/.setup-done: pyproject.toml
 
 run: setup
 	$(SNAKEMAKE) $(TARGET)
-	@test ! -f results/report.html || echo "report: $(CURDIR)/results/report.html"
+	$(SNAKEMAKE) --report results/report.html
+	@echo "report: $(CURDIR)/results/report.html"
 
 dry-run: setup
 	$(SNAKEMAKE) -n $(TARGET)
@@ -75,10 +76,7 @@ slurm: setup
 	$(if $(findstring slurm-test,$(SLURM_PROFILE)),bash tests/slurm/start_slurm.sh)
 	$(SNAKEMAKE) --profile $(SLURM_PROFILE) $(TARGET)
 
-report: setup
-	$(SNAKEMAKE) $(TARGET)
-	$(SNAKEMAKE) --report results/report.html
-	@echo "report: $(CURDIR)/results/report.html"
+report: run
 
 # Cheap, re-creatable outputs only. Hidden states, checkpoints and the drafter are the
 # expensive part: clean-all asks before deleting them.
