@@ -14,6 +14,7 @@ section are strict: a wrong key fails schema validation at parse time).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -129,7 +130,7 @@ def tiny_config(**section_overrides: dict) -> dict:
     sections = schema_sections()
     for name, values in TINY_SECTIONS.items():
         if name in sections:
-            config[name] = dict(values)
+            config[name] = copy.deepcopy(values)  # callers may mutate nested keys
     for name, values in section_overrides.items():
         config.setdefault(name, {}).update(values)
     return config
