@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbuild.bench.hf import HFBaseline, HFSpecDecoder, eos_token_ids, load_drafter
+from specbuild.bench.hf import (
+    HFBaseline,
+    HFSpecDecoder,
+    cache_kwarg,
+    eos_token_ids,
+    load_drafter,
+)
 from specbuild.bench.sets import BenchPrompt, read_bench_prompts, render_prompt
 from specbuild.bench.specdec import (
     ROW_KEYS,
@@ -158,6 +164,62 @@ def test_perfect_drafter_commits_steps_plus_one_tokens_per_verify(target_model, 
     assert got.token_ids == greedy
     assert (got.verify_steps, got.accepted_per_position) == (4, [4, 4, 4])
     assert acceptance_length(len(got.token_ids), got.verify_steps) == 4.0
+
+
+class PastKeyValuesTarget(torch.nn.Module):
+    """The target behind an older transformers forward signature (5.12, the SGLang GPU kit's):
+    the KV cache comes as `past_key_values`, and an unknown keyword such as `cache` disappears
+    into **kwargs, exactly as that release's forward does."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.config, self.generation_config = model.config, model.generation_config
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs):
+        kwargs.pop("cache", None)  # not a keyword of this signature: silently dropped
+        # hand the cache on under the installed transformers' own keyword
+        inner = {cache_kwarg(self.model): past_key_values}
+        return self.model(input_ids=input_ids, use_cache=use_cache, **inner, **kwargs)
+
+
+class CacheIgnoringTarget(PastKeyValuesTarget):
+    """A target whose forward takes the cache keyword but never fills the cache."""
+
+    def forward(self, input_ids=None, cache=None, use_cache=None, **kwargs):
+        return self.model(input_ids=input_ids, use_cache=False, **kwargs)
+
+
+def test_target_taking_past_key_values_decodes_greedily_and_accepts_drafts(target_model, tokenizer):
+    """Regression: the engine passed `cache=` to every target; transformers 5.12 (the GPU
+    kit) names it `past_key_values` and dropped the cache unseen, so each verify forward read
+    only its own 8 tokens and the H200 bench accepted nothing (acceptance exactly 1.00)."""
+    ids = render_prompt(tokenizer, [{"role": "user", "content": "Count from 1 to 30."}])
+    greedy = HFBaseline(target_model, eos_ids={2}).complete(ids, 17).token_ids
+    old = PastKeyValuesTarget(target_model)
+    assert HFBaseline(old, eos_ids={2}).complete(ids, 17).token_ids == greedy
+    drafter = OracleDrafter(target_model.config.vocab_size, target_model.config.hidden_size, 0.0)
+    drafter.seq = ids + greedy + [0] * 8
+    got = make_spec(old, tokenizer, drafter, "3-1-4").complete(ids, 17)
+    assert got.token_ids == greedy
+    assert (got.verify_steps, got.accepted_per_position) == (4, [4, 4, 4])
+
+
+def test_target_that_ignores_its_kv_cache_is_refused_not_benched(target_model, tokenizer):
+    ids = render_prompt(tokenizer, [{"role": "user", "content": "Hi"}])
+    drafter = OracleDrafter(target_model.config.vocab_size, target_model.config.hidden_size, 0.0)
+    drafter.seq = ids + [0] * 16
+    broken = CacheIgnoringTarget(target_model)
+    for engine in (
+        HFBaseline(broken, eos_ids={2}),
+        make_spec(broken, tokenizer, drafter, "3-1-4"),
+    ):
+        with pytest.raises(RuntimeError, match=r"did not extend its KV cache \(0 -> 0 positions"):
+            engine.complete(ids, 4)
 
 
 def export_random_drafter(target_model, out: Path, draft_vocab: int = 2048) -> Path:

@@ -16,6 +16,8 @@ Alignment (x = committed tokens, g_i = target aux states at position i, D = draf
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +29,15 @@ import torch
 from specbuild.bench.specdec import BASELINE, ChainSpec, Completion
 from specbuild.io import read_json
 
-__all__ = ["HFBaseline", "HFSpecDecoder", "load_drafter", "eos_token_ids", "crop_cache"]
+__all__ = [
+    "HFBaseline",
+    "HFSpecDecoder",
+    "load_drafter",
+    "eos_token_ids",
+    "crop_cache",
+    "cache_kwarg",
+    "cached_forward",
+]
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
@@ -83,6 +93,44 @@ def crop_cache(cache, length: int) -> None:
         cache.crop(-drop)
 
 
+def cache_kwarg(model) -> str:
+    """The keyword `model.forward` takes its KV cache under: `cache` (transformers 5.2x, which
+    still accepts the deprecated `past_key_values`) or `past_key_values` (older releases, e.g.
+    5.12 in the SGLang GPU kit)."""
+    return _cache_kwarg_of(type(model))
+
+
+@functools.cache
+def _cache_kwarg_of(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise TypeError(
+        f"{cls.__name__}.forward takes neither `cache` nor `past_key_values`; "
+        "the bench engine needs a transformers causal LM with a KV cache"
+    )
+
+
+def cached_forward(model, cache, input_ids: torch.Tensor, **kwargs):
+    """`model(input_ids, <its cache keyword>=cache, use_cache=True, **kwargs)`, checked.
+
+    Why: transformers' forward swallows unknown keywords (`**kwargs`), so a cache passed under
+    the other release's name is dropped without a word; every forward then sees only its new
+    tokens at positions 0.., the output is no longer the target's greedy decode and no draft
+    is ever accepted (acceptance exactly 1.00 on the GPU kit's transformers 5.12).
+    """
+    before = cache.get_seq_length()
+    out = model(input_ids=input_ids, use_cache=True, **{cache_kwarg(model): cache}, **kwargs)
+    if cache.get_seq_length() != before + input_ids.shape[1]:
+        raise RuntimeError(
+            f"the target did not extend its KV cache ({before} -> {cache.get_seq_length()} "
+            f"positions after {input_ids.shape[1]} new tokens): its forward ignored the cache "
+            f"keyword {cache_kwarg(model)!r}; check the transformers version"
+        )
+    return out
+
+
 def _drafter_cache():
     from specbuild.drafter.model import DrafterCache
 
@@ -112,9 +160,7 @@ class HFBaseline:
         ttft = None
         while True:
             # prefill scores only its last position: the rest of the prompt needs no logits
-            logits = self.target(
-                input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1
-            ).logits
+            logits = cached_forward(self.target, cache, inputs, logits_to_keep=1).logits
             token = int(logits[0, -1].argmax())
             out.append(token)
             ttft = ttft if ttft is not None else time.perf_counter() - start
@@ -155,10 +201,10 @@ class HFSpecDecoder:
     ) -> tuple[list[int], torch.Tensor]:
         """Greedy next tokens and aux states [1, n, 3H] for `ids` appended to `cache`;
         `last_only` (prefill) scores only the last position, as the baseline does."""
-        out = self.target(
-            input_ids=torch.tensor([ids], device=self.target.device),
-            cache=cache,
-            use_cache=True,
+        out = cached_forward(
+            self.target,
+            cache,
+            torch.tensor([ids], device=self.target.device),
             output_hidden_states=True,
             logits_to_keep=1 if last_only else 0,
         )
