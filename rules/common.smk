@@ -224,18 +224,12 @@ def align_gpus():
 
 
 def serving_drafter_files():
-    """The exported drafter the servers load: the bench stage's folder (results/drafter)."""
-    folder = _bench_setting("drafter", "results/drafter").rstrip("/")
-    return [f"{folder}/config.json", f"{folder}/model.safetensors"]
+    """The exported drafter the servers load: the same folder the PyTorch bench loads."""
+    return bench_drafter_files()
 
 
 def serving_drafter_name():
-    return _bench_setting("drafter_name", "specbuild")
-
-
-def _bench_setting(key, default):
-    # the bench stage's drafter folder and name, shared so both benches serve the same drafter
-    return config.get("bench", {}).get(key, default)
+    return config["bench"]["drafter_name"]
 
 
 def serving_chains():
@@ -358,7 +352,7 @@ def bench_drafter_dir(wildcards):
     return (
         None
         if wildcards.chain == "baseline"
-        else config["bench"]["drafter"].rstrip("/")
+        else bench_drafter_files()[0].rsplit("/", 1)[0]
     )
 
 
