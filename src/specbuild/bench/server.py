@@ -36,7 +36,7 @@ from specbuild.backends.server import (
     SGLangServer,
     build_server_args,
 )
-from specbuild.bench.sets import read_bench_prompts, render_prompt
+from specbuild.bench.sets import read_bench_set, render_prompt
 from specbuild.bench.specdec import (
     BASELINE,
     ChainSpec,
@@ -305,17 +305,7 @@ def run_server_bench(
         host=host,
         startup_timeout_s=startup_timeout_s,
     )
-    prompt_sets = {
-        name: read_bench_prompts(
-            s["path"],
-            format=s["format"],
-            key=s.get("key"),
-            id_key=s.get("id_key"),
-            limit=s.get("limit"),
-            turns=s.get("turns"),
-        )
-        for name, s in sets.items()
-    }
+    prompt_sets = {name: read_bench_set(s) for name, s in sets.items()}
     with SGLangServer(spec, name=f"sglang-bench-{config}") as server:
         engine = SGLangBenchBackend(
             base_url=server.base_url,

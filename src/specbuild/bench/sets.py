@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BenchPrompt", "SET_FORMATS", "read_bench_prompts", "render_prompt"]
+__all__ = ["BenchPrompt", "SET_FORMATS", "read_bench_prompts", "read_bench_set", "render_prompt"]
 
 # The field each format reads when the config gives no `key`.
 SET_FORMATS = {"prompt": "prompt", "turns": "turns", "messages": "messages"}
@@ -106,6 +106,19 @@ def read_bench_prompts(
     if not prompts:
         raise ValueError(f"{Path(path)}: no prompts read (empty file?)")
     return prompts
+
+
+def read_bench_set(spec: dict, *, limit: int | None = None) -> list[BenchPrompt]:
+    """The prompts of one `bench.sets` (or `sglang.bench.sets`) config entry; `limit`, when
+    given, replaces the entry's own."""
+    return read_bench_prompts(
+        spec["path"],
+        format=spec["format"],
+        key=spec.get("key"),
+        id_key=spec.get("id_key"),
+        limit=limit if limit is not None else spec.get("limit"),
+        turns=spec.get("turns"),
+    )
 
 
 def render_prompt(tokenizer, messages: Sequence[dict]) -> list[int]:

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from specbuild.bench.sets import BenchPrompt, read_bench_prompts, render_prompt
+from specbuild.bench.sets import BenchPrompt, read_bench_set, render_prompt
 from specbuild.io import write_jsonl
 
 __all__ = [
@@ -261,14 +261,7 @@ def run_specdec_bench(
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(threads)
-    prompts = read_bench_prompts(
-        set_spec["path"],
-        format=set_spec["format"],
-        key=set_spec.get("key"),
-        id_key=set_spec.get("id_key"),
-        limit=set_spec.get("limit"),
-        turns=set_spec.get("turns"),
-    )
+    prompts = read_bench_set(set_spec)
     engine, tokenizer = make_hf_backend(
         target_dir=target_dir,
         config=config,

@@ -171,19 +171,10 @@ def run_tuning_point(
     """Check, start and measure one point; write its row as JSON (also when it fails).
 
     `help_text` is the server's `--help` (rule sglang_help writes it once per sweep)."""
-    from specbuild.bench.sets import read_bench_prompts
+    from specbuild.bench.sets import read_bench_set
     from specbuild.target import load_tokenizer
 
-    texts = [
-        p.turns[0]
-        for p in read_bench_prompts(
-            prompt_set["path"],
-            format=prompt_set["format"],
-            key=prompt_set.get("key"),
-            id_key=prompt_set.get("id_key"),
-            limit=prompts,
-        )
-    ]
+    texts = [p.turns[0] for p in read_bench_set(prompt_set, limit=prompts)]
     args = {**dict(base_args), **dict(point_args), **spec_server_args(chain, drafter_dir)}
     env = {**dict(base_env), **{k: str(v) for k, v in point_env.items()}}
     rendered = build_server_args(args)
