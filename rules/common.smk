@@ -31,6 +31,32 @@ def raw_dataset_path(wildcards):
     return dataset_config(wildcards.dataset)["path"]
 
 
+def is_synthetic(dataset):
+    """A dataset whose user prompts the target writes itself (`synthesize`), not a file."""
+    return "synthesize" in dataset_config(dataset)
+
+
+def datasets_regex(synthetic):
+    """Wildcard constraint for the rule that builds samples of file or of synthetic datasets."""
+    names = [d for d in config["datasets"] if is_synthetic(d) == synthetic]
+    return "|".join(names) if names else "(?!)"  # (?!) matches nothing
+
+
+def synthesize_sampling(wildcards):
+    """SamplingParams fields of the self-written prompts; request i is seeded seed + i."""
+    cfg = dataset_config(wildcards.dataset)["synthesize"]
+    return {
+        "max_new_tokens": cfg["max_tokens"],
+        "temperature": cfg["temperature"],
+        "top_p": cfg["top_p"],
+        "seed": cfg["seed"],
+    }
+
+
+def synthesize_max_rejected(wildcards):
+    return dataset_config(wildcards.dataset)["synthesize"]["max_rejected_fraction"]
+
+
 def dataset_param(key):
     """An input function returning one key of the dataset's config (schema fills defaults)."""
 
@@ -88,11 +114,21 @@ def sampling_params(wildcards):
     }
 
 
+def dataset_size_limit(dataset):
+    """Records used: `limit` (null: all) of a file, `synthesize.count` of a synthetic dataset."""
+    cfg = dataset_config(dataset)
+    return cfg["synthesize"]["count"] if is_synthetic(dataset) else cfg["limit"]
+
+
 def _shard_digests(dataset):
     # Content digest of each shard's raw slice: a shard reruns only when its own records
-    # change, never because records were appended after it.
-    cfg = dataset_config(dataset)
-    return record_digests(cfg["path"], shard_size=cfg["shard_size"], limit=cfg["limit"])
+    # change, never because records were appended after it. A synthetic shard has no raw
+    # records: its index range (and its params) say everything.
+    cfg, limit = dataset_config(dataset), dataset_size_limit(dataset)
+    if is_synthetic(dataset):
+        size = cfg["shard_size"]
+        return [f"synthetic {a}-{min(a + size, limit)}" for a in range(0, limit, size)]
+    return record_digests(cfg["path"], shard_size=cfg["shard_size"], limit=limit)
 
 
 _DIGESTS = {name: _shard_digests(name) for name in config["datasets"]}
@@ -107,9 +143,11 @@ def shard_digest(wildcards):
 
 
 def shard_range(wildcards):
+    """[start, stop) record indices of a shard; the last shard stops at the dataset's limit."""
     size = dataset_config(wildcards.dataset)["shard_size"]
+    limit = dataset_size_limit(wildcards.dataset)
     start = int(wildcards.shard) * size
-    return [start, start + size]
+    return [start, start + size if limit is None else min(start + size, limit)]
 
 
 def per_shard(pattern):

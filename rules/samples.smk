@@ -9,6 +9,8 @@ rule samples:
         rejected="results/samples/{dataset}/{shard}.rejected.jsonl",
     log:
         "logs/samples/{dataset}/{shard}.log",
+    wildcard_constraints:
+        dataset=datasets_regex(synthetic=False),
     conda:
         "../envs/specbuild.yaml"
     params:
@@ -19,3 +21,33 @@ rule samples:
         max_rejected_fraction=config["samples"]["max_rejected_fraction"],
     script:
         "../scripts/samples.py"
+
+
+rule synthesize:
+    """User prompts the target writes itself for one shard of a synthetic dataset."""
+    input:
+        fp=target_file("fingerprint.json"),
+    output:
+        samples="results/samples/{dataset}/{shard}.jsonl",
+        rejected="results/samples/{dataset}/{shard}.rejected.jsonl",
+    log:
+        "logs/synthesize/{dataset}/{shard}.log",
+    wildcard_constraints:
+        dataset=datasets_regex(synthetic=True),
+    conda:
+        "../envs/specbuild.yaml"
+    threads: 2
+    resources:
+        gpu=generate_gpus(),
+        mem_mb=4000,
+        runtime=60,
+    params:
+        span=shard_range,
+        target_dir=f"results/target/{TARGET}",
+        backend=config["generate"]["backend"],
+        backend_args=generate_backend_args(),
+        sampling=synthesize_sampling,
+        batch_size=config["generate"]["batch_size"],
+        max_rejected_fraction=synthesize_max_rejected,
+    script:
+        "../scripts/synthesize.py"

@@ -7,6 +7,7 @@ It speaks the parts of SGLang's HTTP API that specbuild uses, with deterministic
                             when a drafter is loaded, spec_verify_ct / spec_accept_length;
                             return_hidden_states (needs --enable-return-hidden-states)
   POST /v1/chat/completions OpenAI-style, with usage and reasoning_content
+  POST /v1/completions      raw text prompt; the text depends on the prompt and the seed
 
 Its argument parser rejects unknown flags the way SGLang's does, and `--help` lists the flags
 it knows. Behaviour switches for failure tests come from the environment (the sweep sets env):
@@ -251,6 +252,8 @@ class Handler(BaseHTTPRequestHandler):
             self.generate(body)
         elif self.path == "/v1/chat/completions":
             self.chat(body)
+        elif self.path == "/v1/completions":
+            self.complete(body)
         else:
             self._json({"error": f"no route {self.path}"}, 404)
 
@@ -308,6 +311,28 @@ class Handler(BaseHTTPRequestHandler):
                 "object": "chat.completion",
                 "model": self.served_name(),
                 "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+                "usage": {
+                    "prompt_tokens": len(ids),
+                    "completion_tokens": n,
+                    "total_tokens": len(ids) + n,
+                },
+            }
+        )
+
+    def complete(self, body: dict) -> None:
+        m = self.model
+        ids = m.tokens(str(body.get("prompt", "")))
+        seeded = [*ids, int(body.get("seed") or 0)]  # another seed, another text
+        sp = {"max_new_tokens": body.get("max_tokens") or 16}
+        *_, (n, meta, _done) = m.run(seeded, sp, False)
+        _, text = m.text_of(seeded, n)
+        finish = meta["finish_reason"]["type"]
+        self._json(
+            {
+                "id": "cmpl-stub",
+                "object": "text_completion",
+                "model": self.served_name(),
+                "choices": [{"index": 0, "text": text, "finish_reason": finish}],
                 "usage": {
                     "prompt_tokens": len(ids),
                     "completion_tokens": n,

@@ -31,7 +31,7 @@ def test_greedy_batches_match_one_by_one_and_report_finish_reasons(hf):
     # padding in a batch must not change greedy output
     alone = hf.generate(reqs[:1], SamplingParams(max_new_tokens=64))
     assert alone[0].content == full[0].content
-    assert full[0].prompt_tokens == len(hf._prompt_ids(ASK))
+    assert full[0].prompt_tokens == len(hf._prompt_ids(reqs[0]))
 
 
 def test_reasoning_is_split_from_the_answer():

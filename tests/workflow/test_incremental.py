@@ -158,3 +158,20 @@ def test_appending_records_reruns_only_the_partial_and_new_shards(built_workflow
         )
         assert any(f"/{DATASET}/00002." in p for p in after[folder]), f"no shard 00002 in {folder}"
     assert planned_jobs(workdir) == []
+
+
+def test_a_synthetic_dataset_adds_only_its_own_shards_written_by_the_target(
+    built_workflow, tmp_path
+):
+    # 5 self-written prompts in shards of 2: synthesize (not samples) starts each new shard;
+    # the tiny dataset's shards stay; align now also reads the new dataset's first shard.
+    changed = tiny_config()
+    changed["datasets"]["chat"] = {"synthesize": {"count": 5}, "shard_size": 2}
+    config = write_config(tmp_path, changed, name="synthetic.yaml")
+    jobs = planned_jobs(built_workflow.workdir, "--configfile", str(config))
+    stages = ["synthesize", "generate", "tokenize", "hidden"]
+    new = [(r, f"dataset=chat, shard={s}") for r in stages for s in ("00000", "00001", "00002")]
+    rules = {rule for rule, _ in built_workflow.jobs}
+    new = [j for j in new if j[0] in rules | {"synthesize"}]
+    after = [j for j in built_workflow.jobs if j[0] not in SHARD_STAGES and reads_tokens(j)]
+    assert jobs == sorted(new + after)

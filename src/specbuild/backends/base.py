@@ -23,8 +23,17 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationRequest:
+    """One prompt: chat `messages` (the backend applies the target's chat template) or raw
+    `prompt` text continued as is (the caller rendered it; e.g. an open user turn)."""
+
     id: str
-    messages: list[dict]  # OpenAI-style [{"role", "content"}...], ending with a user turn
+    messages: list[dict] = field(default_factory=list)  # OpenAI-style, ending with a user turn
+    prompt: str | None = None
+    seed: int | None = None  # overrides SamplingParams.seed where the backend seeds per request
+
+    def __post_init__(self) -> None:
+        if bool(self.messages) == (self.prompt is not None):
+            raise ValueError(f"request {self.id}: give exactly one of `messages` and `prompt`")
 
 
 @dataclass

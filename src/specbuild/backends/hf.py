@@ -35,7 +35,11 @@ def split_reasoning(text: str) -> tuple[str, str | None]:
 
 
 class HFBackend:
-    """Batched generation with left padding; greedy when temperature is 0."""
+    """Batched generation with left padding; greedy when temperature is 0.
+
+    Sampling draws from torch's global generator, seeded per batch by the batch's first
+    request seed (when given): the same requests in the same batches give the same text.
+    """
 
     name = "hf"
 
@@ -61,21 +65,26 @@ class HFBackend:
             self.tok.pad_token_id if self.tok.pad_token_id is not None else min(self.stop_ids)
         )
 
-    def _prompt_ids(self, messages: list[dict]) -> list[int]:
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if request.prompt is not None:  # already rendered: special tokens are in the text
+            return self.tok(request.prompt, add_special_tokens=False)["input_ids"]
         return self.tok.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            request.messages, add_generation_prompt=True, tokenize=True, return_dict=False
         )
 
     @torch.no_grad()
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingParams
     ) -> list[Generation]:
-        prompts = [self._prompt_ids(r.messages) for r in requests]
+        prompts = [self._prompt_ids(r) for r in requests]
         # Similar lengths in one batch waste less compute on padding; results keep input order.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: dict[int, Generation] = {}
         for b in range(0, len(order), self.batch_size):
             idx = order[b : b + self.batch_size]
+            seed = requests[idx[0]].seed
+            if sampling.temperature > 0 and seed is not None:
+                torch.manual_seed(seed)  # one generator per batch: seeds are per batch here
             width = max(len(prompts[i]) for i in idx)
             ids = torch.full((len(idx), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros_like(ids)

@@ -1,4 +1,5 @@
-"""Generation through any OpenAI-compatible `/v1/chat/completions` endpoint, plus the small
+"""Generation through any OpenAI-compatible endpoint (`/v1/chat/completions` for chat
+messages, `/v1/completions` for a raw prompt), plus the small
 HTTP helpers (JSON POST, server-sent events) every SGLang client in specbuild shares.
 
 Contract: one `Generation` per request in order, keeping `finish_reason`, the reasoning text
@@ -115,13 +116,14 @@ def with_retries(fn, *, what: str):
 
 
 def parse_chat_completion(req_id: str, resp: Mapping[str, Any]) -> Generation:
-    """A chat.completion response as a Generation (finish_reason, reasoning and usage kept)."""
+    """A chat.completion or text_completion response as a Generation (finish_reason,
+    reasoning and usage kept)."""
     try:
         choice = resp["choices"][0]
-        msg = choice["message"]
+        msg = choice["message"] if "message" in choice else {"content": choice["text"]}
     except (KeyError, IndexError, TypeError):
         raise ValueError(
-            f"request {req_id}: not a chat.completion response: {resp!r:.300}"
+            f"request {req_id}: not a chat.completion or text_completion response: {resp!r:.300}"
         ) from None
     usage = resp.get("usage") or {}
     reasoning = msg.get("reasoning_content") or msg.get("reasoning")
@@ -175,18 +177,22 @@ class OpenAIBackend:
         return str(models[0])
 
     def _payload(self, request: GenerationRequest, sampling: SamplingParams) -> dict:
+        prompt = (
+            {"messages": request.messages} if request.prompt is None else {"prompt": request.prompt}
+        )
         return {
             **self.extra_body,
             "model": self.model,
-            "messages": request.messages,
+            **prompt,
             "max_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
-            "seed": sampling.seed,
+            "seed": sampling.seed if request.seed is None else request.seed,
         }
 
     def _one(self, request: GenerationRequest, sampling: SamplingParams) -> Generation:
-        url = self.base_url + "/v1/chat/completions"
+        route = "/v1/chat/completions" if request.prompt is None else "/v1/completions"
+        url = self.base_url + route
         payload = self._payload(request, sampling)
         try:
             resp = with_retries(

@@ -1,0 +1,20 @@
+from functools import partial
+
+from specbuild.backends import SamplingParams, make_backend
+from specbuild.io import setup_logging
+from specbuild.synthesize import synthesize_shard
+
+setup_logging(snakemake.log[0])
+synthesize_shard(
+    target_dir=snakemake.params.target_dir,
+    fingerprint=snakemake.input.fp,
+    out=snakemake.output.samples,
+    rejected=snakemake.output.rejected,
+    dataset=snakemake.wildcards.dataset,
+    start=snakemake.params.span[0],
+    stop=snakemake.params.span[1],
+    backend=partial(make_backend, snakemake.params.backend, **snakemake.params.backend_args),
+    sampling=SamplingParams(**snakemake.params.sampling),
+    batch_size=snakemake.params.batch_size,
+    max_rejected_fraction=snakemake.params.max_rejected_fraction,
+)

@@ -1,0 +1,131 @@
+"""Helper stage `synthesize`: user prompts written by the target itself (Magpie-style).
+
+A drafter learns to predict the target wherever the target will be served; trained only on
+GSM8K answers it drafts math well and everything else badly. Prompts the target writes itself
+cover what the target is used for, and need no data beyond the model: render the chat
+template up to an open user turn (system prompt and user header, nothing after), let the target
+continue at temperature 1, and keep what it writes up to its end-of-turn as the user message.
+The `generate` stage then answers these prompts like any other.
+
+Each shard is a fixed slice of prompt indices; request i is seeded with `seed + i` where the
+backend seeds per request (SGLang, OpenAI-compatible) and per batch otherwise (hf), so growing
+`count` adds shards and leaves earlier ones as they were. Prompts that do not end within
+`max_tokens`, come back empty or repeat an earlier one in the shard are rejected with a
+reason; counts add up (in = kept + rejected).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+from specbuild.backends.base import GenerationBackend, GenerationRequest, SamplingParams
+from specbuild.io import write_jsonl
+from specbuild.samples import check_rejected_share
+from specbuild.target import load_tokenizer, read_target_info
+
+__all__ = ["open_user_turn", "synthesize_shard"]
+
+log = logging.getLogger("specbuild")
+_SENTINEL = "\u2063specbuild-user-turn\u2063"  # invisible separators: no template emits them
+
+
+def open_user_turn(tokenizer) -> str:
+    """The chat template rendered up to where a user message's text starts."""
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=False
+    )
+    if text.count(_SENTINEL) != 1:
+        raise ValueError(
+            "the target's chat template does not put a user message's text verbatim into the "
+            "prompt exactly once; self-written prompts need a template that does"
+        )
+    return text[: text.index(_SENTINEL)]
+
+
+def synthesize_shard(
+    *,
+    target_dir: str | os.PathLike,
+    fingerprint: str | os.PathLike,
+    out: str | os.PathLike,
+    rejected: str | os.PathLike,
+    dataset: str,
+    start: int,
+    stop: int,
+    backend: Callable[[], GenerationBackend],
+    sampling: SamplingParams,
+    batch_size: int,
+    max_rejected_fraction: float,
+) -> tuple[int, int]:
+    """Write the self-written prompts [start, stop) of `dataset` as a samples shard.
+
+    Rows look like the `samples` stage's (`id`, `messages` with one user turn, `source`), so
+    every later stage treats them alike. Returns (kept, rejected).
+    """
+    if stop <= start:
+        raise ValueError(f"{dataset}: empty prompt range [{start}, {stop})")
+    target = read_target_info(fingerprint)
+    prefix = open_user_turn(load_tokenizer(target_dir))
+    requests = [
+        GenerationRequest(id=f"{dataset}-{i:07d}", prompt=prefix, seed=sampling.seed + i)
+        for i in range(start, stop)
+    ]
+    log.info(
+        "synthesize %s [%d, %d): %d prompts, temperature %g, at most %d tokens each",
+        dataset,
+        start,
+        stop,
+        len(requests),
+        sampling.temperature,
+        sampling.max_new_tokens,
+    )
+    kept: list[dict] = []
+    bad: list[dict] = []
+    seen: dict[str, str] = {}
+    engine = backend()
+    try:
+        for b in range(0, len(requests), batch_size):
+            batch = requests[b : b + batch_size]
+            for req, gen in zip(batch, engine.generate(batch, sampling), strict=True):
+                text = gen.content.strip()
+                if gen.finish_reason == "length":
+                    reason = f"prompt not finished within {sampling.max_new_tokens} tokens"
+                elif gen.finish_reason != "stop":
+                    reason = "backend error: " + str(gen.extra.get("error", gen.finish_reason))
+                elif not text:
+                    reason = "empty prompt"
+                elif text in seen:
+                    reason = f"repeats {seen[text]}"
+                else:
+                    seen[text] = req.id
+                    source = {"synthesized_by": engine.name, "model": engine.model}
+                    source.update(seed=req.seed, target_fingerprint=target.fingerprint)
+                    kept.append(
+                        {
+                            "id": req.id,
+                            "messages": [{"role": "user", "content": text}],
+                            "source": source,
+                        }
+                    )
+                    continue
+                bad.append({"id": req.id, "reason": reason, "text": gen.content[:2000]})
+            log.info(
+                "synthesize: %d/%d done, %d kept",
+                min(b + batch_size, len(requests)),
+                len(requests),
+                len(kept),
+            )
+    finally:
+        engine.close()
+    write_jsonl(rejected, bad)
+    write_jsonl(out, kept)
+    for r in bad:
+        log.warning("rejected %s: %s", r["id"], r["reason"])
+    log.info(
+        "synthesize %s: in=%d = kept %d + rejected %d", out, len(requests), len(kept), len(bad)
+    )
+    check_rejected_share(
+        n_in=len(requests), n_rejected=len(bad), limit=max_rejected_fraction, what=str(out)
+    )
+    return len(kept), len(bad)

@@ -1,0 +1,105 @@
+"""Helper stage `synthesize`: prompts written by the real SmolLM2 (hf) and through the
+OpenAI-compatible client against the loopback SGLang stub."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from specbuild.backends import make_backend
+from specbuild.backends.base import GenerationRequest, SamplingParams
+from specbuild.io import read_jsonl
+from specbuild.synthesize import open_user_turn, synthesize_shard
+
+STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
+
+
+def test_open_user_turn_stops_where_the_user_text_starts(tokenizer):
+    prefix = open_user_turn(tokenizer)
+    full = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
+    assert full.startswith(prefix + "Hi")
+    assert prefix.endswith("<|im_start|>user\n")
+
+
+def test_a_template_that_hides_the_user_text_is_refused(tokenizer):
+    class Hiding:
+        def apply_chat_template(self, messages, **_):
+            return "<s>user says something</s>"
+
+    with pytest.raises(ValueError, match="exactly once"):
+        open_user_turn(Hiding())
+
+
+def test_a_request_has_exactly_one_of_messages_and_prompt():
+    with pytest.raises(ValueError, match="exactly one"):
+        GenerationRequest("a")
+    with pytest.raises(ValueError, match="exactly one"):
+        GenerationRequest("a", [{"role": "user", "content": "x"}], prompt="x")
+
+
+def _synth(tmp_path, target_dir, backend, *, start=0, stop=6, max_tokens=24, limit=1.0):
+    out, rej = tmp_path / f"s{start}.jsonl", tmp_path / f"s{start}.rejected.jsonl"
+    kept, bad = synthesize_shard(
+        target_dir=target_dir,
+        fingerprint=target_dir / "fingerprint.json",
+        out=out,
+        rejected=rej,
+        dataset="chat",
+        start=start,
+        stop=stop,
+        backend=backend,
+        sampling=SamplingParams(max_new_tokens=max_tokens, temperature=1.0, seed=7),
+        batch_size=4,
+        max_rejected_fraction=limit,
+    )
+    return kept, bad, list(read_jsonl(out)), list(read_jsonl(rej))
+
+
+def test_hf_writes_seeded_prompts_and_keeps_every_reject_with_a_reason(tmp_path, target_dir):
+    def hf():
+        return make_backend("hf", target_dir=str(target_dir), device="cpu", batch_size=4)
+
+    kept, bad, rows, rejects = _synth(tmp_path / "a", target_dir, hf, stop=4, max_tokens=64)
+    assert kept + bad == 4 and len(rows) == kept and len(rejects) == bad
+    assert kept >= 1
+    ids = [r["id"] for r in rows] + [r["id"] for r in rejects]
+    assert sorted(ids) == [f"chat-{i:07d}" for i in range(4)]
+    for r in rows:
+        [turn] = r["messages"]
+        assert turn["role"] == "user" and turn["content"] == turn["content"].strip() != ""
+        assert "<|im_" not in turn["content"]
+        assert r["source"]["synthesized_by"] == "hf"
+        assert r["source"]["seed"] == 7 + int(r["id"][-7:])
+    assert all(r["reason"] for r in rejects)
+    # the same seeds in the same batches write the same prompts
+    again = _synth(tmp_path / "b", target_dir, hf, stop=4, max_tokens=64)[2]
+    assert again == rows
+
+
+def test_too_many_unfinished_prompts_fail_the_shard_after_writing_the_rejects(tmp_path, target_dir):
+    def hf():
+        return make_backend("hf", target_dir=str(target_dir), device="cpu", batch_size=4)
+
+    with pytest.raises(RuntimeError, match="max_rejected_fraction"):
+        _synth(tmp_path, target_dir, hf, stop=4, max_tokens=1, limit=0.5)
+    rejects = list(read_jsonl(tmp_path / "s0.rejected.jsonl"))
+    assert len(rejects) == 4
+    assert {r["reason"] for r in rejects} == {"prompt not finished within 1 tokens"}
+
+
+def test_sglang_writes_prompts_through_completions_with_a_seed_per_request(tmp_path, target_dir):
+    def sglang():
+        return make_backend(
+            "sglang",
+            target_dir=str(target_dir),
+            launcher=(sys.executable, str(STUB)),
+            startup_timeout_s=20,
+        )
+
+    kept, bad, rows, rejects = _synth(tmp_path, target_dir, sglang, stop=8, max_tokens=64)
+    assert kept + bad == 8
+    texts = [r["messages"][0]["content"] for r in rows]
+    assert len(set(texts)) == len(texts) == kept > 1  # a seed per request: no two alike
+    assert {r["source"]["synthesized_by"] for r in rows} == {"sglang"}
+    assert json.dumps(rows).count("chat-") == kept
