@@ -423,12 +423,24 @@ def test_check_rows_names_missing_and_unknown_keys():
         check_rows([{k: 0 for k in ROW_KEYS if k not in ("wall_s", "tokens_per_s")} | {"foo": 1}])
 
 
+# bfloat16 logits near 20 are 0.125 apart; kernels of a 1-token and a k-token forward may
+# round a near-tie either way, which then changes the rest of the text.
+BF16_TIE = 0.5
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return None if a == b else k
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_speculative_output_equals_greedy_generate_on_cuda(target_dir, tokenizer, tmp_path, dtype):
-    """On the GPU: float32 must match exactly; bfloat16 reports its agreement (near-ties in
-    bf16 logits may flip between a 1-token and a multi-token forward, so it is not lossless
-    by construction there; the assert only needs most prompts identical)."""
+    """On the GPU: float32 must match greedy exactly on all 20 prompts. bfloat16 is not
+    lossless by construction (the verify forward and greedy's 1-token forwards round
+    differently), so there every divergence must start at a near-tie of the target's logits,
+    with the speculative token one of the two best: a wrong rollback or cache would diverge
+    where the target is sure."""
     from specbuild.target import load_target_model
 
     target = load_target_model(target_dir, dtype=dtype, device="cuda")
@@ -443,8 +455,8 @@ def test_speculative_output_equals_greedy_generate_on_cuda(target_dir, tokenizer
         eos_ids=eos,
         drafter_name="random",
     )
-    same = 0
     prompts = bench_prompts({"mt_bench": 7, "gsm8k": 7, "humaneval": 6})
+    diverged = []
     for messages in prompts:
         ids = render_prompt(tokenizer, messages)
         with torch.inference_mode():
@@ -456,8 +468,17 @@ def test_speculative_output_equals_greedy_generate_on_cuda(target_dir, tokenizer
                 pad_token_id=min(eos),
             )
         greedy = out[0, len(ids) :].tolist()
-        same += spec.complete(ids, 64).token_ids == greedy
+        got = spec.complete(ids, 64).token_ids
+        k = _first_difference(got, greedy)
+        if k is not None:
+            diverged.append((ids, greedy, got, k))
     if dtype == "float32":
-        assert same == len(prompts)
-    else:
-        assert same >= len(prompts) * 3 // 4
+        assert diverged == []
+    for ids, greedy, got, k in diverged:
+        with torch.inference_mode():
+            logits = target(torch.tensor([ids + greedy[:k]], device="cuda")).logits[0, -1]
+        top = logits.float().topk(2)
+        margin = float(top.values[0] - top.values[1])
+        assert margin <= BF16_TIE, f"diverged at token {k} where the target's margin is {margin}"
+        if k < len(got):
+            assert got[k] in top.indices.tolist()
