@@ -43,7 +43,6 @@ rule synthesize:
         runtime=60,
     params:
         span=shard_range,
-        target_dir=f"results/target/{TARGET}",
         backend=config["generate"]["backend"],
         backend_args=generate_backend_args(),
         sampling=synthesize_sampling,

@@ -1,4 +1,5 @@
 from functools import partial
+from pathlib import Path
 
 from specbuild.backends import SamplingParams, make_backend
 from specbuild.io import setup_logging
@@ -6,7 +7,7 @@ from specbuild.synthesize import synthesize_shard
 
 setup_logging(snakemake.log[0])
 synthesize_shard(
-    target_dir=snakemake.params.target_dir,
+    target_dir=Path(snakemake.input.fp).parent,
     fingerprint=snakemake.input.fp,
     out=snakemake.output.samples,
     rejected=snakemake.output.rejected,
