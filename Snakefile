@@ -28,6 +28,7 @@ report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
+include: "rules/common_bench.smk"
 include: "rules/target.smk"
 include: "rules/samples.smk"
 include: "rules/generate.smk"
