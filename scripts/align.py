@@ -1,9 +1,11 @@
 from pathlib import Path
 
 from specbuild.align import check_alignment
+from specbuild.gpus import pin_gpus
 from specbuild.io import setup_logging
 
 setup_logging(snakemake.log[0])
+pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 check_alignment(
     shards=list(snakemake.input.shards),
     target_dir=Path(snakemake.input.fp).parent,

@@ -1,9 +1,11 @@
 from pathlib import Path
 
 from specbuild.bench.specdec import run_specdec_bench
+from specbuild.gpus import pin_gpus
 from specbuild.io import setup_logging
 
 setup_logging(snakemake.log[0])
+pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 run_specdec_bench(
     target_dir=Path(snakemake.input.fp).parent,
     set_name=snakemake.wildcards.set,

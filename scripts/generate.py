@@ -2,9 +2,11 @@ from functools import partial
 
 from specbuild.backends import SamplingParams, make_backend
 from specbuild.generate import generate_shard
+from specbuild.gpus import pin_gpus
 from specbuild.io import setup_logging
 
 setup_logging(snakemake.log[0])
+pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 generate_shard(
     samples=snakemake.input.samples,
     fingerprint=snakemake.input.fp,

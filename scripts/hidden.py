@@ -1,11 +1,14 @@
+from specbuild.gpus import pin_gpus
 from specbuild.hidden.extract import extract_shard
+from specbuild.io import setup_logging
 
+setup_logging(snakemake.log[0])
+pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 extract_shard(
     tokens=snakemake.input.tokens,
     meta=snakemake.input.meta,
     fingerprint=snakemake.input.fp,
     out=snakemake.output[0],
-    log_path=snakemake.log[0],
     backend=snakemake.params.backend,
     layer_ids=snakemake.params.layer_ids,
     storage=snakemake.params.storage,

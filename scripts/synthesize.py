@@ -2,10 +2,12 @@ from functools import partial
 from pathlib import Path
 
 from specbuild.backends import SamplingParams, make_backend
+from specbuild.gpus import pin_gpus
 from specbuild.io import setup_logging
 from specbuild.synthesize import synthesize_shard
 
 setup_logging(snakemake.log[0])
+pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 synthesize_shard(
     target_dir=Path(snakemake.input.fp).parent,
     fingerprint=snakemake.input.fp,

@@ -1,7 +1,9 @@
 from specbuild.drafter.train import TrainConfig, train_drafter
+from specbuild.gpus import pin_gpus
 from specbuild.io import setup_logging
 
 setup_logging(snakemake.log[0])
+pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 train_drafter(
     shards=list(snakemake.input.shards),
     vocab=snakemake.input.vocab,

@@ -1,9 +1,11 @@
 from pathlib import Path
 
 from specbuild.bench.tuning import run_tuning_point
+from specbuild.gpus import pin_gpus
 from specbuild.io import setup_logging
 
 setup_logging(snakemake.log[0])
+pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 server = snakemake.params.server
 drafter = snakemake.input.get("drafter")
 run_tuning_point(

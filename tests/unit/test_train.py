@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from specbuild.drafter.data import ShardSet, plan_batches, split_samples
 from specbuild.drafter.metrics import acceptance_length
+from specbuild.drafter.objective import TTTObjective
 from specbuild.drafter.synthetic import SyntheticSpec, make_workspace
 from specbuild.drafter.train import TrainConfig, TrainingInterrupted, lr_at, train_drafter
 from specbuild.hidden.shards import read_shard, write_shard
@@ -111,6 +112,24 @@ def test_config_rejects_unknown_keys_and_impossible_combinations():
         TrainConfig.from_params({"learning_rate": 1e-4})
     with pytest.raises(ValueError, match="max_length 4096 > token_budget 1024"):
         TrainConfig.from_params({"max_length": 4096, "token_budget": 1024})
+    with pytest.raises(ValueError, match="teacher_temperature must be >= 0"):
+        TrainConfig.from_params({"teacher_temperature": -1})
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0])
+def test_teacher_temperature_sharpens_toward_the_argmax(temperature):
+    logits = torch.tensor([[2.0, 1.0, -1.0], [0.0, 3.0, 2.5]])
+    objective = TTTObjective(None, None, steps=1, decay=1.0, amp=False, temperature=temperature)
+    probs = objective._soft_targets(logits)
+    if temperature == 0:  # hard label: one-hot at the argmax
+        assert probs.tolist() == [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+    else:
+        assert torch.allclose(probs, (logits / temperature).softmax(-1))
+    assert torch.allclose(probs.sum(-1), torch.ones(2))
+
+
+def test_hard_label_run_overfits_like_the_soft_one(ws, tmp_path):
+    assert run(ws, tmp_path, epochs=12, teacher_temperature=0.0)["acc"][0] > 0.9
 
 
 def test_lr_warms_up_then_decays_to_zero():

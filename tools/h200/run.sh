@@ -15,6 +15,9 @@
 # 600 s per command), stops it cleanly (servers included), and resumes where it stopped on
 # the next call; results/ stays on the machine between calls. Extra arguments go to
 # snakemake (targets such as `align`, `bench_server_table`, `tuning`, or flags).
+# Every GPU of the machine is a schedulable resource; each GPU job pins its own device ids
+# (specbuild.gpus), so on nvidia-h200-x2 two servers run side by side. SPECBUILD_TRAIN_NPROC=2
+# trains with torchrun on both GPUs (the config's train.nproc, overridden in a derived copy).
 # Tables, plots and logs come back in $OUT: summary.md, snakemake.log, specbuild-h200.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,6 +25,12 @@ CONFIG=${SPECBUILD_CONFIG:-config/examples/smollm2-sglang-h200.yaml}
 BUDGET_S=${SPECBUILD_BUDGET_S:-470}  # + 45 s to stop + setup and packing: under 600 s
 OUT=${OUT:-/tmp/specbuild-out}
 mkdir -p "$OUT"
+NPROC=${SPECBUILD_TRAIN_NPROC:-}
+if [ -n "$NPROC" ]; then
+  python3 -c "import yaml,sys; c=yaml.safe_load(open(sys.argv[1])); c['train']['nproc']=int(sys.argv[2]); \
+yaml.safe_dump(c, open('/tmp/specbuild-run.yaml', 'w'), sort_keys=False)" "$CONFIG" "$NPROC" || exit 1
+  CONFIG=/tmp/specbuild-run.yaml
+fi
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 # NVLink multicast stays off on shared hosts (device notes); servers inherit this environment.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -34,11 +43,11 @@ if [ ! -f /tmp/site/.specbuild-wheels ]; then
 fi
 python3 -c "import snakemake, sglang, transformers, specbuild; print('snakemake', snakemake.__version__, 'sglang', sglang.__version__, 'transformers', transformers.__version__)" || exit 1
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+GPUS=$(nvidia-smi -L | grep -c '^GPU ')
 
-# greedy scheduler: the ILP one needs pulp (16 MB of solver binaries) for no gain here;
-# gpu=1 keeps two servers from sharing the GPU by accident.
+# greedy scheduler: the ILP one needs pulp (16 MB of solver binaries) for no gain here.
 timeout -s TERM -k 45 "$BUDGET_S" python3 -m snakemake --configfile "$CONFIG" --cores 16 \
-  --resources gpu=1 --scheduler greedy --rerun-incomplete --keep-going "$@" \
+  --resources gpu="$GPUS" --scheduler greedy --rerun-incomplete --keep-going "$@" \
   2>&1 | tee "$OUT/snakemake.log"
 rc=${PIPESTATUS[0]}
 

@@ -141,6 +141,9 @@ class TrainConfig:
 
     ttt_steps: int = 7  # drafts chained in training-time test
     loss_decay: float = 0.8  # weight of step i is decay**i
+    # Teacher softmax temperature: 1 = the target's distribution (EAGLE-3), < 1 sharpens it
+    # toward its argmax (what greedy verification accepts), 0 = the argmax as a hard label.
+    teacher_temperature: float = 1.0
     lr: float = 1e-4
     warmup_fraction: float = 0.05  # share of all steps with linear warmup, then cosine to 0
     weight_decay: float = 0.0
@@ -176,6 +179,8 @@ class TrainConfig:
             faults.append(f"max_length {self.max_length} > token_budget {self.token_budget}")
         if self.ttt_steps < 1:
             faults.append("ttt_steps must be >= 1")
+        if self.teacher_temperature < 0:
+            faults.append("teacher_temperature must be >= 0 (0: the target's argmax)")
         if not 0 <= self.eval_fraction < 1 or not 0 <= self.warmup_fraction < 1:
             faults.append("eval_fraction and warmup_fraction must lie in [0, 1)")
         if self.device not in ("auto", "cpu", "cuda"):

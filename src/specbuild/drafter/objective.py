@@ -1,7 +1,8 @@
 """The training-time-test objective and its evaluation (alignment: see drafter/train.py).
 
 Loss = sum_i decay**i * soft cross-entropy(teacher, drafter) at unroll step i, averaged over
-the positions that count: the predicted token is a response token and the target's argmax is
+the positions that count (teacher = the target's draft-vocab softmax at `temperature`; at 0 its
+argmax, one-hot): the predicted token is a response token and the target's argmax is
 in the draft vocabulary. The teacher is computed once per batch at those positions; step i
 reads it shifted by i (step i at index t predicts what index t+i's teacher predicts).
 """
@@ -24,11 +25,19 @@ class TTTObjective(nn.Module):
     """The loss as a module, so DDP sees one forward per optimizer step."""
 
     def __init__(
-        self, drafter: Eagle3Drafter, teacher: Teacher, *, steps: int, decay: float, amp: bool
+        self,
+        drafter: Eagle3Drafter,
+        teacher: Teacher,
+        *,
+        steps: int,
+        decay: float,
+        amp: bool,
+        temperature: float = 1.0,
     ):
         super().__init__()
         self.drafter, self.teacher = drafter, teacher
         self.steps, self.decay, self.amp = steps, decay, amp
+        self.temperature = temperature
         # Per sample: is the target's argmax at each loss position in the draft vocabulary?
         # One full-vocabulary matmul per sample per run (memoized: it costs like a step).
         self.in_draft: dict[SampleRef, Tensor] = {}
@@ -42,6 +51,11 @@ class TTTObjective(nn.Module):
             mask[b, batch.valid[b]] = self.in_draft[ref].to(mask.device)
         return mask  # the target's argmax cannot be drafted: no loss there
 
+    def _soft_targets(self, t_logits: Tensor) -> Tensor:
+        if self.temperature == 0:  # the masked positions' argmax is in the draft vocab
+            return nn.functional.one_hot(t_logits.argmax(-1), t_logits.shape[-1]).float()
+        return (t_logits / self.temperature).softmax(-1)
+
     def forward(self, batch: Batch, counts: StepCounts | None = None) -> Tensor:
         mask = self._mask(batch)
         if counts is not None:  # metrics want the target's argmax and full-vocab logsumexp
@@ -49,7 +63,7 @@ class TTTObjective(nn.Module):
         row = torch.full_like(batch.input_ids, -1)  # shape: [B,L] -> row of the teacher tables
         row[mask] = torch.arange(int(mask.sum()), device=row.device)
         t_logits = self.teacher.draft_logits(batch.last_next[mask])  # shape: [M,Vd]
-        t_probs = t_logits.softmax(-1)
+        t_probs = self._soft_targets(t_logits)
         device_type = batch.aux.device.type
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
             positions = batch.position_ids.clamp_min(0)

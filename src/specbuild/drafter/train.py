@@ -17,7 +17,8 @@ response token (loss_mask) and the target's argmax there is in the draft vocabul
 In step i, query t attends to step-0 keys 0..t plus its own keys of steps 1..i
 (`model.ttt_attention`): what a KV cache holds when the drafter chains i drafts.
 
-Loss: sum_i decay**i * soft cross-entropy(teacher restricted to the draft vocab, drafter).
+Loss: sum_i decay**i * soft cross-entropy(teacher restricted to the draft vocab, drafter);
+the teacher at `teacher_temperature` (0: its argmax as a hard label).
 Hyper-parameters and the config combinations rejected up front: `config.TrainConfig`.
 """
 
@@ -199,7 +200,14 @@ def train_drafter(
         clear_state(state_dir)
     if world > 1:
         dist.barrier()
-    objective = TTTObjective(model, teacher, steps=cfg.ttt_steps, decay=cfg.loss_decay, amp=amp)
+    objective = TTTObjective(
+        model,
+        teacher,
+        steps=cfg.ttt_steps,
+        decay=cfg.loss_decay,
+        temperature=cfg.teacher_temperature,
+        amp=amp,
+    )
     step_fn = objective
     if world > 1:
         step_fn = nn.parallel.DistributedDataParallel(objective)

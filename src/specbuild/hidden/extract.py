@@ -33,7 +33,6 @@ import specbuild
 from specbuild.hidden.fp8 import quantize_fp8
 from specbuild.hidden.shards import AUX_LAYERS, STORAGE_DTYPES, check_shard, write_shard
 from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
-from specbuild.io import setup_logging
 from specbuild.target import read_target_info
 
 __all__ = [
@@ -232,7 +231,6 @@ def extract_shard(
     meta: str | os.PathLike,
     fingerprint: str | os.PathLike,
     out: str | os.PathLike,
-    log_path: str | os.PathLike | None = None,
     backend: str = "hf",
     layer_ids: list[int] | None = None,
     storage: str = "bf16",
@@ -243,7 +241,6 @@ def extract_shard(
     threads: int | None = None,
 ) -> ExtractStats:
     """Extract, verify and publish `out` for the tokenized shard `tokens` (see module doc)."""
-    setup_logging(log_path)
     if threads:
         torch.set_num_threads(threads)  # the job's Snakemake `threads:`, not every core
     target = read_target_info(fingerprint)

@@ -1,0 +1,108 @@
+"""GPU pinning for local runs: a job that asks the scheduler for N GPUs takes N device ids that
+no other specbuild job on this host holds, and sees only those.
+
+Why: Snakemake counts the `gpu` resource but hands out no device ids outside a cluster, so
+with `--resources gpu=2` two single-GPU jobs would both land on GPU 0 (two SGLang servers
+there run out of memory). A job claims an id with an exclusive flock on
+`<lock dir>/<id>.lock`; the kernel drops the lock when the process ends however it ends, so a
+killed job frees its GPUs. CUDA_VISIBLE_DEVICES is set before anything initializes CUDA; the
+job's SGLang servers and torchrun workers inherit it. Where a launcher already set
+CUDA_VISIBLE_DEVICES (SLURM), the ids are drawn from that set.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+__all__ = ["pin_gpus", "visible_gpu_ids"]
+
+log = logging.getLogger("specbuild")
+
+_held: list[int] = []  # lock file descriptors, open for the life of the process
+
+
+def visible_gpu_ids() -> list[str]:
+    """The device ids a job may take: CUDA_VISIBLE_DEVICES when set, else `nvidia-smi -L`."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [i.strip() for i in env.split(",") if i.strip()]
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False).stdout
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+def _lock_dir() -> Path:
+    path = os.environ.get("SPECBUILD_GPU_LOCK_DIR") or Path(
+        tempfile.gettempdir(), f"specbuild-gpus-{os.getuid()}"
+    )
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return Path(path)
+
+
+def _try_lock(path: Path) -> int | None:
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def pin_gpus(
+    count: int, *, wait_s: float = 3600.0, poll_s: float = 2.0, log_every_s: float = 60.0
+) -> list[str]:
+    """Claim `count` free GPUs for this process and restrict CUDA_VISIBLE_DEVICES to them.
+
+    Returns the ids taken ([] for count 0, or where no GPU is visible: then nothing changes
+    and a CUDA job fails on its own with its own message). Waits up to `wait_s` for another
+    job to free GPUs, then raises naming the holders' lock folder.
+    """
+    if count <= 0:
+        return []
+    ids = visible_gpu_ids()
+    if not ids:
+        log.warning("job asks for %d GPU(s) but none is visible: not pinning", count)
+        return []
+    if count > len(ids):
+        raise RuntimeError(
+            f"job asks for {count} GPU(s); this host shows {len(ids)} ({','.join(ids)})"
+        )
+    folder = _lock_dir()
+    start = last_log = time.monotonic()
+    while True:
+        taken: list[tuple[str, int]] = []
+        for gpu in ids:
+            fd = _try_lock(folder / f"{re.sub(r'[^A-Za-z0-9_-]', '_', gpu)}.lock")
+            if fd is not None:
+                taken.append((gpu, fd))
+                if len(taken) == count:
+                    break
+        if len(taken) == count:
+            _held.extend(fd for _, fd in taken)
+            chosen = [gpu for gpu, _ in taken]
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
+            log.info("pinned to GPU(s) %s (of %s)", ",".join(chosen), ",".join(ids))
+            return chosen
+        for _, fd in taken:  # all or nothing: two waiting jobs must not each hold half
+            os.close(fd)
+        now = time.monotonic()
+        if now - start > wait_s:
+            raise TimeoutError(
+                f"no {count} free GPU(s) among {','.join(ids)} after {wait_s:.0f} s; "
+                f"holders keep locks in {folder}"
+            )
+        if now - last_log >= log_every_s:
+            log.info("waiting for %d free GPU(s) among %s", count, ",".join(ids))
+            last_log = now
+        time.sleep(poll_s)

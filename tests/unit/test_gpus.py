@@ -1,0 +1,86 @@
+"""GPU pinning: jobs on one host take disjoint device ids, all or nothing, freed on death.
+
+Real processes and real flocks; the ids are CUDA_VISIBLE_DEVICES tokens, so no GPU is needed.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specbuild import gpus
+
+HOLDER = """
+import sys, time
+from specbuild.gpus import pin_gpus
+print(",".join(pin_gpus(int(sys.argv[1]))), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """Three visible GPUs (ids 3,5,7) and a private lock folder; our own locks released after."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
+    monkeypatch.setenv("SPECBUILD_GPU_LOCK_DIR", str(tmp_path / "locks"))
+    yield
+    while gpus._held:
+        os.close(gpus._held.pop())
+
+
+@pytest.fixture
+def holder():
+    """Start a job process that pins N GPUs and keeps them; returns (process, ids)."""
+    procs = []
+
+    def start(count: int) -> tuple[subprocess.Popen, list[str]]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(count)], stdout=subprocess.PIPE, text=True
+        )
+        procs.append(proc)
+        return proc, proc.stdout.readline().strip().split(",")
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_zero_gpus_changes_nothing(host):
+    assert gpus.pin_gpus(0) == []
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3,5,7"
+
+
+def test_jobs_take_disjoint_ids_and_see_only_theirs(host, holder):
+    _, first = holder(2)
+    assert first == ["3", "5"]
+    assert gpus.pin_gpus(1, wait_s=0) == ["7"]
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
+
+
+def test_all_or_nothing_then_timeout(host, holder):
+    holder(2)
+    with pytest.raises(TimeoutError, match="no 2 free GPU"):
+        gpus.pin_gpus(2, wait_s=0.2, poll_s=0.05)
+    # the failed attempt held nothing: the free id is still free
+    assert gpus.pin_gpus(1, wait_s=0) == ["7"]
+
+
+def test_killed_job_frees_its_gpus(host, holder):
+    proc, ids = holder(3)
+    assert ids == ["3", "5", "7"]
+    proc.kill()
+    proc.wait()
+    assert gpus.pin_gpus(3, wait_s=5, poll_s=0.05) == ["3", "5", "7"]
+
+
+def test_asking_for_more_than_the_host_has(host):
+    with pytest.raises(RuntimeError, match="asks for 4 GPU.*shows 3"):
+        gpus.pin_gpus(4)
+
+
+def test_no_visible_gpu_leaves_the_job_alone(host, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpus.pin_gpus(1) == []
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
