@@ -66,7 +66,10 @@ def synthesize_shard(
     if stop <= start:
         raise ValueError(f"{dataset}: empty prompt range [{start}, {stop})")
     target = read_target_info(fingerprint)
-    prefix = open_user_turn(load_tokenizer(target_dir))
+    tokenizer = load_tokenizer(target_dir)
+    # Token ids, not text: a server would tokenize the rendered text with its BOS in front
+    # of the template's own (Llama 3), and the prompts would open on a context never served.
+    prefix = tokenizer(open_user_turn(tokenizer), add_special_tokens=False)["input_ids"]
     requests = [
         GenerationRequest(id=f"{dataset}-{i:07d}", prompt=prefix, seed=sampling.seed + i)
         for i in range(start, stop)

@@ -7,7 +7,7 @@ It speaks the parts of SGLang's HTTP API that specbuild uses, with deterministic
                             when a drafter is loaded, spec_verify_ct / spec_accept_length;
                             return_hidden_states (needs --enable-return-hidden-states)
   POST /v1/chat/completions OpenAI-style, with usage and reasoning_content
-  POST /v1/completions      raw text prompt; the text depends on the prompt and the seed
+  POST /v1/completions      raw prompt (text or token ids); the text depends on it and the seed
 
 Its argument parser rejects unknown flags the way SGLang's does, and `--help` lists the flags
 it knows. Behaviour switches for failure tests come from the environment (the sweep sets env):
@@ -321,7 +321,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def complete(self, body: dict) -> None:
         m = self.model
-        ids = m.tokens(str(body.get("prompt", "")))
+        prompt = body.get("prompt", "")
+        # token ids pass as they are, like SGLang's input_ids; text goes through the tokenizer
+        ids = list(prompt) if isinstance(prompt, list) else m.tokens(str(prompt))
         seeded = [*ids, int(body.get("seed") or 0)]  # another seed, another text
         sp = {"max_new_tokens": body.get("max_tokens") or 16}
         *_, (n, meta, _done) = m.run(seeded, sp, False)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specbuild.backends import make_backend
-from specbuild.backends.base import GenerationRequest, SamplingParams
+from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
 from specbuild.io import read_jsonl
 from specbuild.synthesize import open_user_turn, synthesize_shard
 
@@ -75,6 +75,29 @@ def test_hf_writes_seeded_prompts_and_keeps_every_reject_with_a_reason(tmp_path,
     # the same seeds in the same batches write the same prompts
     again = _synth(tmp_path / "b", target_dir, hf, stop=4, max_tokens=64)[2]
     assert again == rows
+
+
+def test_the_backend_gets_the_open_user_turn_as_token_ids(tmp_path, target_dir, tokenizer):
+    # Ids, not text: a server tokenizing rendered text puts its own BOS before the template's.
+    seen: list[GenerationRequest] = []
+
+    class Recording:
+        name = model = "recording"
+
+        def generate(self, requests, sampling):
+            seen.extend(requests)
+            return [
+                Generation(r.id, f"Question {r.seed}?", "stop", len(r.prompt), 3) for r in requests
+            ]
+
+        def close(self):
+            pass
+
+    kept, bad, rows, _ = _synth(tmp_path, target_dir, Recording, stop=3)
+    prefix = open_user_turn(tokenizer)
+    ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    assert [r.prompt for r in seen] == [ids] * 3 and tokenizer.decode(ids) == prefix
+    assert (kept, bad) == (3, 0) and rows[0]["messages"][0]["content"] == "Question 7?"
 
 
 def test_too_many_unfinished_prompts_fail_the_shard_after_writing_the_rejects(tmp_path, target_dir):

@@ -23,12 +23,13 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One prompt: chat `messages` (the backend applies the target's chat template) or raw
-    `prompt` text continued as is (the caller rendered it; e.g. an open user turn)."""
+    """One prompt: chat `messages` (the backend applies the target's chat template) or a raw
+    `prompt` continued as is: text, or better token ids, which no server re-tokenizes (a
+    server tokenizing rendered text adds its BOS in front of the template's own)."""
 
     id: str
     messages: list[dict] = field(default_factory=list)  # OpenAI-style, ending with a user turn
-    prompt: str | None = None
+    prompt: str | list[int] | None = None
     seed: int | None = None  # overrides SamplingParams.seed where the backend seeds per request
 
     def __post_init__(self) -> None:

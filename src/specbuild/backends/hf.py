@@ -66,6 +66,8 @@ class HFBackend:
         )
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if isinstance(request.prompt, list):
+            return list(request.prompt)
         if request.prompt is not None:  # already rendered: special tokens are in the text
             return self.tok(request.prompt, add_special_tokens=False)["input_ids"]
         return self.tok.apply_chat_template(
