@@ -16,8 +16,8 @@ from collections.abc import Callable
 import torch
 
 from specbuild.backends.base import GenerationBackend, GenerationRequest, SamplingParams
-from specbuild.io import read_jsonl, write_jsonl
-from specbuild.samples import check_rejected_share
+from specbuild.io import read_jsonl
+from specbuild.rejects import publish_shard
 from specbuild.target import read_target_info
 
 __all__ = ["generate_shard", "split_prompt"]
@@ -132,12 +132,13 @@ def generate_shard(
             )
             yield {"id": row["id"], **res, **src, "target_fingerprint": target.fingerprint}
 
-    n = write_jsonl(out, rows_out())
-    write_jsonl(rejected, bad)
-    for r in bad:
-        log.warning("rejected %s: %s", r["id"], r["reason"])
-    log.info("generate %s: in=%d = written %d + rejected %d", samples, len(rows), n, len(bad))
-    check_rejected_share(
-        n_in=len(rows), n_rejected=len(bad), limit=max_rejected_fraction, what=str(out)
+    n = publish_shard(
+        out=out,
+        rows=rows_out(),
+        rejected=rejected,
+        bad=bad,
+        n_in=len(rows),
+        max_rejected_fraction=max_rejected_fraction,
+        label=f"generate {samples}",
     )
     return n, len(bad)

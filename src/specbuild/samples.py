@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbuild.io import write_jsonl
+from specbuild.rejects import publish_shard
 
 __all__ = [
     "RawRecord",
@@ -27,7 +27,6 @@ __all__ = [
     "record_digests",
     "normalize_sample",
     "write_sample_shard",
-    "check_rejected_share",
 ]
 
 FORMATS = ("auto", "prompt", "messages", "sharegpt")
@@ -199,16 +198,6 @@ def _parse(rec: RawRecord):
         raise SampleError(f"malformed JSON: {err.msg} at column {err.colno}") from None
 
 
-def check_rejected_share(*, n_in: int, n_rejected: int, limit: float, what: str) -> None:
-    """Fail the job when too much of its input was rejected (the rejects are listed in the log)."""
-    share = n_rejected / n_in if n_in else 0.0
-    if share > limit:
-        raise RuntimeError(
-            f"{what}: {n_rejected} of {n_in} rows rejected ({share:.1%} > max_rejected_fraction "
-            f"{limit:.1%}); see the rejected file/log for reasons, fix the input or raise the limit"
-        )
-
-
 def write_sample_shard(
     *,
     raw: str | os.PathLike,
@@ -251,16 +240,14 @@ def write_sample_shard(
     n_in = len(kept) + len(bad)
     if n_in == 0:
         raise ValueError(f"{raw}: no records in [{start}, {stop}); the shard list is out of date")
-    write_jsonl(rejected, bad)
-    write_jsonl(out, kept)
-    log.info(
-        "samples %s [%d, %d): in=%d = kept %d + rejected %d",
-        dataset,
-        start,
-        stop,
-        n_in,
-        len(kept),
-        len(bad),
+    publish_shard(
+        out=out,
+        rows=kept,
+        rejected=rejected,
+        bad=bad,
+        n_in=n_in,
+        max_rejected_fraction=max_rejected_fraction,
+        label=f"samples {dataset} [{start}, {stop})",
+        log_rejects=False,  # logged above with file and line
     )
-    check_rejected_share(n_in=n_in, n_rejected=len(bad), limit=max_rejected_fraction, what=str(out))
     return len(kept), len(bad)

@@ -21,8 +21,7 @@ import os
 from collections.abc import Callable
 
 from specbuild.backends.base import GenerationBackend, GenerationRequest, SamplingParams
-from specbuild.io import write_jsonl
-from specbuild.samples import check_rejected_share
+from specbuild.rejects import publish_shard
 from specbuild.target import load_tokenizer, read_target_info
 
 __all__ = ["open_user_turn", "synthesize_shard"]
@@ -121,14 +120,13 @@ def synthesize_shard(
             )
     finally:
         engine.close()
-    write_jsonl(rejected, bad)
-    write_jsonl(out, kept)
-    for r in bad:
-        log.warning("rejected %s: %s", r["id"], r["reason"])
-    log.info(
-        "synthesize %s: in=%d = kept %d + rejected %d", out, len(requests), len(kept), len(bad)
-    )
-    check_rejected_share(
-        n_in=len(requests), n_rejected=len(bad), limit=max_rejected_fraction, what=str(out)
+    publish_shard(
+        out=out,
+        rows=kept,
+        rejected=rejected,
+        bad=bad,
+        n_in=len(requests),
+        max_rejected_fraction=max_rejected_fraction,
+        label=f"synthesize {out}",
     )
     return len(kept), len(bad)

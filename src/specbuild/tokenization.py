@@ -14,8 +14,8 @@ import logging
 import os
 from dataclasses import dataclass
 
-from specbuild.io import read_jsonl, write_json, write_jsonl
-from specbuild.samples import check_rejected_share
+from specbuild.io import read_jsonl, write_json
+from specbuild.rejects import publish_shard
 from specbuild.target import read_target_info
 
 __all__ = [
@@ -186,8 +186,6 @@ def tokenize_shard(
             continue
         rows.append(t.row)
         n_trunc += t.truncated
-    for r in bad:
-        log.warning("rejected %s: %s", r["id"], r["reason"])
     record = {
         "target": target.name,
         "target_fingerprint": target.fingerprint,
@@ -205,17 +203,15 @@ def tokenize_shard(
             b"".join(str(r["input_ids"]).encode() for r in rows)
         ).hexdigest(),
     }
-    log.info(
-        "tokenize %s: in=%d = rows %d + rejected %d (%d truncated, %d tokens)",
-        generated,
-        n_in,
-        len(rows),
-        len(bad),
-        n_trunc,
-        record["tokens"],
+    publish_shard(
+        out=out,
+        rows=rows,
+        rejected=rejected,
+        bad=bad,
+        n_in=n_in,
+        max_rejected_fraction=max_rejected_fraction,
+        label=f"tokenize {generated}",
+        detail=f" ({n_trunc} truncated, {record['tokens']} tokens)",
     )
-    check_rejected_share(n_in=n_in, n_rejected=len(bad), limit=max_rejected_fraction, what=str(out))
-    write_jsonl(rejected, bad)
-    write_jsonl(out, rows)
     write_json(meta, record)
     return record
