@@ -82,8 +82,13 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
 
 
-def setup_logging(log: str | os.PathLike | None, name: str = "specbuild") -> logging.Logger:
-    """Log to the job's log file (Snakemake `log:`) and to stderr, with timestamps."""
+def setup_logging(
+    log: str | os.PathLike | None, name: str = "specbuild", *, append: bool = False
+) -> logging.Logger:
+    """Log to the job's log file (Snakemake `log:`) and to stderr, with timestamps.
+
+    `append`: a worker process (torchrun) continues the log its launching job started.
+    """
     logger = logging.getLogger(name)
     logger.setLevel(logging.INFO)
     logger.handlers.clear()
@@ -91,7 +96,7 @@ def setup_logging(log: str | os.PathLike | None, name: str = "specbuild") -> log
     handlers: list[logging.Handler] = [logging.StreamHandler()]
     if log:
         Path(log).parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log, mode="w", encoding="utf-8"))
+        handlers.append(logging.FileHandler(log, mode="a" if append else "w", encoding="utf-8"))
     for h in handlers:
         h.setFormatter(fmt)
         logger.addHandler(h)

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from specbuild.hidden.tokens import check_token_meta, read_token_shard
-from specbuild.io import atomic_path, setup_logging, write_json
+from specbuild.io import atomic_path, write_json
 from specbuild.target import read_target_info
 
 __all__ = [
@@ -140,7 +140,6 @@ def build_vocab(
     fingerprint: str | os.PathLike,
     out: str | os.PathLike,
     stats_out: str | os.PathLike,
-    log_path: str | os.PathLike | None = None,
     draft_size: int = 32000,
 ) -> dict:
     """Count, build, check and write the vocab files; returns the stats written.
@@ -148,7 +147,6 @@ def build_vocab(
     Each tokenized shard's .meta.json (`metas`, in the same order) must name the configured
     target's tokenizer and chat template: ids from another tokenizer pick a meaningless vocabulary.
     """
-    setup_logging(log_path)
     target = read_target_info(fingerprint)
     if len(metas) != len(tokens):
         raise ValueError(f"{len(tokens)} tokenized shards but {len(metas)} meta.json files")

@@ -153,8 +153,8 @@ def train_drafter(
             nproc=cfg.nproc,
         )
     rank, world, device = _setup(cfg)
-    if rank == 0:
-        setup_logging(log_path)
+    if rank == 0:  # append: the job's script (or torchrun's launcher) started this log
+        setup_logging(log_path, append=True)
     if threads:
         torch.set_num_threads(threads)
     shards = [str(s) for s in shards]
