@@ -1,10 +1,10 @@
 """The training-time-test objective and its evaluation (alignment: see drafter/train.py).
 
 Loss = sum_i decay**i * soft cross-entropy(teacher, drafter) at unroll step i, averaged over
-the positions that count (teacher = the target's draft-vocab softmax at `temperature`; at 0 its
-argmax, one-hot): the predicted token is a response token and the target's argmax is
-in the draft vocabulary. The teacher is computed once per batch at those positions; step i
-reads it shifted by i (step i at index t predicts what index t+i's teacher predicts).
+the positions that count: the predicted token is a response token and the target's argmax is
+in the draft vocabulary. The teacher is the target's softmax over the draft vocabulary at
+`temperature` (1: as is; 0: its argmax, one-hot), computed once per batch at those positions;
+step i reads it shifted by i (step i at index t predicts what index t+i's teacher predicts).
 """
 
 from __future__ import annotations
