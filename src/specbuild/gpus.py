@@ -6,8 +6,10 @@ with `--resources gpu=2` two single-GPU jobs would both land on GPU 0 (two SGLan
 there run out of memory). A job claims an id with an exclusive flock on
 `<lock dir>/<id>.lock`; the kernel drops the lock when the process ends however it ends, so a
 killed job frees its GPUs. CUDA_VISIBLE_DEVICES is set before anything initializes CUDA; the
-job's SGLang servers and torchrun workers inherit it. Where a launcher already set
-CUDA_VISIBLE_DEVICES (SLURM), the ids are drawn from that set.
+job's SGLang servers and torchrun workers inherit it. Where CUDA_VISIBLE_DEVICES is already
+set, the ids are drawn from that set. Inside a SLURM job nothing is pinned: SLURM allocated the
+job's GPUs, and with device cgroups every job on a node sees its own as id 0, so host-wide
+locks on ids would make jobs wait for each other's unrelated GPUs.
 """
 
 from __future__ import annotations
@@ -64,11 +66,16 @@ def pin_gpus(
 ) -> list[str]:
     """Claim `count` free GPUs for this process and restrict CUDA_VISIBLE_DEVICES to them.
 
-    Returns the ids taken ([] for count 0, or where no GPU is visible: then nothing changes
-    and a CUDA job fails on its own with its own message). Waits up to `wait_s` for another
-    job to free GPUs, then raises naming the holders' lock folder.
+    Returns the ids taken ([] for count 0, inside a SLURM job, or where no GPU is visible:
+    then nothing changes and a CUDA job fails on its own with its own message). Waits up to
+    `wait_s` for another job to free GPUs, then raises naming the holders' lock folder.
     """
     if count <= 0:
+        return []
+    if os.environ.get("SLURM_JOB_ID"):
+        log.info(
+            "SLURM job %s: its allocation holds the GPUs, not pinning", os.environ["SLURM_JOB_ID"]
+        )
         return []
     ids = visible_gpu_ids()
     if not ids:

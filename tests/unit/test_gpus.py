@@ -23,6 +23,7 @@ time.sleep(600)
 def host(tmp_path, monkeypatch):
     """Three visible GPUs (ids 3,5,7) and a private lock folder; our own locks released after."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setenv("SPECBUILD_GPU_LOCK_DIR", str(tmp_path / "locks"))
     yield
     while gpus._held:
@@ -84,3 +85,11 @@ def test_no_visible_gpu_leaves_the_job_alone(host, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert gpus.pin_gpus(1) == []
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_slurm_job_keeps_its_allocation(host, holder, monkeypatch):
+    # with device cgroups every job on a node sees its GPU as id 0: locks would serialize them
+    holder(3)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert gpus.pin_gpus(1, wait_s=0) == []
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "3,5,7"
