@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ __all__ = [
     "write_jsonl",
     "read_jsonl",
     "setup_logging",
+    "ensure_free_space",
 ]
 
 
@@ -80,6 +82,19 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
                 yield json.loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+
+
+def ensure_free_space(path: str | os.PathLike, nbytes: int, *, hint: str = "") -> None:
+    """Fail before the work when the filesystem of `path` has less than `nbytes` free (with 5%
+    to spare): a write that fills the disk after an hour of GPU work loses the hour."""
+    folder = Path(path).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(folder).free
+    if free < nbytes * 1.05:
+        raise OSError(
+            f"{path}: needs ~{nbytes / 1e9:.2f} GB, {folder} has {free / 1e9:.2f} GB free"
+            + (f"; {hint}" if hint else "")
+        )
 
 
 def setup_logging(

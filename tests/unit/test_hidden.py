@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from specbuild.hidden.shards import (
     check_shard,
     dequantize_aux,
     read_shard,
+    shard_nbytes,
     verify_shard_file,
 )
 from specbuild.hidden.tokens import TokenizedShardError, read_token_shard
@@ -336,6 +338,32 @@ def test_a_backend_producing_nan_fails_the_job_and_publishes_nothing(
     with pytest.raises(ShardError, match=r"(?s)00000\.safetensors.*aux: \d+ NaN/Inf"):
         _extract(tokenized, target_dir, out)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("storage", ["bf16", "fp8"])
+def test_the_size_estimate_matches_the_written_file(storage, bf16_shard, fp8_shard, tokenized):
+    path = bf16_shard if storage == "bf16" else fp8_shard
+    shard = _token_shard(tokenized)
+    estimate = shard_nbytes(
+        tokens=shard.num_tokens, samples=len(shard), hidden_size=576, storage=storage
+    )
+    assert 0 < os.path.getsize(path) - estimate < 2048  # the safetensors header and metadata
+
+
+def test_a_disk_too_small_stops_extraction_before_any_model_loads(
+    tmp_path, tokenized, target_dir, monkeypatch
+):
+    # A real full disk cannot be made here: the filesystem reports 1 kB free.
+    monkeypatch.setattr(
+        "specbuild.io.shutil.disk_usage",
+        lambda _: SimpleNamespace(total=10**4, used=9000, free=1000),
+    )
+    loaded = []
+    monkeypatch.setattr("specbuild.hidden.extract.open_backend", lambda *a, **k: loaded.append(1))
+    out = tmp_path / "00000.safetensors"
+    with pytest.raises(OSError, match=r"00000\.safetensors: needs ~0\.\d+ GB.*hidden.storage: fp8"):
+        _extract(tokenized, target_dir, out)
+    assert loaded == [] and list(tmp_path.iterdir()) == []
 
 
 # --- the consistency gate -------------------------------------------------------------------

@@ -31,8 +31,15 @@ from torch import Tensor
 
 import specbuild
 from specbuild.hidden.fp8 import quantize_fp8
-from specbuild.hidden.shards import AUX_LAYERS, STORAGE_DTYPES, check_shard, write_shard
+from specbuild.hidden.shards import (
+    AUX_LAYERS,
+    STORAGE_DTYPES,
+    check_shard,
+    shard_nbytes,
+    write_shard,
+)
 from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
+from specbuild.io import ensure_free_space
 from specbuild.target import read_target_info
 
 __all__ = [
@@ -247,14 +254,29 @@ def extract_shard(
     ids = resolve_layer_ids(layer_ids or [], target.num_hidden_layers)
     shard = read_token_shard(tokens, vocab_size=target.vocab_size)
     check_token_meta(meta, target, rows=len(shard))  # fail before loading any model
+    nbytes = shard_nbytes(
+        tokens=shard.num_tokens,
+        samples=len(shard),
+        hidden_size=target.hidden_size,
+        storage=storage,
+    )
+    ensure_free_space(
+        out,
+        nbytes,
+        hint="free space, or halve the aux states with hidden.storage: fp8"
+        if storage == "bf16"
+        else "free space or use smaller shards",
+    )
     log.info(
-        "%s: %d samples, %d tokens; backend %s, layer ids %s, storage %s, compute %s",
+        "%s: %d samples, %d tokens; backend %s, layer ids %s, storage %s (~%.2f GB on disk "
+        "and in memory), compute %s",
         tokens,
         len(shard),
         shard.num_tokens,
         backend,
         ids,
         storage,
+        nbytes / 1e9,
         dtype,
     )
     engine = open_backend(

@@ -38,6 +38,7 @@ __all__ = [
     "SHARD_KEYS",
     "STORAGE_DTYPES",
     "ShardError",
+    "shard_nbytes",
     "write_shard",
     "read_shard",
     "read_header",
@@ -76,6 +77,14 @@ _ST_DTYPES = {
     torch.float32: "F32",
     FP8_DTYPE: "F8_E4M3",
 }
+
+
+def shard_nbytes(*, tokens: int, samples: int, hidden_size: int, storage: str) -> int:
+    """Bytes a shard of `tokens` tokens in `samples` samples takes on disk (header excluded)."""
+    aux = AUX_LAYERS * hidden_size * STORAGE_DTYPES[storage].itemsize
+    scales = AUX_LAYERS * 4 if storage == "fp8" else 0
+    per_token = aux + scales + 2 * hidden_size + 4 + 1  # + last bf16, input_ids, loss_mask
+    return tokens * per_token + 8 * (samples + 1)
 
 
 class ShardError(ValueError):
