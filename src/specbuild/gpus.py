@@ -39,7 +39,12 @@ def visible_gpu_ids() -> list[str]:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return []
-    out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False).stdout
+    try:
+        out = subprocess.run(
+            [smi, "-L"], capture_output=True, text=True, check=False, timeout=60
+        ).stdout
+    except subprocess.TimeoutExpired:  # a wedged driver: let the job fail on CUDA itself
+        return []
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
 
 
