@@ -365,7 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     Handler.model = Model(args)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
-    print(f"stub: serving {args.model_path} on http://{args.host}:{args.port}", flush=True)
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES", "")  # what the job pinned, for the tests
+    print(
+        f"stub: serving {args.model_path} on http://{args.host}:{args.port} "
+        f"(CUDA_VISIBLE_DEVICES={gpus})",
+        flush=True,
+    )
     try:
         server.serve_forever()
     finally:

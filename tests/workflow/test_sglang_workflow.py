@@ -6,6 +6,7 @@ row and shard formats), not SGLang itself: that is the GPU run's job (tools/h200
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 
@@ -116,3 +117,33 @@ def test_openai_endpoint_key_never_reaches_params_metadata_or_logs(
         p.read_text(errors="replace") for p in (wd / ".snakemake").rglob("*") if p.is_file()
     )
     assert "SPECBUILD_WF_KEY" in meta  # the variable's name is a param; its value is not
+
+
+def test_gpu_jobs_pin_distinct_devices_and_their_servers_see_only_those(
+    tmp_path, target_dir, monkeypatch
+):
+    """Two generate shards on `--resources gpu=2`: each job pins one id of the two visible
+    ones and the server it starts inherits it. Ids are CUDA_VISIBLE_DEVICES tokens, so the
+    stub runs without a GPU."""
+    from workflow_helpers import REPO, make_workdir, snakemake, tiny_config, write_config
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
+    monkeypatch.setenv("SPECBUILD_GPU_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    wd = make_workdir(tmp_path / "wf", target_dir)
+    config = tiny_config(generate={"backend": "sglang", "max_new_tokens": 4})
+    config["sglang"] = {
+        "launcher": [sys.executable, str(REPO / "tests" / "stubs" / "sglang_stub.py")],
+        "startup_timeout_s": 30,
+    }
+    write_config(wd, config)
+    shards = ["00000", "00001"]
+    targets = [f"results/generated/tiny/{s}.jsonl" for s in shards]
+    # targets first: --resources takes every word after it
+    snakemake(wd, *targets, "--cores", "4", "--resources", "gpu=2")
+
+    for shard in shards:
+        text = (wd / "logs" / "generate" / "tiny" / f"{shard}.log").read_text()
+        pinned = re.search(r"pinned to GPU\(s\) (\S+) \(of 5,6\)", text)
+        assert pinned and pinned.group(1) in ("5", "6"), text[-2000:]
+        assert f"(CUDA_VISIBLE_DEVICES={pinned.group(1)})" in text  # the server inherited it
