@@ -311,11 +311,7 @@ class Handler(BaseHTTPRequestHandler):
                 "object": "chat.completion",
                 "model": self.served_name(),
                 "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
-                "usage": {
-                    "prompt_tokens": len(ids),
-                    "completion_tokens": n,
-                    "total_tokens": len(ids) + n,
-                },
+                "usage": _usage(len(ids), n),
             }
         )
 
@@ -335,13 +331,17 @@ class Handler(BaseHTTPRequestHandler):
                 "object": "text_completion",
                 "model": self.served_name(),
                 "choices": [{"index": 0, "text": text, "finish_reason": finish}],
-                "usage": {
-                    "prompt_tokens": len(ids),
-                    "completion_tokens": n,
-                    "total_tokens": len(ids) + n,
-                },
+                "usage": _usage(len(ids), n),
             }
         )
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,7 @@ from specbuild.hidden.fp8 import quantize_fp8
 from specbuild.hidden.shards import (
     AUX_LAYERS,
     STORAGE_DTYPES,
+    aux_nbytes_per_token,
     check_shard,
     shard_nbytes,
     write_shard,
@@ -329,9 +330,6 @@ def extract_shard(
         seconds=seconds,
         file_bytes=os.path.getsize(out),
     )
-    aux_bytes = tensors["aux"].element_size() * tensors["aux"].shape[1] + (
-        4 * AUX_LAYERS if storage == "fp8" else 0
-    )
     log.info(
         "wrote %s: %d tokens in %d batches (%.1f%% padding), %.1f tokens/s; "
         "%.0f bytes/token on disk (aux %d + last %d; one-file-per-sample bf16 format: %d)",
@@ -341,7 +339,7 @@ def extract_shard(
         100 * (1 - stats.tokens / max(padded, 1)),
         stats.tokens_per_s,
         stats.bytes_per_token,
-        aux_bytes,
+        aux_nbytes_per_token(target.hidden_size, storage),
         2 * target.hidden_size,
         8 * target.hidden_size,
     )

@@ -38,6 +38,7 @@ __all__ = [
     "SHARD_KEYS",
     "STORAGE_DTYPES",
     "ShardError",
+    "aux_nbytes_per_token",
     "shard_nbytes",
     "write_shard",
     "read_shard",
@@ -79,11 +80,16 @@ _ST_DTYPES = {
 }
 
 
+def aux_nbytes_per_token(hidden_size: int, storage: str) -> int:
+    """Bytes of `aux` per token: three layers at the storage dtype (+ fp8's float32 scales)."""
+    scales = AUX_LAYERS * 4 if storage == "fp8" else 0
+    return AUX_LAYERS * hidden_size * STORAGE_DTYPES[storage].itemsize + scales
+
+
 def shard_nbytes(*, tokens: int, samples: int, hidden_size: int, storage: str) -> int:
     """Bytes a shard of `tokens` tokens in `samples` samples takes on disk (header excluded)."""
-    aux = AUX_LAYERS * hidden_size * STORAGE_DTYPES[storage].itemsize
-    scales = AUX_LAYERS * 4 if storage == "fp8" else 0
-    per_token = aux + scales + 2 * hidden_size + 4 + 1  # + last bf16, input_ids, loss_mask
+    aux = aux_nbytes_per_token(hidden_size, storage)
+    per_token = aux + 2 * hidden_size + 4 + 1  # + last bf16, input_ids, loss_mask
     return tokens * per_token + 8 * (samples + 1)
 
 
