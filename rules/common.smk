@@ -224,14 +224,12 @@ def sglang_backend_args(backend):
 
 
 def sglang_feature_args():
-    """Keyword options of the sglang feature backend (stages hidden and align)."""
+    """Keyword options of the in-process sglang feature backend (stages hidden and align)."""
     sg = config["sglang"]
     return {
-        **sglang_server_options(),
+        "server_args": dict(sg["server_args"]),
+        "env": {k: str(v) for k, v in sg["env"].items()},
         "mem_fraction_static": sg["hidden"]["mem_fraction_static"],
-        "request_batch": sg["hidden"]["request_batch"],
-        "mode": sg["hidden"]["mode"],
-        "request_timeout_s": sg["request_timeout_s"],
     }
 
 

@@ -55,3 +55,70 @@ def target_model(target_dir):
     from specbuild.target import load_target_model
 
     return load_target_model(target_dir)
+
+
+@pytest.fixture(scope="session")
+def random_drafter():
+    """Factory: a random-weight EAGLE-3 drafter folder in the export layout (config.json and
+    model.safetensors, the names stage export writes) for `target_config` at `layer_ids`."""
+    from safetensors.torch import save_file
+
+    from specbuild.drafter.config import DrafterConfig
+    from specbuild.export import expected_tensors, hf_config
+    from specbuild.io import write_json
+
+    def make(folder: Path, target_config: dict, layer_ids: list[int], *, seed: int = 0) -> Path:
+        target = dict(target_config.get("text_config", target_config))
+        cfg = DrafterConfig.from_target(target, draft_vocab_size=min(256, target["vocab_size"]))
+        config = hf_config(cfg, layer_ids=layer_ids, target_config=target, dtype="bfloat16")
+        g = torch.Generator().manual_seed(seed)
+        tensors = {}
+        for name, (shape, _dtype) in expected_tensors(cfg, "bfloat16").items():
+            if name == "d2t":
+                tensors[name] = torch.zeros(shape, dtype=torch.int64)  # draft id i -> target i
+            elif name == "t2d":
+                tensors[name] = torch.arange(shape[0]) < cfg.draft_vocab_size
+            elif name.endswith("norm.weight"):
+                tensors[name] = torch.ones(shape, dtype=torch.bfloat16)
+            else:
+                tensors[name] = (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(folder / "config.json", config)
+        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return folder
+
+    return make
+
+
+class FakePrefillRunner:
+    """specbuild.hidden.sglang's PrefillRunner contract on the CPU, for tests: transformers
+    computes what SGLang's model runner would (packed states in request order). The SGLang
+    runner itself needs a GPU; the gpu-marked tests run it for real."""
+
+    def __init__(self, model, layer_ids, *, max_tokens=10**6, max_requests=1024, drop_row=False):
+        from specbuild.hidden.hf import HFFeatureBackend
+
+        self.hf = HFFeatureBackend(model, layer_ids)
+        self.device = torch.device("cpu")
+        self.hidden_size = int(model.config.hidden_size)
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_tokens, self.max_requests = max_tokens, max_requests
+        self.drop_row = drop_row  # a runner that loses a row (as a prefix cache would)
+        self.calls: list[list[int]] = []
+        self.closed = False
+
+    def prefill(self, batch, *, capture=True):
+        assert sum(map(len, batch)) <= self.max_tokens and len(batch) <= self.max_requests
+        self.calls.append([len(s) for s in batch])
+        f = self.hf.extract(batch)
+        last, aux = (f.last[1:], f.aux[1:]) if self.drop_row else (f.last, f.aux)
+        return last, (aux if capture else None)
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture(scope="session")
+def fake_runner():
+    """The FakePrefillRunner class (see its docstring)."""
+    return FakePrefillRunner

@@ -206,8 +206,8 @@ def check_alignment(
         close = getattr(engine, "close", None)
         if close is not None:
             close()
-    serve_aux = torch.cat([a.float() for a, _ in served])  # shape: [T, 3H]
-    serve_last = torch.cat([b.float() for _, b in served])  # shape: [T, H]
+    serve_aux = served.aux.float().cpu()  # shape: [T, 3H]
+    serve_last = served.last.float().cpu()  # shape: [T, H]
     t_aux, t_last = torch.cat(train_aux), torch.cat(train_last)
     hidden = t_last.shape[1]
     layers = [

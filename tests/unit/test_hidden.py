@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from specbuild.hidden.extract import (
+    Features,
     default_layer_ids,
     extract_shard,
     plan_batches,
@@ -171,7 +172,7 @@ def test_padded_batch_features_equal_unbatched_hidden_states_at_id_plus_one(
 ):
     backend = HFFeatureBackend(target_model, LAYER_IDS)
     feats = backend.extract([r["input_ids"] for r in rows])  # right-padded to the longest
-    for (aux, last), (hs, _) in zip(feats, reference, strict=True):
+    for (aux, last), (hs, _) in zip(feats.split(), reference, strict=True):
         want_aux = torch.cat([hs[i + 1] for i in LAYER_IDS], dim=-1)
         torch.testing.assert_close(aux, want_aux, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(last, hs[-1], rtol=1e-4, atol=1e-4)
@@ -196,7 +197,7 @@ def test_lm_head_of_last_reproduces_the_target_logits(target_model, rows, refere
     off = tensors["offsets"].tolist()
     with torch.no_grad():
         for i, (row, (_, logits)) in enumerate(zip(rows, reference, strict=True)):
-            ((_, last),) = backend.extract([row["input_ids"]])
+            last = backend.extract([row["input_ids"]]).last
             torch.testing.assert_close(target_model.lm_head(last), logits, rtol=1e-4, atol=1e-3)
             stored = target_model.lm_head(tensors["last"][off[i] : off[i + 1]].float())
             assert torch.equal(stored.argmax(-1), logits.argmax(-1))
@@ -326,12 +327,12 @@ def test_a_backend_producing_nan_fails_the_job_and_publishes_nothing(
 ):
     class NaNBackend:
         name = "hf"
+        device = torch.device("cpu")
 
         def extract(self, batch):
-            return [
-                (torch.full((len(s), 3 * 576), float("nan")), torch.zeros(len(s), 576))
-                for s in batch
-            ]
+            n = sum(map(len, batch))
+            aux = torch.full((n, 3 * 576), float("nan"))
+            return Features(aux, torch.zeros(n, 576), tuple(map(len, batch)))
 
     monkeypatch.setattr("specbuild.hidden.extract.open_backend", lambda *a, **k: NaNBackend())
     out = tmp_path / "00000.safetensors"
@@ -362,6 +363,19 @@ def test_a_disk_too_small_stops_extraction_before_any_model_loads(
     monkeypatch.setattr("specbuild.hidden.extract.open_backend", lambda *a, **k: loaded.append(1))
     out = tmp_path / "00000.safetensors"
     with pytest.raises(OSError, match=r"00000\.safetensors: needs ~0\.\d+ GB.*hidden.storage: fp8"):
+        _extract(tokenized, target_dir, out)
+    assert loaded == [] and list(tmp_path.iterdir()) == []
+
+
+def test_host_memory_too_small_stops_extraction_before_any_model_loads(
+    tmp_path, tokenized, target_dir, monkeypatch
+):
+    # the shard's buffers live in host memory until the write: 1 kB "available" cannot hold them
+    monkeypatch.setattr("specbuild.io.available_memory", lambda: 1000)
+    loaded = []
+    monkeypatch.setattr("specbuild.hidden.extract.open_backend", lambda *a, **k: loaded.append(1))
+    out = tmp_path / "00000.safetensors"
+    with pytest.raises(MemoryError, match=r"00000\.safetensors's host buffers: needs ~0\.\d+ GB"):
         _extract(tokenized, target_dir, out)
     assert loaded == [] and list(tmp_path.iterdir()) == []
 
@@ -410,7 +424,7 @@ def test_cuda_bf16_extraction_stays_aligned_with_cpu_float32(target_dir, rows, r
         target_dir, layer_ids=LAYER_IDS, dtype="bfloat16", device="cuda"
     )
     feats = backend.extract([r["input_ids"] for r in rows])
-    for (aux, last), (hs, _) in zip(feats, reference, strict=True):
+    for (aux, last), (hs, _) in zip(feats.split(), reference, strict=True):
         want_aux = torch.cat([hs[i + 1] for i in LAYER_IDS], dim=-1)
         # bf16 compute drifts in value, not in direction: every token's state points the same way
         for got, want in ((aux.float(), want_aux), (last.float(), hs[-1])):

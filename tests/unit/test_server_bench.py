@@ -28,7 +28,6 @@ from specbuild.bench.tuning import (
     run_tuning_point,
     write_tuning_outputs,
 )
-from specbuild.hidden.sglang import write_capture_drafter
 from specbuild.io import read_json, read_jsonl
 
 STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
@@ -42,9 +41,9 @@ MT_BENCH = {
 
 
 @pytest.fixture(scope="module")
-def drafter(tmp_path_factory, target_dir) -> Path:
+def drafter(tmp_path_factory, target_dir, random_drafter) -> Path:
     cfg = json.loads((target_dir / "config.json").read_text())
-    return write_capture_drafter(tmp_path_factory.mktemp("drafter"), cfg, [1, 14, 26])
+    return random_drafter(tmp_path_factory.mktemp("drafter"), cfg, [1, 14, 26])
 
 
 def test_spec_server_args_for_a_chain_and_for_the_baseline(tmp_path):

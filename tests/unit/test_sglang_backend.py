@@ -1,18 +1,17 @@
 """SGLang backends against the loopback stub (tests/stubs/sglang_stub.py) started as a real
 subprocess on 127.0.0.1: flag building, server start/stop/failure, the OpenAI-compatible
-client, and the hidden-state backend. These complement the GPU run; they never replace it."""
+client. These complement the GPU run; they never replace it. (Hidden states with SGLang run in
+process: tests/unit/test_sglang_features.py.)"""
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
 
 from specbuild.backends import make_backend
 from specbuild.backends.base import GenerationRequest, SamplingParams
@@ -25,17 +24,9 @@ from specbuild.backends.server import (
     launcher_help,
     unknown_flags,
 )
-from specbuild.hidden.sglang import (
-    RowCountError,
-    SGLangFeatureBackend,
-    parse_hidden_states,
-    write_capture_drafter,
-)
 
 STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
 LAUNCHER = (sys.executable, str(STUB))
-sys.path.insert(0, str(STUB.parent))
-from sglang_stub import FINAL_LAYER, stub_feature  # noqa: E402
 
 TINY_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -263,119 +254,3 @@ def test_make_backend_sglang_launches_generates_and_stops_its_server(model_dir):
     finally:
         backend.close()
     assert backend.server.proc.poll() is not None
-
-
-# --- hidden states ---------------------------------------------------------------------------
-
-
-def test_capture_drafter_is_an_eagle3_folder_with_the_requested_layer_ids(tmp_path):
-    folder = write_capture_drafter(tmp_path / "d", TINY_CONFIG, [1, 3, 4])
-    cfg = json.loads((folder / "config.json").read_text())
-    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
-    from safetensors import safe_open
-
-    with safe_open(str(folder / "model.safetensors"), "pt") as fh:
-        keys = set(fh.keys())
-        assert tuple(fh.get_slice("fc.weight").get_shape()) == (8, 24)
-    assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= keys
-    assert not any(k.startswith("embed_tokens") for k in keys)
-    from specbuild.export import export_faults
-
-    assert export_faults(folder) == []  # the very layout stage export checks for SGLang
-
-
-def test_feature_backend_returns_aux_at_the_drafter_layers_and_the_final_state(model_dir):
-    layer_ids = [1, 3, 4]
-    fb = SGLangFeatureBackend(
-        target_dir=model_dir,
-        layer_ids=layer_ids,
-        launcher=LAUNCHER,
-        startup_timeout_s=20,
-        request_batch=2,
-    )
-    try:
-        batch = [[5, 6, 7, 8], [5, 6, 7], [9]]  # shared prefixes: the radix cache must be off
-        out = fb.extract(batch)
-    finally:
-        fb.close()
-    assert [tuple(a.shape) for a, _ in out] == [(4, 24), (3, 24), (1, 24)]
-    assert [tuple(b.shape) for _, b in out] == [(4, 8), (3, 8), (1, 8)]
-    aux, last = out[1]
-    want_aux = [stub_feature(6, 1, layer, j) for layer in layer_ids for j in range(8)]
-    assert torch.allclose(aux[1], torch.tensor(want_aux))
-    assert math.isclose(float(last[2, 5]), stub_feature(7, 2, FINAL_LAYER, 5), rel_tol=1e-6)
-    assert all(s.proc.poll() is not None for s in fb.servers.values())
-
-
-def test_a_radix_cache_hit_dropping_rows_is_caught_not_written(model_dir):
-    # a plain server with the radix cache on, as a user might configure it by hand
-    spec = spec_for(model_dir, "--enable-return-hidden-states")
-    from specbuild.backends.openai import post_json
-
-    with SGLangServer(spec) as srv:
-        payload = {
-            "input_ids": [[3, 4, 5, 6]],
-            "return_hidden_states": True,
-            "sampling_params": {"max_new_tokens": 1},
-        }
-        post_json(srv.base_url + "/generate", payload)
-        [again] = post_json(srv.base_url + "/generate", payload)
-    with pytest.raises(RowCountError, match=r"1 hidden-state rows for 4 input tokens"):
-        parse_hidden_states(again, n_tokens=4, width=8, what="sample 0")
-
-
-def test_parse_hidden_states_rejects_a_wrong_width():
-    resp = {"meta_info": {"hidden_states": [[[0.0] * 8, [0.0] * 8]]}}
-    with pytest.raises(RowCountError, match=r"expected \[2, 24\]"):
-        parse_hidden_states(resp, n_tokens=2, width=24, what="aux")
-
-
-def test_sequential_mode_runs_one_server_at_a_time_with_the_same_rows(model_dir):
-    fb = SGLangFeatureBackend(
-        target_dir=model_dir,
-        layer_ids=[1, 3, 4],
-        launcher=LAUNCHER,
-        startup_timeout_s=20,
-        mode="sequential",
-    )
-    try:
-        assert all(s.proc is None for s in fb.servers.values())  # nothing runs until asked
-        [(aux, last)] = fb.extract([[5, 6, 7]])
-        assert all(s.proc.poll() is not None for s in fb.servers.values())
-    finally:
-        fb.close()
-    assert tuple(aux.shape) == (3, 24) and tuple(last.shape) == (3, 8)
-    assert math.isclose(float(aux[2, 9]), stub_feature(7, 2, 3, 1), rel_tol=1e-6)
-
-
-def test_second_feature_server_gets_about_the_first_ones_share_under_both_accountings():
-    from specbuild.hidden.sglang import second_mem_fraction
-
-    f = 0.3
-    f2 = second_mem_fraction(f)
-    assert f2 - f == pytest.approx(0.3)  # KV budget vs total memory
-    assert f2 * (1 - f) == pytest.approx(0.42)  # vs memory free before its weights loaded
-
-
-def test_parallel_mode_refuses_a_fraction_two_servers_cannot_share(model_dir):
-    with pytest.raises(ValueError, match="mode: sequential"):
-        SGLangFeatureBackend(
-            target_dir=model_dir, layer_ids=[1, 3, 4], launcher=LAUNCHER, mem_fraction_static=0.6
-        )
-
-
-def test_feature_servers_start_in_turn_the_second_with_the_larger_fraction(model_dir):
-    fb = SGLangFeatureBackend(
-        target_dir=model_dir,
-        layer_ids=[1, 3, 4],
-        launcher=LAUNCHER,
-        startup_timeout_s=20,
-        mem_fraction_static=0.3,
-    )
-    try:
-        aux = fb.servers["aux"].get_json("/server_info")
-        last = fb.servers["last"].get_json("/server_info")
-    finally:
-        fb.close()
-    assert (aux["mem_fraction_static"], last["mem_fraction_static"]) == ("0.3", "0.6")

@@ -2,6 +2,14 @@
 forward pass over the very same batches, and bytes per token on disk.
 
     python -m specbuild.bench.extract [--target-dir results/target/<name>] [--device cpu]
+    python -m specbuild.bench.extract --engine sglang [--preset llama8b] ...   # one GPU
+
+`--engine sglang` measures, in one process on one GPU and on the same mixed-length batches:
+SGLang's bare prefill (its model runner, aux capture off), the full SGLang extraction (capture,
+bf16/fp8 packing on the GPU, copies behind the compute, shard write) and the full transformers
+extraction (same steps, HF forward). `--preset llama8b` runs a Llama-3.1-8B-shaped target with
+random weights (SGLang's load_format dummy; speed does not depend on weight values), built
+from its config alone; otherwise the materialized target folder.
 
 The bare pass runs the target's base model (no lm_head, no hidden-state capture) on the batches
 `plan_batches` makes; extraction runs the full path: HF backend with aux capture, copies to CPU,
@@ -34,7 +42,7 @@ from specbuild.hidden.tokens import TokenShard
 from specbuild.io import write_json
 from specbuild.target import read_target_info
 
-__all__ = ["synthetic_shard", "run_extract_bench", "main"]
+__all__ = ["synthetic_shard", "run_extract_bench", "run_sglang_extract_bench", "main"]
 
 
 def synthetic_shard(
@@ -153,6 +161,154 @@ def run_extract_bench(
     }
 
 
+def _random_target(folder: Path, preset: str) -> Path:
+    """A config-only folder of a drafter-bench preset's target shapes (weights: random)."""
+    from specbuild.drafter.synthetic import PRESETS, target_config
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(
+        folder / "config.json", {**target_config(PRESETS[preset]), "torch_dtype": "bfloat16"}
+    )
+    return folder
+
+
+def _hf_random(folder: Path, device: str) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(str(folder))
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+
+
+def run_sglang_extract_bench(
+    *,
+    target_dir: str | os.PathLike | None,
+    preset: str | None = None,
+    tokenizer_dir: str | os.PathLike | None = None,
+    server_args: dict | None = None,
+    mem_fraction_static: float = 0.5,
+    batch_tokens: int = 16384,
+    samples: int = 256,
+    min_len: int = 64,
+    max_len: int = 1024,
+    repeats: int = 3,
+    scratch: str | os.PathLike | None = None,
+) -> dict:
+    """SGLang bare prefill vs SGLang extraction vs transformers extraction (module doc)."""
+    from specbuild.hidden.hf import HFFeatureBackend
+    from specbuild.hidden.sglang import SGLangFeatureBackend, SGLangRunner
+
+    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+        args = {"attention_backend": "triton", "sampling_backend": "pytorch", **(server_args or {})}
+        if preset:
+            folder = _random_target(Path(tmp) / preset, preset)
+            args.update(load_format="dummy", dtype="bfloat16", context_length=max_len + 8)
+            if tokenizer_dir:  # SGLang loads a tokenizer with every runner; any one will do
+                args["tokenizer_path"] = str(tokenizer_dir)
+        else:
+            folder = Path(target_dir)
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg = cfg.get("text_config", cfg)
+        hidden, vocab = int(cfg["hidden_size"]), int(cfg["vocab_size"])
+        ids = resolve_layer_ids([], int(cfg["num_hidden_layers"]))
+        runner = SGLangRunner(
+            folder, layer_ids=ids, server_args=args, mem_fraction_static=mem_fraction_static
+        )
+        sglang = SGLangFeatureBackend(runner)
+        if preset:
+            hf_model = _hf_random(folder, "cuda")
+        else:
+            from specbuild.target import load_target_model
+
+            hf_model = load_target_model(folder, dtype="bfloat16", device="cuda")
+        hf = HFFeatureBackend(hf_model, ids)
+        shard = synthetic_shard(samples, min_len=min_len, max_len=max_len, vocab_size=vocab)
+        offsets = shard.offsets.tolist()
+        lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+        plan = plan_batches(lengths, batch_tokens)
+        batches = [[shard.sample(i) for i in b] for b in plan]
+
+        def bare() -> None:
+            for batch in batches:
+                runner.prefill(batch, capture=False)
+            torch.cuda.synchronize()
+
+        sizes: dict[str, float] = {}
+        writes: dict[str, list[float]] = {}
+
+        def extract(backend, storage: str) -> Callable[[], None]:
+            def run() -> None:
+                tensors = extract_features(
+                    shard, backend, hidden_size=hidden, storage=storage, batch_tokens=batch_tokens
+                )[0]
+                path = Path(tmp) / f"{backend.name}-{storage}.safetensors"
+                start = time.perf_counter()
+                write_shard(path, tensors, {"dtype": storage})
+                writes.setdefault(f"{backend.name}_{storage}", []).append(
+                    time.perf_counter() - start
+                )
+                sizes[storage] = os.path.getsize(path) / shard.num_tokens
+                path.unlink()
+
+            return run
+
+        runs = {
+            "sglang_bare": bare,
+            "sglang_bf16": extract(sglang, "bf16"),
+            "sglang_fp8": extract(sglang, "fp8"),
+            "hf_bf16": extract(hf, "bf16"),
+            "hf_fp8": extract(hf, "fp8"),
+        }
+        for fn in runs.values():  # warm-up: kernel compiles, first allocations, pinning
+            fn()
+        wall: dict[str, list[float]] = {k: [] for k in runs}
+        for _ in range(repeats):
+            for k, fn in runs.items():
+                _timed(fn, wall[k], [])
+        runner.close()
+    tokens = shard.num_tokens
+    tps = {k: tokens / min(v) for k, v in wall.items()}
+    return {
+        "engine": "sglang",
+        "target": preset or Path(target_dir).name,
+        "weights": "random (load_format dummy)" if preset else "real",
+        "device": torch.cuda.get_device_name(),
+        "hidden_size": hidden,
+        "layer_ids": ids,
+        "samples": samples,
+        "tokens": tokens,
+        "padded_tokens": sum(len(b) * lengths[b[0]] for b in plan),
+        "batches": len(batches),
+        "batch_tokens": batch_tokens,
+        "tokens_per_s": {k: round(v, 1) for k, v in tps.items()},
+        "ratio_to_sglang_bare": {k: round(v / tps["sglang_bare"], 3) for k, v in tps.items()},
+        "sglang_over_hf": {
+            k: round(tps[f"sglang_{k}"] / tps[f"hf_{k}"], 2) for k in ("bf16", "fp8")
+        },
+        "bytes_per_token": {k: round(v, 1) for k, v in sizes.items()},
+        # of the timed runs above: the shard write alone (safetensors, temp + rename)
+        "write_s_best": {k: round(min(v), 3) for k, v in writes.items()},
+        "seconds_best": {k: round(min(v), 3) for k, v in wall.items()},
+        "repeats": repeats,
+    }
+
+
+def _sglang_markdown(r: dict) -> str:
+    rows = ["| path | tokens/s | vs SGLang bare prefill |", "|---|---|---|"]
+    names = {
+        "sglang_bare": "SGLang bare prefill (capture off)",
+        "sglang_bf16": "SGLang extraction, bf16 shard written",
+        "sglang_fp8": "SGLang extraction, fp8 shard written",
+        "hf_bf16": "transformers extraction, bf16 shard written",
+        "hf_fp8": "transformers extraction, fp8 shard written",
+    }
+    for k, name in names.items():
+        rows.append(
+            f"| {name} | {r['tokens_per_s'][k]:,.0f} | {r['ratio_to_sglang_bare'][k]:.3f} |"
+        )
+    return "\n".join(rows)
+
+
 def _markdown(r: dict) -> str:
     ref = r["bytes_per_token_one_file_per_sample_bf16"]
     rows = [
@@ -184,8 +340,30 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", default="results/bench/extract.json")
+    ap.add_argument("--engine", choices=["hf", "sglang"], default="hf")
+    ap.add_argument("--preset", help="sglang engine: random-weight target of a preset's shapes")
+    ap.add_argument("--tokenizer-dir", help="sglang engine with --preset: any tokenizer folder")
+    ap.add_argument("--mem-fraction-static", type=float, default=0.5)
+    ap.add_argument("--scratch", help="folder for the shards written while timing")
     args = ap.parse_args(argv)
     target_dir = args.target_dir
+    if args.engine == "sglang":
+        result = run_sglang_extract_bench(
+            target_dir=target_dir,
+            preset=args.preset,
+            tokenizer_dir=args.tokenizer_dir,
+            mem_fraction_static=args.mem_fraction_static,
+            batch_tokens=args.batch_tokens,
+            samples=args.samples,
+            min_len=args.min_len,
+            max_len=args.max_len,
+            repeats=args.repeats,
+            scratch=args.scratch,
+        )
+        write_json(args.out, result)
+        print(json.dumps(result))
+        print(_sglang_markdown(result))
+        return result
     if target_dir is None:
         found = sorted(Path("results/target").glob("*/fingerprint.json"))
         if len(found) != 1:

@@ -28,7 +28,7 @@ from specbuild.hidden.fp8 import quantize_fp8
 from specbuild.hidden.shards import write_shard
 from specbuild.io import write_json
 
-__all__ = ["SyntheticSpec", "PRESETS", "make_workspace"]
+__all__ = ["SyntheticSpec", "PRESETS", "target_config", "make_workspace"]
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,10 @@ PRESETS = {
 }
 
 
-def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> dict[str, object]:
-    """Write the workspace; return the paths `train_drafter` takes."""
-    out, s = Path(out), spec
-    g = torch.Generator().manual_seed(s.seed)
-    H, V, Vd = s.hidden_size, s.vocab_size, s.draft_vocab_size
-    target = out / "target"
-    target.mkdir(parents=True, exist_ok=True)
-    config = {
+def target_config(s: SyntheticSpec) -> dict[str, object]:
+    """The HF config.json of a Llama-family target of the spec's shapes."""
+    H = s.hidden_size
+    return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": H,
@@ -70,13 +66,23 @@ def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> di
         "num_key_value_heads": s.num_key_value_heads,
         "head_dim": H // s.num_attention_heads,
         "num_hidden_layers": s.num_hidden_layers,
-        "vocab_size": V,
+        "vocab_size": s.vocab_size,
         "rms_norm_eps": 1e-5,
         "max_position_embeddings": 4096,
         "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
         "tie_word_embeddings": False,
         "hidden_act": "silu",
     }
+
+
+def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> dict[str, object]:
+    """Write the workspace; return the paths `train_drafter` takes."""
+    out, s = Path(out), spec
+    g = torch.Generator().manual_seed(s.seed)
+    H, V, Vd = s.hidden_size, s.vocab_size, s.draft_vocab_size
+    target = out / "target"
+    target.mkdir(parents=True, exist_ok=True)
+    config = target_config(s)
     write_json(target / "config.json", config)
     head = torch.randn(V, H, generator=g)  # unit-ish rows: lm_head(row j) peaks at j
     embed = torch.randn(V, H, generator=g) * 0.02

@@ -2,16 +2,19 @@
 
     tokenized shard (.jsonl + .meta.json) + target fingerprint.json
       -> consistency gate (tokenizer, chat template, target fingerprint)
-      -> batches by token budget -> FeatureBackend.extract -> bf16 or fp8 buffers
+      -> batches by token budget -> FeatureBackend.extract (packed states on its device)
+      -> bf16 or fp8 on that device -> copied behind the compute into the host buffers
       -> check_shard (shapes, dtypes, NaN/Inf, offsets and token ids vs the tokenized shard,
          fingerprints) -> write_shard (atomic, header read back)
 
-Memory stays at one batch of activations plus one shard's output buffers, which are allocated
-once at their final size (the token count is known from the tokenized rows), whatever the
-number of shards or samples.
+Memory stays at a few batches of activations plus one shard's output buffers, which are
+allocated once at their final size (the token count is known from the tokenized rows), whatever
+the number of shards or samples. A shard whose
+buffers would not fit in host memory, or whose file would not fit on disk, is refused before
+any model loads.
 
-A backend is chosen at construction (`hf` here, `sglang` from its own module) and implements
-only the forward pass; batching, storage, checks and writing are written once, here.
+A backend is chosen at construction (`hf` and `sglang`, each in its own module) and implements
+only the forward pass; batching, storage, copies, checks and writing are written once, here.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from torch import Tensor
 
 import specbuild
 from specbuild.hidden.fp8 import quantize_fp8
+from specbuild.hidden.hostcopy import HostCopier
 from specbuild.hidden.shards import (
     AUX_LAYERS,
     STORAGE_DTYPES,
@@ -40,11 +44,12 @@ from specbuild.hidden.shards import (
     write_shard,
 )
 from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
-from specbuild.io import ensure_free_space
+from specbuild.io import ensure_free_memory, ensure_free_space
 from specbuild.target import read_target_info
 
 __all__ = [
     "FeatureBackend",
+    "Features",
     "BACKENDS",
     "ExtractStats",
     "default_layer_ids",
@@ -72,19 +77,39 @@ BACKENDS = {
 MAX_PADDING = 0.2
 
 
+@dataclass(frozen=True)
+class Features:
+    """One batch's states, packed in batch order on the backend's device.
+
+    Sample j of the batch owns rows sum(lengths[:j]) .. sum(lengths[:j+1]) of both tensors.
+    aux [T, 3H] is the three layer outputs `layer_ids` (HF hidden_states[id + 1]) concatenated
+    low|mid|high; last [T, H] is the final post-norm state (HF hidden_states[-1]).
+    """
+
+    aux: Tensor
+    last: Tensor
+    lengths: tuple[int, ...]
+
+    def split(self) -> list[tuple[Tensor, Tensor]]:
+        """Per sample (aux [n, 3H], last [n, H]), views of the packed tensors."""
+        return list(
+            zip(
+                self.aux.split(list(self.lengths)), self.last.split(list(self.lengths)), strict=True
+            )
+        )
+
+
 @runtime_checkable
 class FeatureBackend(Protocol):
-    """Runs the target and returns, per sample, (aux float [T, 3H], last float [T, H]) on CPU.
-
-    aux is the three layer outputs `layer_ids` (HF hidden_states[id + 1]) concatenated low|mid|
-    high; last is the final post-norm state (HF hidden_states[-1]). The batch is a list of
-    token-id lists of any lengths; padding or packing is the backend's business. A backend may
-    also have `close()`, called when the shard is done.
+    """Runs the target over a batch of token-id lists (any lengths; padding or packing is the
+    backend's business) and returns its packed `Features` on `device`. A backend may also have
+    `close()`, called when the shard is done.
     """
 
     name: str
+    device: torch.device
 
-    def extract(self, batch: list[list[int]]) -> list[tuple[Tensor, Tensor]]: ...
+    def extract(self, batch: list[list[int]]) -> Features: ...
 
 
 @dataclass(frozen=True)
@@ -183,6 +208,33 @@ def _allocate(n_tok: int, hidden: int, storage: str) -> dict[str, Tensor]:
     return out
 
 
+def _stored(features: Features, storage: str) -> dict[str, Tensor]:
+    """The batch's tensors in their on-disk dtypes, converted where they are (the GPU halves
+    or quarters what crosses to the host)."""
+    out = {"last": features.last.to(torch.bfloat16)}
+    if storage == "fp8":
+        out["aux"], out["aux_scale"] = quantize_fp8(features.aux, AUX_LAYERS)
+    else:
+        out["aux"] = features.aux.to(torch.bfloat16)
+    return out
+
+
+def _spans(batch: list[int], lengths: list[int], offsets: list[int]) -> list[tuple[slice, slice]]:
+    """(rows in the packed batch, rows in the shard) per sample; runs of samples adjacent in
+    both merge into one copy."""
+    spans: list[tuple[slice, slice]] = []
+    row = 0
+    for i in batch:
+        n = lengths[i]
+        if spans and spans[-1][0].stop == row and spans[-1][1].stop == offsets[i]:
+            src, dst = spans.pop()
+            spans.append((slice(src.start, row + n), slice(dst.start, offsets[i] + n)))
+        else:
+            spans.append((slice(row, row + n), slice(offsets[i], offsets[i] + n)))
+        row += n
+    return spans
+
+
 def extract_features(
     tokens: TokenShard,
     backend: FeatureBackend,
@@ -197,33 +249,29 @@ def extract_features(
     offsets = tokens.offsets.tolist()
     lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
     out = _allocate(tokens.num_tokens, hidden_size, storage)
+    copier = HostCopier(backend.device)
     batches = plan_batches(lengths, batch_tokens)
+    widths = {"aux": AUX_LAYERS * hidden_size, "last": hidden_size}
     padded = 0
     for b, batch in enumerate(batches, 1):
+        want = [lengths[i] for i in batch]
         features = backend.extract([tokens.sample(i) for i in batch])
-        padded += len(batch) * lengths[batch[0]]
-        if len(features) != len(batch):
+        padded += len(batch) * want[0]
+        got = {k: tuple(getattr(features, k).shape) for k in widths}
+        if list(features.lengths) != want or any(
+            got[k] != (sum(want), w) for k, w in widths.items()
+        ):
+            first = tokens.ids[batch[0]]
             raise RuntimeError(
-                f"backend {backend.name!r} returned {len(features)} samples for {len(batch)}"
+                f"backend {backend.name!r}, batch of {len(batch)} samples from {first!r}: got "
+                f"lengths {list(features.lengths)[:8]}, aux {got['aux']}, last {got['last']}; "
+                f"expected lengths {want[:8]}, aux [{sum(want)}, {widths['aux']}], "
+                f"last [{sum(want)}, {widths['last']}]"
             )
-        for i, (aux, last) in zip(batch, features, strict=True):
-            n, span = lengths[i], slice(offsets[i], offsets[i + 1])
-            if tuple(aux.shape) != (n, AUX_LAYERS * hidden_size) or tuple(last.shape) != (
-                n,
-                hidden_size,
-            ):
-                raise RuntimeError(
-                    f"backend {backend.name!r}, sample {tokens.ids[i]!r} ({n} tokens): got aux "
-                    f"{tuple(aux.shape)} and last {tuple(last.shape)}, expected "
-                    f"[{n}, {AUX_LAYERS * hidden_size}] and [{n}, {hidden_size}]"
-                )
-            if storage == "fp8":
-                out["aux"][span], out["aux_scale"][span] = quantize_fp8(aux, AUX_LAYERS)
-            else:
-                out["aux"][span] = aux
-            out["last"][span] = last
+        copier.copy(_stored(features, storage), _spans(batch, lengths, offsets), out)
         if b % 20 == 0 or b == len(batches):
             log.info("batch %d/%d done", b, len(batches))
+    copier.finish()
     tensors = {
         "input_ids": tokens.input_ids,
         "loss_mask": tokens.loss_mask,
@@ -261,13 +309,14 @@ def extract_shard(
         hidden_size=target.hidden_size,
         storage=storage,
     )
-    ensure_free_space(
-        out,
-        nbytes,
-        hint="free space, or halve the aux states with hidden.storage: fp8"
+    smaller = (
+        "halve the aux states with hidden.storage: fp8"
         if storage == "bf16"
-        else "free space or use smaller shards",
+        else "use smaller shards (datasets.<name>.shard_size)"
     )
+    ensure_free_space(out, nbytes, hint=f"free space, or {smaller}")
+    # the whole shard is held in host memory until it is checked and written
+    ensure_free_memory(nbytes, what=f"{out}'s host buffers", hint=smaller)
     log.info(
         "%s: %d samples, %d tokens; backend %s, layer ids %s, storage %s (~%.2f GB on disk "
         "and in memory), compute %s",

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from specbuild.backends.hf import resolve_device
+from specbuild.hidden.extract import Features
 from specbuild.target import load_target_model
 
 __all__ = ["HFFeatureBackend"]
@@ -60,7 +61,12 @@ class HFFeatureBackend:
         aux = torch.cat([out.hidden_states[i] for i in self.indices], dim=-1)  # shape: [B, T, 3H]
         return aux, out.last_hidden_state, lengths  # last shape: [B, T, H]
 
-    def extract(self, batch: list[list[int]]) -> list[tuple[Tensor, Tensor]]:
+    def extract(self, batch: list[list[int]]) -> Features:
         aux, last, lengths = self.forward(batch)
-        aux, last = aux.cpu(), last.cpu()
-        return [(aux[b, :n], last[b, :n]) for b, n in enumerate(lengths)]
+        if min(lengths) == aux.shape[1]:  # no padding: packing is a free reshape
+            return Features(aux.flatten(0, 1), last.flatten(0, 1), tuple(lengths))
+        keep = torch.zeros(aux.shape[:2], dtype=torch.bool)  # shape: [B, T]
+        for b, n in enumerate(lengths):
+            keep[b, :n] = True
+        keep = keep.to(aux.device)
+        return Features(aux[keep], last[keep], tuple(lengths))  # shapes: [sum(n), 3H], [sum(n), H]

@@ -1,243 +1,177 @@
-"""The `sglang` feature backend: hidden states computed by the serving engine itself.
+"""The `sglang` feature backend: hidden states from SGLang's own model runner, in this process.
 
-Why two servers. SGLang 0.5.17 returns per prompt token, through `/generate` with
-`return_hidden_states` and `max_new_tokens=1`:
-  * with an EAGLE3 drafter loaded: the three aux states the drafter consumes, concatenated
-    [T, 3H], at the layer ids of the drafter's `eagle_config` (what a served drafter sees);
-  * with no drafter: the final post-norm state [T, H].
-No single server returns both, so this backend starts two on the same GPU(s) for the shard:
-an aux server with a *capture drafter* (random weights, the shard's layer ids; only the target's
-states come back, so its weights never matter) and a plain server. In `parallel` mode both
-serve at once: the aux server starts first with `mem_fraction_static` = f, the plain one once
-the first holds its memory, with `second_mem_fraction(f)`. SGLang sizes its KV pool from the
-free memory it sees against a fraction of the total (or, in newer versions, of the memory free
-before its weights loaded), so two servers starting together both count the same free memory
-and the later allocation fails; started in turn with 2f, the second gets about what the first
-has under either accounting (f <= 0.4). In `sequential` mode (a target too large for two
-copies, e.g. Kimi-K2.5 on 8 GPUs) one runs at a time with f, started anew for each `extract`
-call, so the hidden stage should pass one batch per shard.
+The drafter must learn from the features the serving engine computes (DESIGN.md's story: a
+drafter trained on another engine's states accepted 25%). So this backend builds the very
+`ModelRunner` an SGLang server builds (through `sglang.benchmark.one_batch.load_model`, the
+same weights loader, kernels, attention backend and tensor-parallel layers), and runs prefill
+batches on it directly: no server, no HTTP, no JSON, no capture drafter.
 
-Cost (documented in the README): two server starts per hidden job, one after the other (on
-SmolLM2/H200 ~40-90 s each), the target's weights twice in GPU memory (parallel mode), and
-JSON transport of float lists (SGLang measured ~7.5k tok/s vs 300k tok/s prefill). Use large
-shards with this backend (one job per shard) and keep `hf` for bulk extraction where the
-engines agree (stage `align` measures whether they do).
+    token-id batch -> Reqs -> ScheduleBatch -> ForwardBatch -> ModelRunner.forward
+                         the decoder stack (model.model) returns (final post-norm [T, H],
+                         [aux_low, aux_mid, aux_high] each [T, H]) for every token: one
+                         forward hook takes both, packed in request order, on the GPU
 
-Row integrity: the radix cache serves a repeated prefix from cache and returns no states for
-it, and chunked prefill can split a prompt; both would silently drop rows. The servers run
-with `--disable-radix-cache` and `--chunked-prefill-size -1`, and every sample's row count is
-asserted against its input length anyway.
+Layer ids. `set_eagle3_layers_to_capture(ids)` makes SGLang capture the *input* of layers
+id + 1, which is the output of layer id: HF `hidden_states[id + 1]`, the convention of our
+shards and of the served drafter. Some SGLang models shift ids differently (DeepSeek-V2 shifts
+only when the first id is 1), so the ids SGLang actually set are read back and must be
+[id + 1 for id in layer_ids]; anything else stops the job before any token runs.
+
+Tensor parallel. With `tp_size` N > 1 this process is rank 0 on the job's first pinned GPU and
+starts ranks 1..N-1 (`python -m specbuild.hidden.sglang SPEC RANK`) on the next ones. Each
+batch is broadcast from rank 0 over SGLang's own CPU group of the TP group, every rank runs the
+same forward (the collectives need all of them), and only rank 0 keeps states: the residual
+stream is all-reduced, so rank 0 holds the full [T, H] states. Rank 0 writes the shard.
+
+Between batches the request and KV pools are cleared: nothing is cached, so every token's
+states come from a full prefill of its own sample.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
 import tempfile
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from array import array
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
-from specbuild.backends.openai import post_json, with_retries
-from specbuild.backends.server import (
-    DEFAULT_LAUNCHER,
-    ServerSpec,
-    SGLangServer,
-    build_server_args,
-)
-from specbuild.io import read_json, write_json
+from specbuild.hidden.extract import Features
 
-__all__ = ["SGLangFeatureBackend", "write_capture_drafter", "parse_hidden_states", "RowCountError"]
+__all__ = [
+    "PrefillRunner",
+    "SGLangFeatureBackend",
+    "SGLangRunner",
+    "capture_indices",
+    "enable_aux_capture",
+    "worker_loop",
+    "runner_server_args",
+    "plan_chunks",
+]
 
 log = logging.getLogger("specbuild")
 
-AUX_LAYERS = 3
-FEATURE_MODES = ("parallel", "sequential")
-MAX_PARALLEL_FRACTION = 0.4  # the second server gets 2f: both plus activations must fit
-# Flags the feature servers need for correct rows; a user value for these is overridden.
-FEATURE_SERVER_ARGS = {
-    "enable_return_hidden_states": True,
-    "disable_radix_cache": True,
-    "chunked_prefill_size": -1,
-}
-CAPTURE_DRAFT_VOCAB = 256  # the capture drafter never proposes anything we keep: keep it small
+# ServerArgs every feature runner gets, whatever `sglang.server_args` says: prefill only, so no
+# decode CUDA graphs (minutes of capture for nothing), and no prefix cache.
+RUNNER_ARGS = {"disable_cuda_graph": True, "disable_radix_cache": True}
+# Requests one forward may hold (SGLang's req_to_token_pool rows, context_length int32 each).
+DEFAULT_MAX_REQUESTS = 1024
+# Server-only flags a model runner has no use for; dropped so a server_args block shared with
+# the serving bench does not trip ServerArgs' own checks here.
+SERVER_ONLY_ARGS = ("host", "port", "api_key", "enable_return_hidden_states")
 
 
-def second_mem_fraction(first: float) -> float:
-    """mem_fraction_static of the server started second, beside one holding `first`.
-
-    SGLang's KV budget is free memory minus (1 - f) x (total, or free-before-weights). With the
-    first server holding f of the GPU, 2f gives the second (2f - f) = f of the total under the
-    first accounting and 2f(1 - f) under the second: about the first server's share either way.
-    """
-    return round(min(2 * first, 0.85), 3)
+def capture_indices(layer_ids: Sequence[int]) -> list[int]:
+    """SGLang layer indices whose *input* is layer-output id `i` (HF hidden_states[i + 1])."""
+    return [int(i) + 1 for i in layer_ids]
 
 
-class RowCountError(RuntimeError):
-    """A server returned a different number of hidden-state rows than the sample has tokens."""
-
-
-def write_capture_drafter(
-    folder: str | os.PathLike,
-    target_config: Mapping[str, Any],
-    layer_ids: Sequence[int],
+def runner_server_args(
+    model_path: str | os.PathLike,
+    server_args: Mapping[str, Any],
     *,
-    seed: int = 0,
-) -> Path:
-    """Write a random-weight EAGLE-3 drafter folder whose only job is to make SGLang capture
-    the target's aux states at `layer_ids`; config and tensors are those of stage export."""
-    from specbuild.drafter.config import DrafterConfig
-    from specbuild.export import expected_tensors, hf_config
-
-    folder = Path(folder)
-    target = dict(target_config.get("text_config", target_config))
-    cfg = DrafterConfig.from_target(
-        target, draft_vocab_size=min(CAPTURE_DRAFT_VOCAB, int(target["vocab_size"]))
-    )
-    config = hf_config(
-        cfg, layer_ids=[int(i) for i in layer_ids], target_config=target, dtype="bfloat16"
-    )
-    g = torch.Generator().manual_seed(seed)
-    tensors: dict[str, Tensor] = {}
-    for name, (shape, _dtype) in expected_tensors(cfg, "bfloat16").items():
-        if name == "d2t":
-            tensors[name] = torch.zeros(shape, dtype=torch.int64)  # draft id i -> target id i
-        elif name == "t2d":
-            tensors[name] = torch.arange(shape[0]) < cfg.draft_vocab_size
-        elif name.endswith("norm.weight"):
-            tensors[name] = torch.ones(shape, dtype=torch.bfloat16)
-        else:
-            tensors[name] = (torch.randn(shape, generator=g) * 0.02).to(torch.bfloat16)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_json(folder / "config.json", config)
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    return folder
+    mem_fraction_static: float,
+) -> dict[str, Any]:
+    """The ServerArgs keywords of a feature runner: the user's flags as keyword names, the
+    hidden stage's memory share, and RUNNER_ARGS on top."""
+    args = {k: v for k, v in server_args.items() if k not in SERVER_ONLY_ARGS}
+    if "tp" in args:  # sglang.server_args accepts the CLI alias; ServerArgs knows tp_size
+        args["tp_size"] = args.pop("tp")
+    args.setdefault("max_running_requests", DEFAULT_MAX_REQUESTS)
+    return {
+        **args,
+        "model_path": str(model_path),
+        "mem_fraction_static": mem_fraction_static,
+        **RUNNER_ARGS,
+    }
 
 
-def parse_hidden_states(
-    response: Mapping[str, Any], *, n_tokens: int, width: int, what: str
-) -> Tensor:
-    """The prompt tokens' states [n_tokens, width] from one `/generate` output.
+def plan_chunks(lengths: Sequence[int], *, max_tokens: int, max_requests: int) -> list[range]:
+    """Consecutive runs of the batch that fit one forward (tokens and requests), in order."""
+    chunks: list[range] = []
+    start, tokens = 0, 0
+    for j, n in enumerate(lengths):
+        if n > max_tokens:
+            raise ValueError(
+                f"sample {j} of the batch has {n} tokens, more than the {max_tokens} the "
+                f"runner's KV pool holds; raise sglang.hidden.mem_fraction_static or lower "
+                f"tokenize.max_length"
+            )
+        if j > start and (tokens + n > max_tokens or j - start >= max_requests):
+            chunks.append(range(start, j))
+            start, tokens = j, 0
+        tokens += n
+    if start < len(lengths):
+        chunks.append(range(start, len(lengths)))
+    return chunks
 
-    meta_info.hidden_states holds one entry per forward step: the prefill's [T, D] first, then
-    one [D] per decoded token (none with max_new_tokens=1). Anything but exactly n_tokens rows
-    of width D is an error naming the sample: a silently short shard is what this guards.
-    """
-    meta = response.get("meta_info") or {}
-    hs = meta.get("hidden_states")
-    if not hs:
-        raise RowCountError(
-            f"{what}: no hidden_states in the response (is the server started "
-            f"with --enable-return-hidden-states?); meta_info keys {sorted(meta)}"
+
+def enable_aux_capture(model: torch.nn.Module, layer_ids: Sequence[int]) -> torch.nn.Module:
+    """Turn SGLang's EAGLE-3 aux capture on for `layer_ids` and return the decoder stack that
+    captures (its forward returns (final post-norm, [aux per id])); refuse any other shift."""
+    if not hasattr(model, "set_eagle3_layers_to_capture"):
+        raise RuntimeError(
+            f"SGLang's {type(model).__name__} has no EAGLE-3 aux capture "
+            f"(set_eagle3_layers_to_capture): SGLang cannot serve an EAGLE-3 drafter for this "
+            f"target either"
         )
-    first = hs[0]
-    if first and not isinstance(first[0], list):
-        first = [first]  # a one-token prompt may come back as one flat row
-    rows = len(first)
-    cached = meta.get("cached_tokens")
-    if rows != n_tokens:
-        raise RowCountError(
-            f"{what}: server returned {rows} hidden-state rows for {n_tokens} input tokens "
-            f"(cached_tokens={cached}); the radix cache or chunked prefill dropped rows. "
-            f"Keep disable_radix_cache and chunked_prefill_size -1 for feature servers."
+    model.set_eagle3_layers_to_capture(list(layer_ids))
+    stacks = [m for m in model.modules() if getattr(m, "layers_to_capture", None)]
+    want = capture_indices(layer_ids)
+    if len(stacks) != 1 or list(stacks[0].layers_to_capture) != want:
+        got = [list(m.layers_to_capture) for m in stacks]
+        raise RuntimeError(
+            f"SGLang's {type(model).__name__} set capture indices {got} for layer ids "
+            f"{list(layer_ids)}; expected one decoder stack with {want} (inputs of layers "
+            f"id + 1). A served drafter would see other layers than the shards: stopping."
         )
-    t = torch.tensor(first, dtype=torch.float32)  # shape: [T, D]
-    if t.ndim != 2 or t.shape[1] != width:
-        raise RowCountError(
-            f"{what}: hidden states of shape {tuple(t.shape)}, expected "
-            f"[{n_tokens}, {width}] (wrong layer ids or wrong server?)"
-        )
-    return t
+    return stacks[0]
+
+
+def worker_loop(
+    receive: Callable[[], list[list[int]] | None], run: Callable[[list[list[int]]], object]
+) -> int:
+    """A TP rank > 0: run every batch rank 0 sends until it sends None; the batches run."""
+    n = 0
+    while (batch := receive()) is not None:
+        run(batch)
+        n += 1
+    return n
+
+
+class PrefillRunner(Protocol):
+    """One model runner: a prefill of a batch of token-id lists returns (last [T, H],
+    aux [T, 3H]) packed in request order on `device` (aux None when `capture` is off)."""
+
+    device: torch.device
+    hidden_size: int
+    vocab_size: int
+    max_tokens: int
+    max_requests: int
+
+    def prefill(
+        self, batch: list[list[int]], *, capture: bool = True
+    ) -> tuple[Tensor, Tensor | None]: ...
+
+    def close(self) -> None: ...
 
 
 class SGLangFeatureBackend:
-    """FeatureBackend over two SGLang servers (aux with a capture drafter, plain for last)."""
+    """FeatureBackend over a PrefillRunner (SGLang's model runner, or a fake in CPU tests)."""
 
     name = "sglang"
 
-    def __init__(
-        self,
-        *,
-        target_dir: str | os.PathLike,
-        layer_ids: Sequence[int],
-        launcher: Sequence[str] = DEFAULT_LAUNCHER,
-        server_args: Mapping[str, Any] | None = None,
-        env: Mapping[str, str] | None = None,
-        host: str = "127.0.0.1",
-        startup_timeout_s: float = 900.0,
-        mem_fraction_static: float = 0.35,
-        request_batch: int = 8,
-        request_timeout_s: float = 600.0,
-        mode: str = "parallel",
-    ) -> None:
-        if mode not in FEATURE_MODES:
-            raise ValueError(f"sglang.hidden.mode {mode!r}: choose one of {FEATURE_MODES}")
-        self.mode = mode
-        self.target_dir = Path(target_dir)
-        self.layer_ids = [int(i) for i in layer_ids]
-        cfg = read_json(self.target_dir / "config.json")
-        cfg = cfg.get("text_config", cfg)
-        self.hidden = int(cfg["hidden_size"])
-        self.request_batch = request_batch
-        self.request_timeout_s = request_timeout_s
-        self._tmp = tempfile.TemporaryDirectory(prefix="specbuild-capture-drafter-")
-        drafter = write_capture_drafter(Path(self._tmp.name) / "drafter", cfg, self.layer_ids)
-        base = {
-            **dict(server_args or {}),
-            "mem_fraction_static": mem_fraction_static,
-            **FEATURE_SERVER_ARGS,
-        }
-        aux_args = {
-            **base,
-            "speculative_algorithm": "EAGLE3",
-            "speculative_draft_model_path": str(drafter),
-            # the cheapest chain: the drafter's proposals are never used here
-            "speculative_num_steps": 1,
-            "speculative_eagle_topk": 1,
-            "speculative_num_draft_tokens": 2,
-        }
-
-        def spec(args: Mapping[str, Any]) -> ServerSpec:
-            return ServerSpec(
-                model_path=str(self.target_dir),
-                launcher=tuple(launcher),
-                server_args=tuple(build_server_args(args)),
-                env=dict(env or {}),
-                host=host,
-                startup_timeout_s=startup_timeout_s,
-            )
-
-        last_args = dict(base)
-        if mode == "parallel":
-            if mem_fraction_static > MAX_PARALLEL_FRACTION:
-                raise ValueError(
-                    f"sglang.hidden.mem_fraction_static {mem_fraction_static} is more than "
-                    f"{MAX_PARALLEL_FRACTION}: two servers share the GPUs in parallel mode; "
-                    f"lower it or use sglang.hidden.mode: sequential"
-                )
-            last_args["mem_fraction_static"] = second_mem_fraction(mem_fraction_static)
-        self.servers = {
-            "aux": SGLangServer(spec(aux_args), name="sglang-aux"),
-            "last": SGLangServer(spec(last_args), name="sglang-last"),
-        }
-        if mode == "parallel":
-            self._start("aux")
-            self._start("last")  # only now: the aux server's memory is taken and counted
-
-    def _start(self, which: str) -> None:
-        """Start one server; on failure stop every server of this backend."""
-        try:
-            self.servers[which].start()
-        except BaseException:
-            self.close()
-            raise
-        if which == "aux":
-            self._check_capture_layers()
+    def __init__(self, runner: PrefillRunner) -> None:
+        self.runner = runner
+        self.device = runner.device
 
     @classmethod
     def from_folder(
@@ -249,64 +183,259 @@ class SGLangFeatureBackend:
         device: str,
         **options: Any,
     ) -> SGLangFeatureBackend:
-        """The hidden stage's constructor; `dtype`/`device` belong to hf (SGLang serves the
-        folder's own dtype on its GPUs). `options` are this class's keyword arguments."""
-        return cls(target_dir=folder, layer_ids=layer_ids, **options)
+        """The hidden stage's constructor; `dtype`/`device` belong to hf (SGLang computes in
+        the folder's dtype or `server_args.dtype`, on the job's GPUs). `options` are
+        SGLangRunner's keyword arguments."""
+        return cls(SGLangRunner(folder, layer_ids=layer_ids, **options))
 
-    def _check_capture_layers(self) -> None:
-        # SGLang takes the capture layers from the drafter's config; a version that ignored it
-        # would still return [T, 3H], only from other layers. /server_info cannot show it, so
-        # the width check in parse_hidden_states and stage `align` are the guards.
-        info = self.servers["aux"].get_json("/server_info")
-        algo = info.get("speculative_algorithm")
-        if algo not in ("EAGLE3", None):
-            raise RuntimeError(f"aux server runs speculative_algorithm={algo!r}, not EAGLE3")
-
-    def _generate(self, which: str, batch: list[list[int]]) -> list[dict]:
-        url = self.servers[which].base_url + "/generate"
-        payload = {
-            "input_ids": batch,
-            "return_hidden_states": True,
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-        }
-        out = with_retries(
-            lambda: post_json(url, payload, timeout=self.request_timeout_s),
-            what=f"{which} hidden states",
-        )
-        if len(out) != len(batch):
-            raise RowCountError(f"{which} server returned {len(out)} outputs for {len(batch)}")
-        return out
-
-    def _states(self, which: str, batch: list[list[int]], width: int) -> list[Tensor]:
-        out: list[Tensor] = []
-        for start in range(0, len(batch), self.request_batch):
-            chunk = batch[start : start + self.request_batch]
-            for i, resp in enumerate(self._generate(which, chunk)):
-                what = f"{which}, sample {start + i} of the batch ({len(chunk[i])} tokens)"
-                out.append(
-                    parse_hidden_states(resp, n_tokens=len(chunk[i]), width=width, what=what)
+    def check_batch(self, batch: list[list[int]]) -> None:
+        """Refuse what SGLang would turn into garbage or a CUDA assert, naming the sample."""
+        vocab = self.runner.vocab_size
+        for j, sample in enumerate(batch):
+            if not sample:
+                raise ValueError(f"sample {j} of the batch is empty: nothing to extract")
+            low, high = min(sample), max(sample)
+            if low < 0 or high >= vocab:
+                raise ValueError(
+                    f"sample {j} of the batch has token id {low if low < 0 else high} outside "
+                    f"the target's vocabulary [0, {vocab}): tokenized with another tokenizer?"
                 )
-        return out
 
-    def extract(self, batch: list[list[int]]) -> list[tuple[Tensor, Tensor]]:
-        widths = {"aux": AUX_LAYERS * self.hidden, "last": self.hidden}
-        if self.mode == "parallel":
-            with ThreadPoolExecutor(max_workers=2) as pool:
-                futures = {k: pool.submit(self._states, k, batch, w) for k, w in widths.items()}
-                states = {k: f.result() for k, f in futures.items()}
-        else:
-            # one server at a time: for targets too large for two copies; costs two server
-            # starts per call, so give the hidden stage one batch per shard (batch_tokens)
-            states = {}
-            for k, w in widths.items():
-                self._start(k)
-                try:
-                    states[k] = self._states(k, batch, w)
-                finally:
-                    self.servers[k].stop()
-        return list(zip(states["aux"], states["last"], strict=True))
+    def extract(self, batch: list[list[int]]) -> Features:
+        self.check_batch(batch)
+        lengths = [len(s) for s in batch]
+        chunks = plan_chunks(
+            lengths, max_tokens=self.runner.max_tokens, max_requests=self.runner.max_requests
+        )
+        lasts, auxes = [], []
+        for chunk in chunks:
+            part = [batch[j] for j in chunk]
+            last, aux = self.runner.prefill(part, capture=True)
+            rows = sum(lengths[j] for j in chunk)
+            if aux is None or last.shape[0] != rows or aux.shape[0] != rows:
+                raise RuntimeError(
+                    f"SGLang returned {last.shape[0]} final and "
+                    f"{None if aux is None else aux.shape[0]} aux rows for {rows} tokens "
+                    f"({len(part)} samples): a prefix cache or chunked prefill dropped rows?"
+                )
+            lasts.append(last)
+            auxes.append(aux)
+        if len(chunks) == 1:
+            return Features(auxes[0], lasts[0], tuple(lengths))
+        return Features(torch.cat(auxes), torch.cat(lasts), tuple(lengths))
 
     def close(self) -> None:
-        for srv in self.servers.values():
-            srv.stop()
+        self.runner.close()
+
+
+def _requests(batch: list[list[int]]) -> list[Any]:
+    """SGLang Reqs for a prefill of `batch` (no prefix, greedy, one new token)."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0, max_new_tokens=1)
+    reqs = []
+    for i, ids in enumerate(batch):
+        req = Req(
+            rid=str(i),
+            origin_input_text="",
+            origin_input_ids=array("q", ids),
+            sampling_params=params,
+        )
+        req.full_untruncated_fill_ids = req.origin_input_ids
+        req.logprob_start_len = -1
+        req.set_extend_range(0, len(ids))
+        reqs.append(req)
+    return reqs
+
+
+def _load(spec: Mapping[str, Any], rank: int) -> Any:
+    """ModelRunner of `rank`, as SGLang's one-batch benchmark (and its servers) build one."""
+    import dataclasses
+
+    from sglang.benchmark.one_batch import load_model
+    from sglang.srt.server_args import PortArgs, ServerArgs
+
+    server_args = ServerArgs(**spec["server_args"])
+    try:  # environment SGLang's own launchers set (NCCL, CUDA connections); private in 0.5.17
+        from sglang.srt.entrypoints.engine import _set_envs_and_config
+
+        _set_envs_and_config(server_args)
+    except ImportError:
+        pass
+    port_args = dataclasses.replace(PortArgs.init_new(server_args), nccl_port=spec["nccl_port"])
+    runner, _tokenizer = load_model(server_args, port_args, rank, rank)
+    return runner
+
+
+def _broadcast(batch: list[list[int]] | None) -> list[list[int]] | None:
+    """Rank 0's batch (or None: stop) to every TP rank over SGLang's CPU (gloo) group."""
+    import torch.distributed as dist
+    from sglang.srt.distributed.parallel_state import get_tp_group
+
+    box = [batch]
+    dist.broadcast_object_list(box, src=0, group=get_tp_group().cpu_group)
+    return box[0]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SGLangRunner:
+    """PrefillRunner over SGLang's ModelRunner (rank 0 here, ranks 1..tp-1 as subprocesses)."""
+
+    def __init__(
+        self,
+        target_dir: str | os.PathLike,
+        *,
+        layer_ids: Sequence[int],
+        server_args: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+        mem_fraction_static: float = 0.5,
+        **_server_options: Any,  # launcher, host, timeouts: server settings, unused in-process
+    ) -> None:
+        try:
+            import sglang  # noqa: F401
+        except ImportError as err:
+            raise RuntimeError(
+                f"hidden.backend sglang runs SGLang inside the job, and this Python "
+                f"({sys.executable}) cannot import it ({err}): install sglang (envs/, README "
+                f"'SGLang as the engine') or use hidden.backend hf"
+            ) from err
+        self.layer_ids = [int(i) for i in layer_ids]
+        args = runner_server_args(
+            target_dir, server_args or {}, mem_fraction_static=mem_fraction_static
+        )
+        self.tp_size = int(args.get("tp_size", 1))
+        visible = torch.cuda.device_count()
+        if self.tp_size > visible:
+            raise RuntimeError(
+                f"sglang.server_args.tp_size {self.tp_size}: this job sees {visible} GPU(s) "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+            )
+        os.environ.update({k: str(v) for k, v in (env or {}).items()})
+        spec = {"server_args": args, "nccl_port": _free_port()}
+        self._tmp = tempfile.TemporaryDirectory(prefix="specbuild-sglang-ranks-")
+        self.workers: list[subprocess.Popen] = []
+        self._closed = False
+        if self.tp_size > 1:
+            self._start_workers(spec)
+        try:
+            self.runner = _load(spec, 0)
+        except BaseException:
+            self._stop_workers()
+            raise
+        mr = self.runner.torch_runner
+        self.device = (
+            torch.device(mr.device, mr.gpu_id) if mr.device == "cuda" else torch.device(mr.device)
+        )
+        cfg = mr.model_config.hf_text_config
+        self.hidden_size = int(cfg.hidden_size)
+        self.vocab_size = int(mr.model_config.vocab_size)
+        self.max_tokens = int(mr.max_total_num_tokens)
+        self.max_requests = int(mr.req_to_token_pool.size)
+        self.model = mr.model
+        self._stack = enable_aux_capture(self.model, self.layer_ids)
+        self._out: list[Any] = []
+        self._stack.register_forward_hook(lambda _m, _i, out: self._out.append(out))
+        log.info(
+            "SGLang model runner: %s, tp %d, %d KV tokens, %d requests a forward, capture "
+            "inputs of layers %s",
+            type(self.model).__name__,
+            self.tp_size,
+            self.max_tokens,
+            self.max_requests,
+            capture_indices(self.layer_ids),
+        )
+
+    def _capture(self, on: bool) -> None:
+        self.model.capture_aux_hidden_states = on
+        self._stack.layers_to_capture = capture_indices(self.layer_ids) if on else []
+
+    def _start_workers(self, spec: Mapping[str, Any]) -> None:
+        path = Path(self._tmp.name) / "spec.json"
+        path.write_text(json.dumps(spec))
+        for rank in range(1, self.tp_size):
+            cmd = [sys.executable, "-m", "specbuild.hidden.sglang", str(path), str(rank)]
+            self.workers.append(subprocess.Popen(cmd))
+        # a rank that dies leaves the others blocked in a collective: end the job instead
+        threading.Thread(target=self._watch_workers, daemon=True).start()
+
+    def _watch_workers(self) -> None:
+        while not self._closed:
+            for rank, proc in enumerate(self.workers, 1):
+                code = proc.poll()
+                if code is not None and not self._closed:
+                    log.error("SGLang TP rank %d exited with code %s: stopping the job", rank, code)
+                    self._stop_workers()
+                    os._exit(1)
+            threading.Event().wait(1.0)
+
+    def _stop_workers(self) -> None:
+        self._closed = True
+        for proc in self.workers:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.workers:
+            proc.wait()
+
+    @torch.inference_mode()
+    def prefill(
+        self, batch: list[list[int]], *, capture: bool = True
+    ) -> tuple[Tensor, Tensor | None]:
+        from sglang.benchmark.one_batch import extend
+
+        if self.tp_size > 1:
+            _broadcast(batch)
+        self._capture(capture)
+        self._out.clear()
+        try:
+            extend(_requests(batch), self.runner.torch_runner)
+        finally:
+            self.runner.clear()  # request and KV pools: nothing carries over between batches
+        (out,) = self._out
+        if isinstance(out, tuple):
+            last, aux = out[0], out[1]
+            return last, (torch.cat(list(aux), dim=-1) if aux else None)  # shape: [T, 3H]
+        return out, None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if self.tp_size > 1:
+            try:
+                _broadcast(None)
+                for proc in self.workers:
+                    proc.wait(timeout=60)
+            except Exception as err:  # a rank already gone: stop the rest below
+                log.warning("stopping SGLang TP ranks: %s", err)
+        self._stop_workers()
         self._tmp.cleanup()
+
+
+def serve_rank(spec_path: str | os.PathLike, rank: int) -> None:
+    """A TP rank > 0: load the same runner, then run every batch rank 0 broadcasts."""
+    from sglang.benchmark.one_batch import extend
+
+    spec = json.loads(Path(spec_path).read_text())
+    runner = _load(spec, rank)
+
+    def run(batch: list[list[int]]) -> None:
+        # no capture here: it adds no collective, and rank 0 alone keeps the states
+        try:
+            extend(_requests(batch), runner.torch_runner)
+        finally:
+            runner.clear()
+
+    with torch.inference_mode():
+        n = worker_loop(lambda: _broadcast(None), run)
+    log.info("SGLang TP rank %d: %d batches", rank, n)
+
+
+if __name__ == "__main__":
+    serve_rank(sys.argv[1], int(sys.argv[2]))

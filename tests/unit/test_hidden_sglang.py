@@ -1,0 +1,329 @@
+"""Stage `hidden` with SGLang's model runner in process. On CPU: everything around the runner
+(layer-id convention, chunking, packing into shard order, refusals, TP worker loop) against a
+fake runner that computes with transformers. On a GPU (gpu-marked): the real SGLang runner
+against transformers shards, and tensor parallel 2 against 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specbuild.hidden.extract import extract_features, plan_batches
+from specbuild.hidden.hf import HFFeatureBackend
+from specbuild.hidden.hostcopy import HostCopier
+from specbuild.hidden.sglang import (
+    SGLangFeatureBackend,
+    capture_indices,
+    enable_aux_capture,
+    plan_chunks,
+    runner_server_args,
+    worker_loop,
+)
+from specbuild.hidden.tokens import TokenShard
+
+LAYER_IDS = [1, 14, 26]  # SmolLM2-135M: 30 layers
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _shard(lengths: list[int], seed: int = 0) -> TokenShard:
+    g = torch.Generator().manual_seed(seed)
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+    total = int(offsets[-1])
+    return TokenShard(
+        path="<test>",
+        ids=[f"s{i}" for i in range(len(lengths))],
+        input_ids=torch.randint(0, 49152, (total,), generator=g, dtype=torch.int32),
+        loss_mask=torch.ones(total, dtype=torch.uint8),
+        offsets=offsets,
+    )
+
+
+# --- layer ids --------------------------------------------------------------------------------
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers_to_capture = []
+
+
+class _LlamaLike(torch.nn.Module):
+    """SGLang's Llama convention: capture the input of layers id + 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = _Stack()
+
+    def set_eagle3_layers_to_capture(self, layer_ids):
+        self.capture_aux_hidden_states = True
+        self.model.layers_to_capture = [i + 1 for i in layer_ids]
+
+
+class _DeepSeekLike(_LlamaLike):
+    """SGLang 0.5.17's DeepSeek-V2 shifts only when the first id is 1."""
+
+    def set_eagle3_layers_to_capture(self, layer_ids):
+        shift = 1 if layer_ids and layer_ids[0] == 1 else 0
+        self.model.layers_to_capture = [i + shift for i in layer_ids]
+
+
+def test_capture_indices_are_the_inputs_of_layers_id_plus_one():
+    assert capture_indices(LAYER_IDS) == [2, 15, 27]
+
+
+def test_aux_capture_is_turned_on_in_the_decoder_stack_at_id_plus_one():
+    model = _LlamaLike()
+    assert enable_aux_capture(model, LAYER_IDS) is model.model
+    assert model.model.layers_to_capture == [2, 15, 27] and model.capture_aux_hidden_states
+
+
+def test_a_model_shifting_layer_ids_otherwise_is_refused_before_any_token_runs():
+    enable_aux_capture(_DeepSeekLike(), [1, 30, 57])  # shifted like Llama: accepted
+    with pytest.raises(RuntimeError, match=r"capture indices \[\[2, 30, 57\]\].*\[3, 31, 58\]"):
+        enable_aux_capture(_DeepSeekLike(), [2, 30, 57])
+
+
+def test_a_model_without_eagle3_capture_is_refused_naming_it():
+    with pytest.raises(RuntimeError, match="_Stack has no EAGLE-3 aux capture"):
+        enable_aux_capture(_Stack(), LAYER_IDS)
+
+
+# --- server args and chunks --------------------------------------------------------------------
+
+
+def test_runner_args_keep_the_users_flags_and_force_prefill_only_settings():
+    args = runner_server_args(
+        "/m",
+        {"tp": 2, "attention_backend": "triton", "host": "0.0.0.0", "disable_cuda_graph": False},
+        mem_fraction_static=0.6,
+    )
+    assert args["model_path"] == "/m" and args["tp_size"] == 2 and "tp" not in args
+    assert args["attention_backend"] == "triton" and "host" not in args
+    assert args["disable_cuda_graph"] is True and args["disable_radix_cache"] is True
+    assert args["mem_fraction_static"] == 0.6 and args["max_running_requests"] == 1024
+
+
+def test_chunks_fit_the_kv_pool_and_the_request_pool_in_order():
+    chunks = plan_chunks([5, 5, 5, 3, 3, 3, 3], max_tokens=10, max_requests=3)
+    assert [list(c) for c in chunks] == [[0, 1], [2, 3], [4, 5, 6]]
+    assert [list(c) for c in plan_chunks([4] * 5, max_tokens=100, max_requests=2)] == [
+        [0, 1],
+        [2, 3],
+        [4],
+    ]
+
+
+def test_a_sample_longer_than_the_kv_pool_is_refused_naming_the_keys_to_change():
+    with pytest.raises(ValueError, match=r"sample 1 .* 11 tokens.*mem_fraction_static"):
+        plan_chunks([3, 11], max_tokens=10, max_requests=8)
+
+
+# --- extraction through a runner --------------------------------------------------------------
+
+
+def test_sglang_backend_states_land_in_shard_order_like_hf(target_model, fake_runner):
+    # mixed lengths, batches sorted longest first and split again by a small runner: every
+    # sample must still land on its own rows
+    shard = _shard([7, 30, 12, 30, 5, 19, 2, 25])
+    runner = fake_runner(target_model, LAYER_IDS, max_tokens=64, max_requests=3)
+    got, n_batches, _ = extract_features(
+        shard, SGLangFeatureBackend(runner), hidden_size=576, batch_tokens=96
+    )
+    want, _, _ = extract_features(
+        shard, HFFeatureBackend(target_model, LAYER_IDS), hidden_size=576, batch_tokens=1
+    )
+    assert n_batches == len(plan_batches([7, 30, 12, 30, 5, 19, 2, 25], 96))
+    assert all(sum(c) <= 64 and len(c) <= 3 for c in runner.calls) and len(runner.calls) > 3
+    for key in ("aux", "last"):
+        torch.testing.assert_close(got[key].float(), want[key].float(), rtol=2**-7, atol=2e-2)
+
+
+def test_fp8_storage_through_a_runner_keeps_scales_per_token_and_layer(target_model, fake_runner):
+    shard = _shard([9, 4, 6])
+    runner = fake_runner(target_model, LAYER_IDS)
+    got, _, _ = extract_features(
+        shard, SGLangFeatureBackend(runner), hidden_size=576, storage="fp8", batch_tokens=64
+    )
+    assert got["aux"].dtype == torch.float8_e4m3fn and got["aux_scale"].shape == (19, 3)
+    assert bool((got["aux_scale"] > 0).all())
+
+
+@pytest.mark.parametrize(
+    ("batch", "match"),
+    [([[1, 2], []], "sample 1 of the batch is empty"), ([[1, 49152]], "token id 49152 outside")],
+)
+def test_bad_input_is_refused_before_the_runner_sees_it(target_model, fake_runner, batch, match):
+    runner = fake_runner(target_model, LAYER_IDS)
+    with pytest.raises(ValueError, match=match):
+        SGLangFeatureBackend(runner).extract(batch)
+    assert runner.calls == []
+
+
+def test_a_runner_losing_rows_fails_the_batch(target_model, fake_runner):
+    runner = fake_runner(target_model, LAYER_IDS, drop_row=True)
+    with pytest.raises(RuntimeError, match=r"SGLang returned 5 final and 5 aux rows for 6 tokens"):
+        SGLangFeatureBackend(runner).extract([[1, 2, 3], [4, 5, 6]])
+
+
+def test_closing_the_backend_closes_its_runner(target_model, fake_runner):
+    runner = fake_runner(target_model, LAYER_IDS)
+    SGLangFeatureBackend(runner).close()
+    assert runner.closed
+
+
+# --- tensor parallel: ranks > 0 run what rank 0 sends ----------------------------------------
+
+
+def test_a_worker_rank_runs_every_broadcast_batch_in_order_and_stops_on_none():
+    sent = [[[1, 2]], [[3], [4, 5]], None, [[9]]]
+    ran = []
+    assert worker_loop(lambda: sent.pop(0), ran.append) == 2
+    assert ran == [[[1, 2]], [[3], [4, 5]]] and sent == [[[9]]]
+
+
+def test_host_copies_on_cpu_land_in_place():
+    dst = torch.zeros(4, 2)
+    copier = HostCopier("cpu")
+    src = torch.arange(6.0).view(3, 2)
+    # packed rows 0 and 1..2 go to shard rows 3 and 0..1
+    copier.copy({"x": src}, [(slice(0, 1), slice(3, 4)), (slice(1, 3), slice(0, 2))], {"x": dst})
+    copier.finish()
+    assert dst.tolist() == [[2, 3], [4, 5], [0, 0], [0, 1]]
+
+
+def test_samples_adjacent_in_the_batch_and_the_shard_copy_as_one_span():
+    from specbuild.hidden.extract import _spans
+
+    offsets = [0, 3, 5, 9, 10]  # lengths 3, 2, 4, 1
+    assert _spans([2, 0, 1, 3], [3, 2, 4, 1], offsets) == [
+        (slice(0, 4), slice(5, 9)),
+        (slice(4, 9), slice(0, 5)),  # samples 0 and 1: rows 0..5 of the shard in one copy
+        (slice(9, 10), slice(9, 10)),
+    ]
+
+
+# --- the real SGLang runner (device machine) ---------------------------------------------------
+
+
+def _sglang_available() -> bool:
+    try:
+        import sglang  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _extract_in_subprocess(tokenized: Path, target_dir: Path, out: Path, **kw) -> None:
+    """One SGLang runner per process: SGLang sets up torch.distributed process-wide."""
+    call = (
+        "from specbuild.hidden.extract import extract_shard; from specbuild.io import "
+        "setup_logging; import json, sys; setup_logging(None); "
+        "extract_shard(**json.loads(sys.argv[1]))"
+    )
+    args = {
+        "tokens": str(tokenized),
+        "meta": str(tokenized.with_name("00000.meta.json")),
+        "fingerprint": str(target_dir / "fingerprint.json"),
+        "out": str(out),
+        **kw,
+    }
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
+    subprocess.run([sys.executable, "-c", call, json.dumps(args)], check=True, env=env, timeout=400)
+
+
+def _tokenized_mt_bench(folder: Path, tokenizer, target_dir: Path, n: int = 24) -> Path:
+    """Real chat rows (MT-Bench first turns, the target's template) as stage tokenize writes."""
+    from specbuild.io import read_jsonl, write_json, write_jsonl
+    from specbuild.target import read_target_info
+
+    rows = []
+    for i, q in enumerate(list(read_jsonl(REPO / "resources/bench/mt_bench.jsonl"))[:n]):
+        msgs = [{"role": "user", "content": q["turns"][0]}]
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        rows.append(
+            {
+                "id": f"mt{i}",
+                "input_ids": ids,
+                "loss_mask": [1] * len(ids),
+                "seq_len": len(ids),
+                "n_prompt_tokens": 0,
+                "n_response_tokens": len(ids),
+                "has_reasoning": False,
+                "finish_reason": "stop",
+            }
+        )
+    info = read_target_info(target_dir / "fingerprint.json")
+    write_jsonl(folder / "00000.jsonl", rows)
+    write_json(
+        folder / "00000.meta.json",
+        {
+            "target_fingerprint": info.fingerprint,
+            "tokenizer_fingerprint": info.tokenizer_fingerprint,
+            "chat_template_sha256": info.chat_template_sha256,
+            "rows": len(rows),
+            "rejected": 0,
+        },
+    )
+    return folder / "00000.jsonl"
+
+
+def _layer_cosines(a: Path, b: Path) -> dict[str, float]:
+    from specbuild.hidden.shards import dequantize_aux, read_shard
+
+    (ta, ma), (tb, mb) = read_shard(a), read_shard(b)
+    assert torch.equal(ta["input_ids"], tb["input_ids"]) and ma["layer_ids"] == mb["layer_ids"]
+    h = ta["last"].shape[1]
+    xa, xb = dequantize_aux(ta), dequantize_aux(tb)
+    out = {}
+    for k, name in enumerate(("low", "mid", "high")):
+        cos = torch.nn.functional.cosine_similarity(
+            xa[:, k * h : (k + 1) * h], xb[:, k * h : (k + 1) * h], dim=-1
+        )
+        out[name] = float(cos.mean())
+    cos = torch.nn.functional.cosine_similarity(ta["last"].float(), tb["last"].float(), dim=-1)
+    out["last"] = float(cos.mean())
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (device machine, the kit)")
+def test_in_process_sglang_shards_agree_with_transformers_shards(tmp_path, target_dir, tokenizer):
+    from specbuild.hidden.shards import verify_shard_file
+
+    tok = _tokenized_mt_bench(tmp_path, tokenizer, target_dir)
+    sgl, hf = tmp_path / "sglang.safetensors", tmp_path / "hf.safetensors"
+    options = {"server_args": {"attention_backend": "triton", "sampling_backend": "pytorch"}}
+    _extract_in_subprocess(
+        tok, target_dir, sgl, backend="sglang", backend_options=options, batch_tokens=2048
+    )
+    _extract_in_subprocess(tok, target_dir, hf, backend="hf", dtype="bfloat16", device="cuda")
+    for path in (sgl, hf):
+        verify_shard_file(path)  # the stage's own structural and value checks
+    cos = _layer_cosines(sgl, hf)
+    print("sglang vs hf mean cosine per layer:", cos)
+    assert all(v > 0.999 for v in cos.values()), cos
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not _sglang_available() or torch.cuda.device_count() < 2, reason="needs SGLang and 2 GPUs"
+)
+def test_tensor_parallel_2_shards_agree_with_tensor_parallel_1(tmp_path, target_dir, tokenizer):
+    tok = _tokenized_mt_bench(tmp_path, tokenizer, target_dir)
+    outs = {}
+    for tp in (1, 2):
+        outs[tp] = tmp_path / f"tp{tp}.safetensors"
+        args = {"attention_backend": "triton", "sampling_backend": "pytorch", "tp_size": tp}
+        _extract_in_subprocess(
+            tok, target_dir, outs[tp], backend="sglang", backend_options={"server_args": args}
+        )
+    cos = _layer_cosines(outs[1], outs[2])
+    print("tp2 vs tp1 mean cosine per layer:", cos)
+    assert all(v > 0.999 for v in cos.values()), cos

@@ -1,0 +1,36 @@
+#!/bin/bash
+# Stage hidden with SGLang's model runner in process, on the device after the kit's staging
+# calls (tools/h200/run.sh's header; .whl is not needed here). Logs and JSON come back in $OUT.
+#   bash tools/h200/extract.sh tests   # GPU-marked tests: SGLang shards vs transformers shards,
+#                                      # TP 2 vs TP 1 (runs on nvidia-h200-x2 only)
+#   bash tools/h200/extract.sh bench   # the SGLang mode of make bench-extract on one GPU:
+#                                      # SmolLM2 (real weights) and a Llama-3.1-8B shape (random)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/specbuild-out}
+mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[ -d /tmp/site/sglang ] || { echo "specbuild: /tmp/site has no sglang: run the kit's staging first"; exit 2; }
+T=results/target/smollm2-135m-instruct
+if [ ! -f "$T/fingerprint.json" ]; then
+  python3 -c "from specbuild.target import materialize_target as m; \
+m(source='/tmp/smol', name='smollm2-135m-instruct', out_dir='$T')" || exit 1
+fi
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+case "${1:-tests}" in
+  tests)
+    SPECBUILD_TEST_TARGET=$PWD/$T timeout 540 python3 -m pytest -q -rs -s -m gpu \
+      -p no:cacheprovider tests/unit/test_hidden_sglang.py tests/unit/test_hidden.py 2>&1 \
+      | tee "$OUT/gpu-tests.log"
+    ;;
+  bench)
+    timeout 270 python3 -m specbuild.bench.extract --engine sglang --target-dir "$T" \
+      --samples 1024 --max-len 1024 --batch-tokens 32768 --repeats 3 \
+      --out "$OUT/extract_sglang_smollm2.json" 2>&1 | tee "$OUT/bench-smollm2.log" | tail -12
+    timeout 280 python3 -m specbuild.bench.extract --engine sglang --preset llama8b \
+      --tokenizer-dir "$T" --samples 256 --max-len 1024 --batch-tokens 16384 --repeats 2 \
+      --out "$OUT/extract_sglang_llama8b.json" 2>&1 | tee "$OUT/bench-llama8b.log" | tail -12
+    ;;
+  *) echo "usage: $0 tests|bench"; exit 2 ;;
+esac
