@@ -176,8 +176,13 @@ def _hf_random(folder: Path, device: str) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.from_pretrained(str(folder))
-    with torch.device(device):
-        return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # initialise in bf16: an fp32 8B would take 32 GB
+    try:
+        with torch.device(device):
+            return AutoModelForCausalLM.from_config(cfg).eval()
+    finally:
+        torch.set_default_dtype(default)
 
 
 def run_sglang_extract_bench(

@@ -407,6 +407,7 @@ class SGLangRunner:
     def close(self) -> None:
         if self._closed:
             return
+        self._closed = True  # from here on a rank exiting is expected, not a failure
         if self.tp_size > 1:
             try:
                 _broadcast(None)
