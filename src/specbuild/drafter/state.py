@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from specbuild.io import read_json, write_json
+from specbuild.io import atomic_path, read_json, write_json
 
 __all__ = [
     "TrainState",
@@ -97,11 +97,11 @@ def save_checkpoint(
     final, tmp = state_dir / name, state_dir / f".tmp-{name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(
-        {k: v.detach().cpu().contiguous() for k, v in model.items()}, tmp / "model.safetensors"
-    )
+    with atomic_path(tmp / "model.safetensors") as path:
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.items()}, path)
     opt_tensors, opt_meta = _optimizer_flat(optimizer)
-    save_file(opt_tensors | _rng_tensors(), tmp / "optimizer.safetensors")
+    with atomic_path(tmp / "optimizer.safetensors") as path:
+        save_file(opt_tensors | _rng_tensors(), path)
     write_json(tmp / "state.json", {"state": asdict(state), "optimizer": opt_meta, "job": job})
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -146,8 +146,6 @@ def clear_state(state_dir: str | os.PathLike) -> None:
 
 def save_drafter(path: str | os.PathLike, tensors: dict[str, Tensor], meta: dict) -> None:
     """A trained drafter (export_state tensors) with JSON-able facts in the metadata."""
-    from specbuild.io import atomic_path
-
     with atomic_path(path) as tmp:
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
         save_file(tensors, str(tmp), metadata={k: json.dumps(v) for k, v in meta.items()})
