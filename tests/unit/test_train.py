@@ -7,6 +7,8 @@ shapes) so every run takes seconds.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import pytest
 import torch
@@ -16,8 +18,14 @@ from specbuild.drafter.data import ShardSet, plan_batches, split_samples
 from specbuild.drafter.metrics import acceptance_length
 from specbuild.drafter.objective import TTTObjective
 from specbuild.drafter.synthetic import SyntheticSpec, make_workspace
-from specbuild.drafter.train import TrainConfig, TrainingInterrupted, lr_at, train_drafter
-from specbuild.hidden.shards import read_shard, write_shard
+from specbuild.drafter.train import (
+    TrainConfig,
+    TrainingDiverged,
+    TrainingInterrupted,
+    lr_at,
+    train_drafter,
+)
+from specbuild.hidden.shards import ShardError, read_shard, write_shard
 
 
 def run(ws, out, stop_after=None, **cfg):
@@ -189,6 +197,51 @@ def test_two_gloo_processes_train_with_ddp_through_torchrun(ws, tmp_path):
     assert (tmp_path / "best.safetensors").exists() and best["step"] == 2  # 4 batches / 2 ranks
     state = json.loads((tmp_path / "state" / "latest.json").read_text())
     assert state["checkpoint"] == "step-00000002"
+
+
+def _copy_shards(ws, folder):
+    """The workspace with its shards copied under `folder` (so a test may damage them)."""
+    folder.mkdir(parents=True)
+    shards = [shutil.copy2(p, folder / os.path.basename(p)) for p in ws["shards"]]
+    return ws | {"shards": [str(p) for p in shards]}
+
+
+def test_a_shard_changed_on_disk_stops_training_before_any_step_naming_it(ws, tmp_path):
+    bad = _copy_shards(ws, tmp_path / "hidden" / "synthetic")
+    path = bad["shards"][1]
+    stat, raw = os.stat(path), bytearray(open(path, "rb").read())
+    n = int.from_bytes(raw[:8], "little")
+    begin = 8 + n + json.loads(raw[8 : 8 + n])["aux"]["data_offsets"][0]
+    for i in range(begin, begin + 4096, 2):  # 4 KB, lowest mantissa bit: every value finite
+        raw[i] ^= 1
+    open(path, "wb").write(bytes(raw))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # mtime kept, as a bad disk does
+    with pytest.raises(ShardError) as err:
+        run(bad, tmp_path / "out", epochs=1)
+    msg = str(err.value)
+    assert msg.startswith("1 of 2 hidden-state shard(s) failed verification; training did not")
+    assert f"{path}:\n    - aux: checksum mismatch" in msg
+    assert msg.endswith(f"snakemake --forcerun {path}")
+    assert not (tmp_path / "out" / "best.safetensors").exists()
+    assert not (tmp_path / "out" / "state").exists()  # not a single step, not a checkpoint
+
+
+def test_a_non_finite_loss_stops_training_at_that_step_naming_the_batch_shards(ws, tmp_path):
+    # finite features so large that the drafter's fc overflows: every shard verifies
+    huge = _copy_shards(ws, tmp_path / "hidden" / "synthetic")
+    for path in huge["shards"]:
+        tensors, meta = read_shard(path)
+        tensors["aux"] = torch.full_like(tensors["aux"], torch.finfo(torch.bfloat16).max)
+        write_shard(path, tensors, meta)
+    with pytest.raises(TrainingDiverged) as err:
+        run(huge, tmp_path / "out", epochs=1, save_interval=1)
+    msg = str(err.value)
+    # the loss is still finite at this step, its gradient is not: both are checked
+    assert msg.startswith("step 1 (epoch 0, batch 0): loss ") and "gradient norm nan" in msg
+    assert "was not applied" in msg
+    assert any(p in msg for p in huge["shards"]) and "lower train.lr" in msg
+    assert not (tmp_path / "out" / "best.safetensors").exists()
+    assert not list((tmp_path / "out" / "state").glob("step-*"))
 
 
 @pytest.mark.gpu

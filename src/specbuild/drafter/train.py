@@ -40,7 +40,13 @@ import torch.distributed as dist
 from torch import nn
 
 from specbuild.drafter.config import DrafterConfig, TrainConfig
-from specbuild.drafter.data import ShardSet, plan_batches, split_samples
+from specbuild.drafter.data import (
+    ShardSet,
+    check_verified,
+    plan_batches,
+    split_samples,
+    verify_shards,
+)
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import TTTObjective, evaluate
 from specbuild.drafter.state import (
@@ -54,13 +60,17 @@ from specbuild.drafter.teacher import Teacher, read_target_weights, read_vocab
 from specbuild.io import atomic_path, read_json, setup_logging, write_jsonl
 from specbuild.target import read_target_info
 
-__all__ = ["TrainConfig", "TrainingInterrupted", "lr_at", "train_drafter"]
+__all__ = ["TrainConfig", "TrainingDiverged", "TrainingInterrupted", "lr_at", "train_drafter"]
 
 log = logging.getLogger("specbuild")
 
 
 class TrainingInterrupted(RuntimeError):
     """Raised by `stop_after` (tests): the process dies here as if killed."""
+
+
+class TrainingDiverged(RuntimeError):
+    """A non-finite loss or gradient: the step is not applied, and nothing after it is saved."""
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
@@ -91,6 +101,64 @@ def _sum_ranks(n: int, device: torch.device, world: int) -> int:
     t = torch.tensor([n], dtype=torch.int64, device=device)
     dist.all_reduce(t)
     return int(t.item())
+
+
+def _verify(shards: list[str], hidden_size: int, rank: int, world: int) -> None:
+    """Every shard read whole once before any step; ranks split the files and share faults."""
+    clock = time.perf_counter()
+    broken, unchecked = verify_shards(
+        shards,
+        hidden_size=hidden_size,
+        rank=rank,
+        world_size=world,
+        workers=torch.get_num_threads(),
+    )
+    if world > 1:
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, (broken, unchecked))
+        broken = {k: v for b, _ in gathered for k, v in b.items()}
+        unchecked = sorted(p for _, u in gathered for p in u)
+    check_verified(broken, len(shards))
+    if rank:
+        return
+    gb, elapsed = sum(os.path.getsize(p) for p in shards) / 1e9, time.perf_counter() - clock
+    log.info(
+        "verified %d hidden-state shard(s), %.2f GB in %.1f s (%d rank(s)): checksums, NaN/Inf, "
+        "shapes, offsets",
+        len(shards),
+        gb,
+        elapsed,
+        world,
+    )
+    if unchecked:
+        log.warning(
+            "%d of %d shard(s) carry no checksums (written before specbuild recorded them), "
+            "first %s: their values, shapes and offsets passed, but a changed byte that stays "
+            "finite cannot be seen. Rerun their `hidden` jobs to add checksums: "
+            "snakemake --forcerun %s",
+            len(unchecked),
+            len(shards),
+            unchecked[0],
+            " ".join(unchecked),
+        )
+
+
+def _check_finite(
+    loss: torch.Tensor, grad_norm: torch.Tensor, world: int, where: str, shards: list[str]
+) -> None:
+    """Stop before a non-finite step is applied: a NaN model would later win "best" and export."""
+    finite = (torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)).to(torch.int32)
+    if world > 1:  # every rank stops at the same step
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    if bool(finite):
+        return
+    raise TrainingDiverged(
+        f"{where}: loss {loss.item()}, gradient norm {grad_norm.item()}; the step was not "
+        f"applied and nothing after the last checkpoint is saved. The batch's samples come "
+        f"from {', '.join(shards)}. Every shard passed verification (finite features), so the "
+        "training diverged: lower train.lr or raise train.warmup_fraction (or use precision "
+        "float32), then rerun."
+    )
 
 
 def _job_key(cfg: TrainConfig, shards: list[str], vocab: str, fingerprint: str, world: int) -> str:
@@ -159,6 +227,7 @@ def train_drafter(
         torch.set_num_threads(threads)
     shards = [str(s) for s in shards]
     info = read_target_info(target_fingerprint)
+    _verify(shards, info.hidden_size, rank, world)
     data = ShardSet(shards, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint)
     model, teacher = _build(cfg, Path(target_fingerprint).parent, vocab, info.vocab_size)
     amp = device.type == "cuda" and cfg.precision != "float32"
@@ -240,7 +309,14 @@ def train_drafter(
             loss = step_fn(batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            grad_norm = nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            _check_finite(
+                loss,
+                grad_norm,
+                world,
+                f"step {state.step + 1} (epoch {epoch}, batch {b})",
+                sorted({str(data.paths[r.shard]) for r in batch.refs}),
+            )
             optimizer.step()
             state.step, state.epoch, state.batch = state.step + 1, epoch, b + 1
             window += batch.num_tokens
