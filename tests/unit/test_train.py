@@ -17,6 +17,14 @@ from safetensors.torch import load_file
 from specbuild.drafter.data import ShardSet, plan_batches, split_samples
 from specbuild.drafter.metrics import acceptance_length
 from specbuild.drafter.objective import TTTObjective
+from specbuild.drafter.state import (
+    TrainState,
+    job_key,
+    mark_complete,
+    resume_status,
+    save_checkpoint,
+    source_digest,
+)
 from specbuild.drafter.synthetic import SyntheticSpec, make_workspace
 from specbuild.drafter.train import (
     TrainConfig,
@@ -28,7 +36,7 @@ from specbuild.drafter.train import (
 from specbuild.hidden.shards import ShardError, read_shard, write_shard
 
 
-def run(ws, out, stop_after=None, **cfg):
+def run(ws, out, stop_after=None, log_path=None, **cfg):
     base = dict(
         epochs=2,
         token_budget=96,
@@ -48,6 +56,7 @@ def run(ws, out, stop_after=None, **cfg):
         config=TrainConfig(**(base | cfg)),
         threads=1,
         stop_after=stop_after,
+        log_path=log_path,
     )
 
 
@@ -184,6 +193,76 @@ def test_state_of_another_job_is_not_resumed(ws, tmp_path):
     run(ws, tmp_path, epochs=1, save_interval=1, lr=1e-3)  # different job: fresh start
     again = json.loads((tmp_path / "state" / "latest.json").read_text())
     assert steps["job"] != again["job"]
+
+
+def _trained_tokens(log) -> int:
+    (line,) = [x for x in log.read_text().splitlines() if " trained " in x]
+    return int(line.split(" trained ")[1].split()[0])
+
+
+def test_a_finished_job_run_again_trains_from_scratch_as_forcerun_means(ws, tmp_path):
+    first = run(ws, tmp_path, epochs=2, log_path=tmp_path / "first.log")
+    assert json.loads((tmp_path / "state" / "latest.json").read_text())["complete"] is True
+    again = run(ws, tmp_path, epochs=2, log_path=tmp_path / "again.log")  # same job, forced
+    log = (tmp_path / "again.log").read_text()
+    assert "starting fresh" in log and "a finished run of this job" in log
+    assert "resuming" not in log
+    assert _trained_tokens(tmp_path / "again.log") == _trained_tokens(tmp_path / "first.log") > 0
+    assert again == first  # seeded: the same run again
+
+
+def test_an_interrupted_run_resumes_only_under_the_same_code(ws, tmp_path, monkeypatch):
+    with pytest.raises(TrainingInterrupted):
+        run(ws, tmp_path, epochs=2, save_interval=1, stop_after=3)
+    monkeypatch.setattr("specbuild.drafter.train.source_digest", lambda: "edited sources")
+    run(ws, tmp_path, epochs=2, log_path=tmp_path / "edited.log")
+    log = (tmp_path / "edited.log").read_text()
+    assert "starting fresh" in log and "other inputs, hyper-parameters or code" in log
+    assert "resuming" not in log
+
+
+def test_resume_status_resumes_only_an_interrupted_run_of_the_same_job(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    assert resume_status(tmp_path, job="a") == "none"
+    save_checkpoint(
+        tmp_path, job="a", state=TrainState(step=3), model=model.state_dict(), optimizer=opt
+    )
+    assert resume_status(tmp_path, job="a") == "resumable"
+    assert resume_status(tmp_path, job="b") == "other-job"
+    mark_complete(tmp_path, job="a")
+    assert resume_status(tmp_path, job="a") == "complete"
+    with pytest.raises(ValueError, match="another job"):
+        mark_complete(tmp_path, job="b")
+    save_checkpoint(
+        tmp_path, job="a", state=TrainState(step=1), model=model.state_dict(), optimizer=opt
+    )
+    assert resume_status(tmp_path, job="a") == "resumable"  # a new run of it, interrupted
+
+
+def test_the_job_key_changes_with_params_inputs_and_code(tmp_path):
+    shard = tmp_path / "00000.safetensors"
+    shard.write_bytes(b"x" * 10)
+    base = dict(config={"lr": 1e-4}, inputs=[str(shard)], fingerprint="f", world_size=1, code="c")
+    key = job_key(**base)
+    assert job_key(**base) == key
+    assert job_key(**base | {"config": {"lr": 2e-4}}) != key
+    assert job_key(**base | {"code": "c2"}) != key
+    assert job_key(**base | {"world_size": 2}) != key
+    os.utime(shard, ns=(1, 1))  # re-extracted: same path and size, another mtime
+    assert job_key(**base) != key
+
+
+def test_the_source_digest_changes_when_any_source_file_does(tmp_path):
+    (tmp_path / "drafter").mkdir()
+    (tmp_path / "drafter" / "data.py").write_text("A = 1\n")
+    (tmp_path / "notes.txt").write_text("not code")
+    before = source_digest.__wrapped__(tmp_path)
+    (tmp_path / "notes.txt").write_text("still not code")
+    assert source_digest.__wrapped__(tmp_path) == before
+    (tmp_path / "drafter" / "data.py").write_text("A = 2\n")
+    assert source_digest.__wrapped__(tmp_path) != before
+    assert len(source_digest()) == 64
 
 
 def test_fp8_shards_train_like_bf16_ones(tmp_path):
