@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from specbuild.drafter.data import ShardSet, plan_batches, split_samples
 from specbuild.drafter.metrics import acceptance_length
@@ -303,6 +303,20 @@ def test_a_shard_changed_on_disk_stops_training_before_any_step_naming_it(ws, tm
     assert msg.endswith(f"snakemake --forcerun {path}")
     assert not (tmp_path / "out" / "best.safetensors").exists()
     assert not (tmp_path / "out" / "state").exists()  # not a single step, not a checkpoint
+
+
+def test_shards_without_checksums_train_after_every_other_check_with_a_warning(ws, tmp_path):
+    old = _copy_shards(ws, tmp_path / "hidden" / "synthetic")
+    tensors, meta = read_shard(old["shards"][0])
+    meta.pop("checksums")
+    save_file(tensors, old["shards"][0], metadata=meta)  # as specbuild wrote shards before
+    run(old, tmp_path / "out", epochs=1, log_path=tmp_path / "train.log")
+    log = (tmp_path / "train.log").read_text()
+    assert (
+        f"1 of 2 shard(s) carry no checksums (written before specbuild recorded them), "
+        f"first {old['shards'][0]}" in log
+    )
+    assert f"snakemake --forcerun {old['shards'][0]}" in log
 
 
 def test_a_non_finite_loss_stops_training_at_that_step_naming_the_batch_shards(ws, tmp_path):
