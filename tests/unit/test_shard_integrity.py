@@ -144,6 +144,15 @@ def test_every_changed_byte_fails_verification_naming_the_file_the_fault_and_the
     assert "NaN" not in msg  # caught by the checksum or the header, not by luck
 
 
+@pytest.mark.parametrize("name", ["aux", "last", "input_ids", "offsets"])
+def test_read_shard_checks_the_checksums_of_what_it_loaded(tmp_path, name):
+    path = _write(tmp_path / "00001.safetensors")
+    read_shard(path)
+    _flip_low_bits(path, name, nbytes=2)
+    with pytest.raises(ShardError, match=rf"(?s)00001\.safetensors: .*{name}: checksum mismatch"):
+        read_shard(path)
+
+
 def test_a_flipped_fp8_aux_byte_fails_verification(tmp_path):
     path = _write(tmp_path / "00000.safetensors", storage="fp8")
     verify_shard_file(path, hidden_size=H)

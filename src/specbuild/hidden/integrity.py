@@ -33,6 +33,8 @@ __all__ = [
     "ST_DTYPES",
     "TORCH_DTYPES",
     "FileScan",
+    "tensor_layout",
+    "tensor_digests",
     "build_checksums",
     "count_nonfinite",
     "scan_file",
@@ -112,14 +114,23 @@ def _layout_digest(layout: Mapping[str, tuple[str, list[int]]], meta: Mapping[st
     return hashlib.new(CHECKSUM_ALGORITHM, blob.encode()).hexdigest()
 
 
+def tensor_layout(tensors: Mapping[str, Tensor]) -> dict[str, tuple[str, list[int]]]:
+    """{name: (safetensors dtype, shape)}: what the header says of these tensors."""
+    return {k: (ST_DTYPES.get(v.dtype, str(v.dtype)), list(v.shape)) for k, v in tensors.items()}
+
+
+def tensor_digests(tensors: Mapping[str, Tensor]) -> dict[str, str]:
+    """{name: hex digest of the bytes safetensors writes for it}."""
+    return {k: _digest_tensor(v) for k, v in sorted(tensors.items())}
+
+
 def build_checksums(tensors: Mapping[str, Tensor], meta: Mapping[str, str]) -> str:
     """The `checksums` metadata value for these tensors and (the rest of) this metadata."""
-    layout = {k: (ST_DTYPES[v.dtype], list(v.shape)) for k, v in tensors.items()}
     return json.dumps(
         {
             "algorithm": CHECKSUM_ALGORITHM,
-            "tensors": {k: _digest_tensor(v) for k, v in sorted(tensors.items())},
-            "layout": _layout_digest(layout, meta),
+            "tensors": tensor_digests(tensors),
+            "layout": _layout_digest(tensor_layout(tensors), meta),
         },
         sort_keys=True,
     )
@@ -190,15 +201,21 @@ def scan_file(
 
 
 def checksum_faults(
-    meta: Mapping[str, str], entries: Mapping[str, Mapping], scan: FileScan
+    meta: Mapping[str, str],
+    layout: Mapping[str, tuple[str, list[int]]],
+    digests_now: Mapping[str, str],
 ) -> list[str]:
-    """Every way the file differs from the checksums recorded when it was written.
+    """Every way a shard differs from the checksums recorded when it was written.
 
-    Call only when `meta` holds `checksums`; a shard written before checksums has none.
+    `layout`: {name: (safetensors dtype, shape)} as read; `digests_now`: {name: hex digest}
+    of the bytes as read (`scan_file` or `tensor_digests`). Call only when `meta` holds
+    `checksums`; a shard written before checksums has none.
     """
     try:
         recorded = json.loads(meta[CHECKSUM_KEY])
-        algorithm, digests, layout = (recorded[k] for k in ("algorithm", "tensors", "layout"))
+        algorithm, digests, recorded_layout = (
+            recorded[k] for k in ("algorithm", "tensors", "layout")
+        )
     except (json.JSONDecodeError, TypeError, KeyError):
         return [f"metadata {CHECKSUM_KEY}: not the JSON object write_shard records (corrupt)"]
     if algorithm != CHECKSUM_ALGORITHM:
@@ -207,15 +224,13 @@ def checksum_faults(
             f"{CHECKSUM_ALGORITHM!r}"
         ]
     faults = []
-    header = {k: (e["dtype"], list(e["shape"])) for k, e in entries.items()}
-    if _layout_digest(header, meta) != layout:
+    if _layout_digest(layout, meta) != recorded_layout:
         faults.append("header: tensor names, dtypes, shapes or metadata changed since written")
-    faults += [f"{k}: no checksum recorded" for k in sorted(entries.keys() - digests.keys())]
+    faults += [f"{k}: no checksum recorded" for k in sorted(layout.keys() - digests.keys())]
     faults += [
-        f"{k}: checksummed when written, now absent"
-        for k in sorted(digests.keys() - entries.keys())
+        f"{k}: checksummed when written, now absent" for k in sorted(digests.keys() - layout.keys())
     ]
-    for name in sorted(digests.keys() & scan.digests.keys()):
-        if scan.digests[name] != digests[name]:
+    for name in sorted(digests.keys() & digests_now.keys()):
+        if digests_now[name] != digests[name]:
             faults.append(f"{name}: checksum mismatch, its bytes changed since `hidden` wrote them")
     return faults
