@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from safetensors import safe_open
 from torch import Tensor
 
@@ -34,6 +37,7 @@ __all__ = [
     "ShardSet",
     "verify_shards",
     "check_verified",
+    "verify_for_training",
     "split_samples",
     "plan_batches",
     "sample_key",
@@ -43,6 +47,8 @@ __all__ = [
 SHARED_META = ("layer_ids", "target_fingerprint", "tokenizer_fingerprint")
 MIN_TOKENS = 3  # a sample needs x_t, x_{t+1} (input) and x_{t+2} (predicted)
 _OPEN_FILES = 64  # memory-mapped shards kept open at once
+
+log = logging.getLogger("specbuild")
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,51 @@ def check_verified(broken: Mapping[str, list[str]], total: int) -> None:
         f"start:{listing}\nFix: delete each listed shard and rerun snakemake (its `hidden` job "
         f"rebuilds it), or force those jobs: snakemake --forcerun {' '.join(sorted(broken))}"
     )
+
+
+def verify_for_training(
+    paths: Sequence[str | os.PathLike],
+    *,
+    hidden_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    workers: int = 1,
+) -> None:
+    """Every shard read whole once before any step (ranks split the files and share their
+    faults): raise ShardError listing every broken shard; log what was checked, and warn
+    naming the shards that carry no checksums."""
+    clock = time.perf_counter()
+    broken, unchecked = verify_shards(
+        paths, hidden_size=hidden_size, rank=rank, world_size=world_size, workers=workers
+    )
+    if world_size > 1:
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, (broken, unchecked))
+        broken = {k: v for b, _ in gathered for k, v in b.items()}
+        unchecked = sorted(p for _, u in gathered for p in u)
+    check_verified(broken, len(paths))
+    if rank:
+        return
+    gb, elapsed = sum(os.path.getsize(p) for p in paths) / 1e9, time.perf_counter() - clock
+    log.info(
+        "verified %d hidden-state shard(s), %.2f GB in %.1f s (%d rank(s)): checksums, NaN/Inf, "
+        "shapes, offsets",
+        len(paths),
+        gb,
+        elapsed,
+        world_size,
+    )
+    if unchecked:
+        log.warning(
+            "%d of %d shard(s) carry no checksums (written before specbuild recorded them), "
+            "first %s: their values, shapes and offsets passed, but a changed byte that stays "
+            "finite cannot be seen. Rerun their `hidden` jobs to add checksums: "
+            "snakemake --forcerun %s",
+            len(unchecked),
+            len(paths),
+            unchecked[0],
+            " ".join(unchecked),
+        )
 
 
 class ShardSet:

@@ -40,13 +40,7 @@ from torch import nn
 
 from specbuild import __version__
 from specbuild.drafter.config import DrafterConfig, TrainConfig
-from specbuild.drafter.data import (
-    ShardSet,
-    check_verified,
-    plan_batches,
-    split_samples,
-    verify_shards,
-)
+from specbuild.drafter.data import ShardSet, plan_batches, split_samples, verify_for_training
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import TTTObjective, evaluate
 from specbuild.drafter.state import (
@@ -111,46 +105,6 @@ def _sum_ranks(n: int, device: torch.device, world: int) -> int:
     t = torch.tensor([n], dtype=torch.int64, device=device)
     dist.all_reduce(t)
     return int(t.item())
-
-
-def _verify(shards: list[str], hidden_size: int, rank: int, world: int) -> None:
-    """Every shard read whole once before any step; ranks split the files and share faults."""
-    clock = time.perf_counter()
-    broken, unchecked = verify_shards(
-        shards,
-        hidden_size=hidden_size,
-        rank=rank,
-        world_size=world,
-        workers=torch.get_num_threads(),
-    )
-    if world > 1:
-        gathered: list = [None] * world
-        dist.all_gather_object(gathered, (broken, unchecked))
-        broken = {k: v for b, _ in gathered for k, v in b.items()}
-        unchecked = sorted(p for _, u in gathered for p in u)
-    check_verified(broken, len(shards))
-    if rank:
-        return
-    gb, elapsed = sum(os.path.getsize(p) for p in shards) / 1e9, time.perf_counter() - clock
-    log.info(
-        "verified %d hidden-state shard(s), %.2f GB in %.1f s (%d rank(s)): checksums, NaN/Inf, "
-        "shapes, offsets",
-        len(shards),
-        gb,
-        elapsed,
-        world,
-    )
-    if unchecked:
-        log.warning(
-            "%d of %d shard(s) carry no checksums (written before specbuild recorded them), "
-            "first %s: their values, shapes and offsets passed, but a changed byte that stays "
-            "finite cannot be seen. Rerun their `hidden` jobs to add checksums: "
-            "snakemake --forcerun %s",
-            len(unchecked),
-            len(shards),
-            unchecked[0],
-            " ".join(unchecked),
-        )
 
 
 def _check_finite(
@@ -219,7 +173,7 @@ def train_drafter(
     """Train and write the best drafter to `best_out` and the eval rows to `metrics_out`.
     Returns the best eval row.
 
-    Before any step every shard is read whole once and verified (`data.verify_shards`:
+    Before any step every shard is read whole once and verified (`data.verify_for_training`:
     checksums, NaN/Inf, shapes, offsets); one broken shard stops the job, listing all of them.
     A step whose loss or gradient norm is NaN/Inf is not applied: TrainingDiverged names the
     step and the shards of its batch.
@@ -262,7 +216,13 @@ def train_drafter(
         torch.set_num_threads(threads)
     shards = [str(s) for s in shards]
     info = read_target_info(target_fingerprint)
-    _verify(shards, info.hidden_size, rank, world)
+    verify_for_training(
+        shards,
+        hidden_size=info.hidden_size,
+        rank=rank,
+        world_size=world,
+        workers=torch.get_num_threads(),
+    )
     data = ShardSet(shards, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint)
     model, teacher = _build(cfg, Path(target_fingerprint).parent, vocab, info.vocab_size)
     amp = device.type == "cuda" and cfg.precision != "float32"
