@@ -8,8 +8,10 @@
 
 The failure guarded: SGLang skips weight names it does not know without a word, and with
 `tie_word_embeddings: true` it replaces lm_head by the embedding; either way the server runs a
-drafter with random or wrong weights and acceptance collapses. `check_export` compares every
-key, shape and dtype with what the config implies and lists every fault at once.
+drafter with random or wrong weights and acceptance collapses. A NaN/Inf weight (a diverged
+run, or a float16 export overflowing) serves garbage just as quietly. `check_export` compares
+every key, shape and dtype with what the config implies, counts NaN/Inf values, and lists every
+fault at once; `export_for_sglang` refuses a non-finite checkpoint before writing anything.
 """
 
 from __future__ import annotations
@@ -123,6 +125,7 @@ def export_for_sglang(
         k: (v.to(DTYPES[dtype]) if v.is_floating_point() else v).contiguous()
         for k, v in tensors.items()
     }
+    _check_finite(checkpoint, tensors, state, dtype)
     out_dir = Path(out_dir)
     with atomic_path(out_dir / "model.safetensors") as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
@@ -137,6 +140,33 @@ def export_for_sglang(
         dtype,
         meta["layer_ids"],
     )
+
+
+def _nonfinite(tensors: dict[str, Tensor]) -> dict[str, int]:
+    counts = {
+        k: int((~torch.isfinite(v)).sum()) for k, v in tensors.items() if v.is_floating_point()
+    }
+    return {k: n for k, n in sorted(counts.items()) if n}
+
+
+def _check_finite(
+    checkpoint: str | os.PathLike, tensors: dict[str, Tensor], state: dict[str, Tensor], dtype: str
+) -> None:
+    """Raise ExportError when the checkpoint, or its conversion to `dtype`, holds NaN/Inf."""
+    bad, overflow = _nonfinite(tensors), _nonfinite(state)
+    if bad:
+        raise ExportError(
+            f"{checkpoint}: {len(bad)} of {len(tensors)} tensors hold NaN/Inf values ("
+            + ", ".join(f"{k}: {n}" for k, n in bad.items())
+            + "); SGLang would serve garbage. Fix: retrain (snakemake --forcerun train); if "
+            "training diverges, lower train.lr."
+        )
+    if overflow:
+        raise ExportError(
+            f"{checkpoint}: converting to {dtype} overflows to Inf in "
+            + ", ".join(f"{k} ({n} value(s))" for k, n in overflow.items())
+            + ". Fix: set export.dtype to bfloat16 or float32."
+        )
 
 
 def _tensor_faults(folder: Path, cfg: DrafterConfig, dtype: str) -> list[str]:
@@ -156,6 +186,8 @@ def _tensor_faults(folder: Path, cfg: DrafterConfig, dtype: str) -> list[str]:
                 faults.append(f"model.safetensors: {k} has dtype {st_dtype}, expected {want[k][1]}")
         if not faults:
             faults += _vocab_faults(f.get_tensor("d2t"), f.get_tensor("t2d"))
+            bad = _nonfinite({k: f.get_tensor(k) for k in want})
+            faults += [f"model.safetensors: {k} holds {n} NaN/Inf value(s)" for k, n in bad.items()]
     return faults
 
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import shutil
-import tempfile
+import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 __all__ = [
+    "user_file_mode",
     "atomic_path",
     "atomic_open",
     "available_memory",
@@ -26,16 +28,46 @@ __all__ = [
 ]
 
 
+def _create_temp(folder: Path, name: str) -> tuple[Path, int]:
+    """Create an empty `.{name}.<random>.tmp` in `folder` as open() creates any file (mode 0666
+    less the umask, default ACLs applied); return it and the mode the system gave it.
+
+    Why not mkstemp: it creates 0600 whatever the umask, and a renamed temp file keeps its mode,
+    so every output would be private. Why not read the umask: os.umask can only be read by
+    setting it, which races with other threads creating files.
+    """
+    while True:
+        tmp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        try:
+            return tmp, stat.S_IMODE(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+
+
+def user_file_mode(folder: str | os.PathLike) -> int:
+    """The mode a file the user creates in `folder` gets now (0666 less the umask)."""
+    tmp, mode = _create_temp(Path(folder), "mode-probe")
+    tmp.unlink()
+    return mode
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
+
+    The renamed file has the mode any file the user creates gets (0666 less the umask), also
+    when the writer replaced the temp file by its own (safetensors' save_file writes 0600).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path, mode = _create_temp(path.parent, path.name)
     try:
         yield tmp_path
+        os.chmod(tmp_path, mode)
         os.replace(tmp_path, path)
     finally:
         tmp_path.unlink(missing_ok=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from specbuild.io import read_json, write_json
+from specbuild.io import read_json, user_file_mode, write_json
 
 __all__ = [
     "TargetInfo",
@@ -207,7 +207,12 @@ def materialize_target(
             snap = snapshot_download(source, allow_patterns=list(HF_PATTERNS))
             _copy_hf_folder(Path(snap), tmp)
         (out_dir / FINGERPRINT).unlink(missing_ok=True)
+        mode = user_file_mode(out_dir)
         for f in tmp.iterdir():
+            # safetensors writes 0600: give what we wrote the user's mode, but never chmod a
+            # hard link into the source folder (st_nlink > 1), which is the user's own file.
+            if f.is_file() and f.stat().st_nlink == 1:
+                os.chmod(f, mode)
             os.replace(f, out_dir / f.name)
     info = fingerprint_target(out_dir, name=name, source=source)
     write_json(out_dir / FINGERPRINT, info.__dict__)

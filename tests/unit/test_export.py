@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specbuild.drafter.model import DrafterConfig, Eagle3Drafter
-from specbuild.drafter.state import read_drafter
+from specbuild.drafter.state import read_drafter, save_drafter
 from specbuild.drafter.synthetic import SyntheticSpec, make_workspace
 from specbuild.drafter.train import TrainConfig, train_drafter
 from specbuild.export import ExportError, check_export, export_for_sglang
@@ -132,6 +132,43 @@ def test_validator_lists_every_fault_at_once(exported):
         check_export(exported)
     msg = str(err.value)
     assert "3 fault(s)" in msg and "'d2t'" in msg and "'extra'" in msg and "norm.weight" in msg
+
+
+def test_validator_fails_on_nan_or_inf_weights(exported):
+    def edit(t):
+        t["fc.weight"][0, :3] = float("nan")
+        t["lm_head.weight"][5, 5] = float("inf")
+
+    _rewrite(exported, edit)
+    with pytest.raises(ExportError) as err:
+        check_export(exported)
+    msg = str(err.value)
+    assert "fc.weight holds 3 NaN/Inf" in msg and "lm_head.weight holds 1 NaN/Inf" in msg
+
+
+def test_a_non_finite_checkpoint_is_refused_before_anything_is_written(trained, tmp_path):
+    tensors, meta = read_drafter(trained[0])
+    tensors["midlayer.mlp.up_proj.weight"][1, 2] = float("nan")
+    bad = tmp_path / "best.safetensors"
+    save_drafter(bad, tensors, meta)
+    with pytest.raises(ExportError) as err:
+        export_for_sglang(checkpoint=bad, out_dir=tmp_path / "drafter")
+    msg = str(err.value)
+    assert msg.startswith(f"{bad}: 1 of {len(tensors)} tensors hold NaN/Inf")
+    assert "midlayer.mlp.up_proj.weight: 1" in msg and "snakemake --forcerun train" in msg
+    assert not (tmp_path / "drafter").exists()
+
+
+def test_a_float16_export_that_overflows_is_refused_naming_the_tensor(trained, tmp_path):
+    tensors, meta = read_drafter(trained[0])
+    tensors["fc.weight"][0, 0] = 1e6  # finite in float32, Inf in float16
+    big = tmp_path / "best.safetensors"
+    save_drafter(big, tensors, meta)
+    with pytest.raises(
+        ExportError, match=r"float16 overflows to Inf in fc.weight \(1 value\(s\)\)"
+    ):
+        export_for_sglang(checkpoint=big, out_dir=tmp_path / "drafter", dtype="float16")
+    export_for_sglang(checkpoint=big, out_dir=tmp_path / "drafter", dtype="bfloat16")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

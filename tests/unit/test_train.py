@@ -7,20 +7,36 @@ shapes) so every run takes seconds.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from specbuild.drafter.data import ShardSet, plan_batches, split_samples
 from specbuild.drafter.metrics import acceptance_length
 from specbuild.drafter.objective import TTTObjective
+from specbuild.drafter.state import (
+    TrainState,
+    job_key,
+    mark_complete,
+    resume_status,
+    save_checkpoint,
+    source_digest,
+)
 from specbuild.drafter.synthetic import SyntheticSpec, make_workspace
-from specbuild.drafter.train import TrainConfig, TrainingInterrupted, lr_at, train_drafter
-from specbuild.hidden.shards import read_shard, write_shard
+from specbuild.drafter.train import (
+    TrainConfig,
+    TrainingDiverged,
+    TrainingInterrupted,
+    lr_at,
+    train_drafter,
+)
+from specbuild.hidden.shards import ShardError, read_shard, write_shard
 
 
-def run(ws, out, stop_after=None, **cfg):
+def run(ws, out, stop_after=None, log_path=None, **cfg):
     base = dict(
         epochs=2,
         token_budget=96,
@@ -40,6 +56,7 @@ def run(ws, out, stop_after=None, **cfg):
         config=TrainConfig(**(base | cfg)),
         threads=1,
         stop_after=stop_after,
+        log_path=log_path,
     )
 
 
@@ -178,6 +195,76 @@ def test_state_of_another_job_is_not_resumed(ws, tmp_path):
     assert steps["job"] != again["job"]
 
 
+def _trained_tokens(log) -> int:
+    (line,) = [x for x in log.read_text().splitlines() if " trained " in x]
+    return int(line.split(" trained ")[1].split()[0])
+
+
+def test_a_finished_job_run_again_trains_from_scratch_as_forcerun_means(ws, tmp_path):
+    first = run(ws, tmp_path, epochs=2, log_path=tmp_path / "first.log")
+    assert json.loads((tmp_path / "state" / "latest.json").read_text())["complete"] is True
+    again = run(ws, tmp_path, epochs=2, log_path=tmp_path / "again.log")  # same job, forced
+    log = (tmp_path / "again.log").read_text()
+    assert "starting fresh" in log and "a finished run of this job" in log
+    assert "resuming" not in log
+    assert _trained_tokens(tmp_path / "again.log") == _trained_tokens(tmp_path / "first.log") > 0
+    assert again == first  # seeded: the same run again
+
+
+def test_an_interrupted_run_resumes_only_under_the_same_code(ws, tmp_path, monkeypatch):
+    with pytest.raises(TrainingInterrupted):
+        run(ws, tmp_path, epochs=2, save_interval=1, stop_after=3)
+    monkeypatch.setattr("specbuild.drafter.train.source_digest", lambda: "edited sources")
+    run(ws, tmp_path, epochs=2, log_path=tmp_path / "edited.log")
+    log = (tmp_path / "edited.log").read_text()
+    assert "starting fresh" in log and "other inputs, hyper-parameters or code" in log
+    assert "resuming" not in log
+
+
+def test_resume_status_resumes_only_an_interrupted_run_of_the_same_job(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    assert resume_status(tmp_path, job="a") == "none"
+    save_checkpoint(
+        tmp_path, job="a", state=TrainState(step=3), model=model.state_dict(), optimizer=opt
+    )
+    assert resume_status(tmp_path, job="a") == "resumable"
+    assert resume_status(tmp_path, job="b") == "other-job"
+    mark_complete(tmp_path, job="a")
+    assert resume_status(tmp_path, job="a") == "complete"
+    with pytest.raises(ValueError, match="another job"):
+        mark_complete(tmp_path, job="b")
+    save_checkpoint(
+        tmp_path, job="a", state=TrainState(step=1), model=model.state_dict(), optimizer=opt
+    )
+    assert resume_status(tmp_path, job="a") == "resumable"  # a new run of it, interrupted
+
+
+def test_the_job_key_changes_with_params_inputs_and_code(tmp_path):
+    shard = tmp_path / "00000.safetensors"
+    shard.write_bytes(b"x" * 10)
+    base = dict(config={"lr": 1e-4}, inputs=[str(shard)], fingerprint="f", world_size=1, code="c")
+    key = job_key(**base)
+    assert job_key(**base) == key
+    assert job_key(**base | {"config": {"lr": 2e-4}}) != key
+    assert job_key(**base | {"code": "c2"}) != key
+    assert job_key(**base | {"world_size": 2}) != key
+    os.utime(shard, ns=(1, 1))  # re-extracted: same path and size, another mtime
+    assert job_key(**base) != key
+
+
+def test_the_source_digest_changes_when_any_source_file_does(tmp_path):
+    (tmp_path / "drafter").mkdir()
+    (tmp_path / "drafter" / "data.py").write_text("A = 1\n")
+    (tmp_path / "notes.txt").write_text("not code")
+    before = source_digest.__wrapped__(tmp_path)
+    (tmp_path / "notes.txt").write_text("still not code")
+    assert source_digest.__wrapped__(tmp_path) == before
+    (tmp_path / "drafter" / "data.py").write_text("A = 2\n")
+    assert source_digest.__wrapped__(tmp_path) != before
+    assert len(source_digest()) == 64
+
+
 def test_fp8_shards_train_like_bf16_ones(tmp_path):
     ws8 = make_workspace(tmp_path / "ws", SyntheticSpec(samples=8, seq_len=16, aux_dtype="fp8"))
     best = run(ws8, tmp_path / "out", epochs=1)
@@ -189,6 +276,65 @@ def test_two_gloo_processes_train_with_ddp_through_torchrun(ws, tmp_path):
     assert (tmp_path / "best.safetensors").exists() and best["step"] == 2  # 4 batches / 2 ranks
     state = json.loads((tmp_path / "state" / "latest.json").read_text())
     assert state["checkpoint"] == "step-00000002"
+
+
+def _copy_shards(ws, folder):
+    """The workspace with its shards copied under `folder` (so a test may damage them)."""
+    folder.mkdir(parents=True)
+    shards = [shutil.copy2(p, folder / os.path.basename(p)) for p in ws["shards"]]
+    return ws | {"shards": [str(p) for p in shards]}
+
+
+def test_a_shard_changed_on_disk_stops_training_before_any_step_naming_it(ws, tmp_path):
+    bad = _copy_shards(ws, tmp_path / "hidden" / "synthetic")
+    path = bad["shards"][1]
+    stat, raw = os.stat(path), bytearray(open(path, "rb").read())
+    n = int.from_bytes(raw[:8], "little")
+    begin = 8 + n + json.loads(raw[8 : 8 + n])["aux"]["data_offsets"][0]
+    for i in range(begin, begin + 4096, 2):  # 4 KB, lowest mantissa bit: every value finite
+        raw[i] ^= 1
+    open(path, "wb").write(bytes(raw))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # mtime kept, as a bad disk does
+    with pytest.raises(ShardError) as err:
+        run(bad, tmp_path / "out", epochs=1)
+    msg = str(err.value)
+    assert msg.startswith("1 of 2 hidden-state shard(s) failed verification; training did not")
+    assert f"{path}:\n    - aux: checksum mismatch" in msg
+    assert msg.endswith(f"snakemake --forcerun {path}")
+    assert not (tmp_path / "out" / "best.safetensors").exists()
+    assert not (tmp_path / "out" / "state").exists()  # not a single step, not a checkpoint
+
+
+def test_shards_without_checksums_train_after_every_other_check_with_a_warning(ws, tmp_path):
+    old = _copy_shards(ws, tmp_path / "hidden" / "synthetic")
+    tensors, meta = read_shard(old["shards"][0])
+    meta.pop("checksums")
+    save_file(tensors, old["shards"][0], metadata=meta)  # as specbuild wrote shards before
+    run(old, tmp_path / "out", epochs=1, log_path=tmp_path / "train.log")
+    log = (tmp_path / "train.log").read_text()
+    assert (
+        f"1 of 2 shard(s) carry no checksums (written before specbuild recorded them), "
+        f"first {old['shards'][0]}" in log
+    )
+    assert f"snakemake --forcerun {old['shards'][0]}" in log
+
+
+def test_a_non_finite_loss_stops_training_at_that_step_naming_the_batch_shards(ws, tmp_path):
+    # finite features so large that the drafter's fc overflows: every shard verifies
+    huge = _copy_shards(ws, tmp_path / "hidden" / "synthetic")
+    for path in huge["shards"]:
+        tensors, meta = read_shard(path)
+        tensors["aux"] = torch.full_like(tensors["aux"], torch.finfo(torch.bfloat16).max)
+        write_shard(path, tensors, meta)
+    with pytest.raises(TrainingDiverged) as err:
+        run(huge, tmp_path / "out", epochs=1, save_interval=1)
+    msg = str(err.value)
+    # the loss is still finite at this step, its gradient is not: both are checked
+    assert msg.startswith("step 1 (epoch 0, batch 0): loss ") and "gradient norm nan" in msg
+    assert "was not applied" in msg
+    assert any(p in msg for p in huge["shards"]) and "lower train.lr" in msg
+    assert not (tmp_path / "out" / "best.safetensors").exists()
+    assert not list((tmp_path / "out" / "state").glob("step-*"))
 
 
 @pytest.mark.gpu

@@ -3,33 +3,52 @@
 Shards are memory-mapped (safetensors `safe_open`) and each batch slices only its own rows, so
 memory is one batch however large the data set; the page cache does the rest. Shuffling is a
 seeded permutation per epoch, the held-out split a hash of each sample's (shard, index), so it
-stays put when shards are appended. The failure guarded: shards from different extractions
-(layer ids, fingerprints, widths) mixed into one training run; `ShardSet` checks them all and
-raises once, listing every fault.
+stays put when shards are appended. The failures guarded: a shard whose bytes changed after
+`hidden` wrote them (flipped, truncated, a corrupt header) read as if sound, since batches read
+only the rows they need (`verify_shards` + `check_verified` read every byte once before
+training); and shards from different extractions (layer ids, fingerprints, widths) mixed into
+one training run (`ShardSet` checks them all). Each raises once, listing every fault.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from safetensors import safe_open
 from torch import Tensor
 
-from specbuild.hidden.shards import dequantize_aux, read_header
+from specbuild.hidden.integrity import CHECKSUM_KEY
+from specbuild.hidden.shards import ShardError, dequantize_aux, read_header, shard_file_faults
 
-__all__ = ["SampleRef", "Batch", "ShardSet", "split_samples", "plan_batches", "sample_key"]
+__all__ = [
+    "SampleRef",
+    "Batch",
+    "ShardSet",
+    "verify_shards",
+    "check_verified",
+    "verify_for_training",
+    "split_samples",
+    "plan_batches",
+    "sample_key",
+]
 
 # Metadata that must agree across every shard of one training run.
 SHARED_META = ("layer_ids", "target_fingerprint", "tokenizer_fingerprint")
 MIN_TOKENS = 3  # a sample needs x_t, x_{t+1} (input) and x_{t+2} (predicted)
 _OPEN_FILES = 64  # memory-mapped shards kept open at once
+
+log = logging.getLogger("specbuild")
 
 
 @dataclass(frozen=True)
@@ -71,6 +90,94 @@ def sample_key(path: str | os.PathLike, index: int) -> str:
     """Stable name of a sample: `<dataset>/<shard>:<index>` (the results path scheme)."""
     p = Path(path)
     return f"{p.parent.name}/{p.stem}:{index}"
+
+
+def verify_shards(
+    paths: Sequence[str | os.PathLike],
+    *,
+    hidden_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    workers: int = 1,
+) -> tuple[dict[str, list[str]], list[str]]:
+    """Verify this rank's share of the shards (every world_size-th): checksums, NaN/Inf, shapes,
+    dtypes, offsets. Returns ({path: faults} of the broken ones, paths without checksums).
+
+    Each file is read once, front to back, `workers` files at a time (hashing and the NaN/Inf
+    count release the GIL); a shard without checksums (written before they existed) gets every
+    other check.
+    """
+    mine = [str(p) for p in list(paths)[rank::world_size]]
+    with ThreadPoolExecutor(max(1, workers)) as pool:
+        results = pool.map(lambda p: shard_file_faults(p, hidden_size=hidden_size), mine)
+    broken: dict[str, list[str]] = {}
+    unchecked: list[str] = []
+    for path, (faults, meta) in zip(mine, results, strict=True):
+        if faults:
+            broken[path] = faults
+        elif CHECKSUM_KEY not in meta:
+            unchecked.append(path)
+    return broken, unchecked
+
+
+def check_verified(broken: Mapping[str, list[str]], total: int) -> None:
+    """Raise ShardError naming every broken shard, its faults and the fix (once, for all)."""
+    if not broken:
+        return
+    listing = "".join(
+        f"\n  {path}:" + "".join(f"\n    - {f}" for f in faults)
+        for path, faults in sorted(broken.items())
+    )
+    raise ShardError(
+        f"{len(broken)} of {total} hidden-state shard(s) failed verification; training did not "
+        f"start:{listing}\nFix: delete each listed shard and rerun snakemake (its `hidden` job "
+        f"rebuilds it), or force those jobs: snakemake --forcerun {' '.join(sorted(broken))}"
+    )
+
+
+def verify_for_training(
+    paths: Sequence[str | os.PathLike],
+    *,
+    hidden_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    workers: int = 1,
+) -> None:
+    """Every shard read whole once before any step (ranks split the files and share their
+    faults): raise ShardError listing every broken shard; log what was checked, and warn
+    naming the shards that carry no checksums."""
+    clock = time.perf_counter()
+    broken, unchecked = verify_shards(
+        paths, hidden_size=hidden_size, rank=rank, world_size=world_size, workers=workers
+    )
+    if world_size > 1:
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, (broken, unchecked))
+        broken = {k: v for b, _ in gathered for k, v in b.items()}
+        unchecked = sorted(p for _, u in gathered for p in u)
+    check_verified(broken, len(paths))
+    if rank:
+        return
+    gb, elapsed = sum(os.path.getsize(p) for p in paths) / 1e9, time.perf_counter() - clock
+    log.info(
+        "verified %d hidden-state shard(s), %.2f GB in %.1f s (%d rank(s)): checksums, NaN/Inf, "
+        "shapes, offsets",
+        len(paths),
+        gb,
+        elapsed,
+        world_size,
+    )
+    if unchecked:
+        log.warning(
+            "%d of %d shard(s) carry no checksums (written before specbuild recorded them), "
+            "first %s: their values, shapes and offsets passed, but a changed byte that stays "
+            "finite cannot be seen. Rerun their `hidden` jobs to add checksums: "
+            "snakemake --forcerun %s",
+            len(unchecked),
+            len(paths),
+            unchecked[0],
+            " ".join(unchecked),
+        )
 
 
 class ShardSet:

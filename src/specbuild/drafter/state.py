@@ -2,35 +2,47 @@
 
 Layout of the state directory:
 
-    latest.json              {"checkpoint": "step-00000120", "job": <job key>}  (written last)
+    latest.json              {"checkpoint": "step-00000120", "job": <job key>,
+                              "complete": true once the run finished}  (written last)
     step-00000120/           model.safetensors, optimizer.safetensors (+ RNG), state.json
     best.safetensors         best drafter so far (weights + config in the metadata)
     metrics.jsonl            eval rows so far
 
 A checkpoint directory is filled under a temporary name and renamed into place, then
 latest.json is replaced atomically, so a kill at any moment leaves the previous checkpoint
-intact. The job key (hyper-parameters + inputs) is stored with it: state from a different
-job is never resumed. The LR schedule is a pure function of the step and each epoch's batch
-plan of (seed, epoch), so step + (epoch, batch) are their whole state.
+intact. The LR schedule is a pure function of the step and each epoch's batch plan of
+(seed, epoch), so step + (epoch, batch) are their whole state.
+
+Which state is resumed (`resume_status`): only an interrupted run of the same job. The job
+key (`job_key`) covers the hyper-parameters, each input's path, size and mtime, the target
+fingerprint, the world size, and the code (specbuild's version and a digest of its sources,
+torch's version); a finished run marks latest.json complete, so running a finished job again
+(`--forcerun train`, or its outputs deleted) trains from scratch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from specbuild.io import read_json, write_json
+from specbuild.io import atomic_path, read_json, write_json
 
 __all__ = [
     "TrainState",
+    "source_digest",
+    "job_key",
+    "resume_status",
     "save_checkpoint",
+    "mark_complete",
     "load_checkpoint",
     "clear_state",
     "save_drafter",
@@ -38,6 +50,7 @@ __all__ = [
 ]
 
 LATEST = "latest.json"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # src/specbuild
 
 
 @dataclass
@@ -48,6 +61,46 @@ class TrainState:
     tokens: int = 0  # training tokens seen (all ranks)
     best: float = -1.0  # best simulated acceptance length so far
     metrics: list[dict] = field(default_factory=list)  # eval rows so far
+
+
+@cache
+def source_digest(root: str | os.PathLike = PACKAGE_DIR) -> str:
+    """sha256 of every .py file under `root` (relative path and bytes), in path order.
+
+    The whole package, not the drafter modules alone: data loading, the shard readers and fp8
+    dequantization shape what a step computes as much as the model does.
+    """
+    root = Path(root)
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def job_key(
+    *, config: dict, inputs: list[str], fingerprint: str, world_size: int, code: str
+) -> str:
+    """The identity of one training job: state is resumed only under the same key.
+
+    `inputs` by path, size and mtime (a re-extracted shard is another input); `code`: specbuild
+    version + source digest + torch version (another trainer must not continue this one's run).
+    """
+    files = [(str(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in inputs]
+    blob = json.dumps([config, files, fingerprint, world_size, code], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def resume_status(state_dir: str | os.PathLike, *, job: str) -> str:
+    """What `state_dir` holds for this job: "none", "other-job" (other inputs, hyper-parameters
+    or code), "complete" (a finished run of this job) or "resumable" (an interrupted one)."""
+    latest = Path(state_dir) / LATEST
+    if not latest.exists():
+        return "none"
+    entry = read_json(latest)
+    if entry.get("job") != job:
+        return "other-job"
+    return "complete" if entry.get("complete") else "resumable"
 
 
 def _optimizer_flat(opt: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:
@@ -97,11 +150,11 @@ def save_checkpoint(
     final, tmp = state_dir / name, state_dir / f".tmp-{name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(
-        {k: v.detach().cpu().contiguous() for k, v in model.items()}, tmp / "model.safetensors"
-    )
+    with atomic_path(tmp / "model.safetensors") as path:
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.items()}, path)
     opt_tensors, opt_meta = _optimizer_flat(optimizer)
-    save_file(opt_tensors | _rng_tensors(), tmp / "optimizer.safetensors")
+    with atomic_path(tmp / "optimizer.safetensors") as path:
+        save_file(opt_tensors | _rng_tensors(), path)
     write_json(tmp / "state.json", {"state": asdict(state), "optimizer": opt_meta, "job": job})
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -112,20 +165,25 @@ def save_checkpoint(
     return final
 
 
+def mark_complete(state_dir: str | os.PathLike, *, job: str) -> None:
+    """Record that this job's run finished: its state is never resumed again."""
+    latest = read_json(Path(state_dir) / LATEST)
+    if latest.get("job") != job:
+        raise ValueError(f"{state_dir}: {LATEST} belongs to another job; not marking it complete")
+    write_json(Path(state_dir) / LATEST, latest | {"complete": True})
+
+
 def load_checkpoint(
     state_dir: str | os.PathLike, *, job: str
 ) -> tuple[TrainState, dict[str, Tensor], dict] | None:
-    """(state, model tensors, optimizer state_dict) of the latest checkpoint of this job.
+    """(state, model tensors, optimizer state_dict) of this job's interrupted run.
 
-    Restores the RNG state as a side effect. None when there is none or it belongs to another
-    job (other hyper-parameters or inputs).
+    Restores the RNG state as a side effect. None unless `resume_status` is "resumable".
     """
     state_dir = Path(state_dir)
-    if not (state_dir / LATEST).exists():
+    if resume_status(state_dir, job=job) != "resumable":
         return None
     latest = read_json(state_dir / LATEST)
-    if latest.get("job") != job:
-        return None
     ckpt = state_dir / latest["checkpoint"]
     meta = json.loads((ckpt / "state.json").read_text())
     tensors = load_file(str(ckpt / "optimizer.safetensors"))
@@ -146,8 +204,6 @@ def clear_state(state_dir: str | os.PathLike) -> None:
 
 def save_drafter(path: str | os.PathLike, tensors: dict[str, Tensor], meta: dict) -> None:
     """A trained drafter (export_state tensors) with JSON-able facts in the metadata."""
-    from specbuild.io import atomic_path
-
     with atomic_path(path) as tmp:
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
         save_file(tensors, str(tmp), metadata={k: json.dumps(v) for k, v in meta.items()})

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 from specbuild.hidden.fp8 import quantize_fp8
 from specbuild.hidden.shards import write_shard
-from specbuild.io import write_json
+from specbuild.io import atomic_path, write_json
 
 __all__ = ["SyntheticSpec", "PRESETS", "target_config", "make_workspace"]
 
@@ -86,14 +86,15 @@ def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> di
     write_json(target / "config.json", config)
     head = torch.randn(V, H, generator=g)  # unit-ish rows: lm_head(row j) peaks at j
     embed = torch.randn(V, H, generator=g) * 0.02
-    save_file(
-        {
-            "lm_head.weight": head.bfloat16(),
-            "model.embed_tokens.weight": embed.bfloat16(),
-            "model.norm.weight": torch.ones(H).bfloat16(),
-        },
-        str(target / "model.safetensors"),
-    )
+    with atomic_path(target / "model.safetensors") as path:
+        save_file(
+            {
+                "lm_head.weight": head.bfloat16(),
+                "model.embed_tokens.weight": embed.bfloat16(),
+                "model.norm.weight": torch.ones(H).bfloat16(),
+            },
+            str(path),
+        )
     fingerprint = f"synthetic-{s.seed}-{H}-{V}"
     write_json(
         target / "fingerprint.json",
@@ -115,8 +116,8 @@ def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> di
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[draft_ids] = True
     vocab = out / "vocab" / "vocab.safetensors"
-    vocab.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"d2t": draft_ids - torch.arange(Vd), "t2d": t2d}, str(vocab))
+    with atomic_path(vocab) as path:
+        save_file({"d2t": draft_ids - torch.arange(Vd), "t2d": t2d}, str(path))
     perm = draft_ids[torch.randperm(Vd, generator=g)]  # next-token table over draft ids
     nxt = torch.zeros(V, dtype=torch.int64)
     nxt[draft_ids] = perm

@@ -24,7 +24,6 @@ Hyper-parameters and the config combinations rejected up front: `config.TrainCon
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -39,28 +38,43 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from specbuild import __version__
 from specbuild.drafter.config import DrafterConfig, TrainConfig
-from specbuild.drafter.data import ShardSet, plan_batches, split_samples
+from specbuild.drafter.data import ShardSet, plan_batches, split_samples, verify_for_training
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import TTTObjective, evaluate
 from specbuild.drafter.state import (
     TrainState,
     clear_state,
+    job_key,
     load_checkpoint,
+    mark_complete,
+    resume_status,
     save_checkpoint,
     save_drafter,
+    source_digest,
 )
 from specbuild.drafter.teacher import Teacher, read_target_weights, read_vocab
 from specbuild.io import atomic_path, read_json, setup_logging, write_jsonl
 from specbuild.target import read_target_info
 
-__all__ = ["TrainConfig", "TrainingInterrupted", "lr_at", "train_drafter"]
+__all__ = ["TrainConfig", "TrainingDiverged", "TrainingInterrupted", "lr_at", "train_drafter"]
 
 log = logging.getLogger("specbuild")
 
 
+_NOT_RESUMED = {
+    "complete": "a finished run of this job (a forced rerun trains from scratch)",
+    "other-job": "the state of other inputs, hyper-parameters or code",
+}
+
+
 class TrainingInterrupted(RuntimeError):
     """Raised by `stop_after` (tests): the process dies here as if killed."""
+
+
+class TrainingDiverged(RuntimeError):
+    """A non-finite loss or gradient: the step is not applied, and nothing after it is saved."""
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
@@ -93,11 +107,33 @@ def _sum_ranks(n: int, device: torch.device, world: int) -> int:
     return int(t.item())
 
 
+def _check_finite(
+    loss: torch.Tensor, grad_norm: torch.Tensor, world: int, where: str, shards: list[str]
+) -> None:
+    """Stop before a non-finite step is applied: a NaN model would later win "best" and export."""
+    finite = (torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)).to(torch.int32)
+    if world > 1:  # every rank stops at the same step
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    if bool(finite):
+        return
+    raise TrainingDiverged(
+        f"{where}: loss {loss.item()}, gradient norm {grad_norm.item()}; the step was not "
+        f"applied and nothing after the last checkpoint is saved. The batch's samples come "
+        f"from {', '.join(shards)}. Every shard passed verification (finite features), so the "
+        "training diverged: lower train.lr or raise train.warmup_fraction (or use precision "
+        "float32), then rerun."
+    )
+
+
 def _job_key(cfg: TrainConfig, shards: list[str], vocab: str, fingerprint: str, world: int) -> str:
-    # Inputs by name, size and mtime: a re-extracted shard starts training afresh.
-    files = [(str(p), os.path.getsize(p), os.stat(p).st_mtime_ns) for p in [*shards, vocab]]
-    blob = json.dumps([asdict(cfg), files, fingerprint, world], sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    code = f"specbuild {__version__} {source_digest()} torch {torch.__version__}"
+    return job_key(
+        config=asdict(cfg),
+        inputs=[*shards, vocab],
+        fingerprint=fingerprint,
+        world_size=world,
+        code=code,
+    )
 
 
 def _build(cfg: TrainConfig, target_dir: Path, vocab: str, vocab_size: int):
@@ -134,8 +170,29 @@ def train_drafter(
     threads: int | None = None,
     stop_after: int | None = None,
 ) -> dict:
-    """Train (resuming from `state_dir` when it holds this job's state) and write the best
-    drafter to `best_out` and the eval rows to `metrics_out`. Returns the best eval row."""
+    """Train and write the best drafter to `best_out` and the eval rows to `metrics_out`.
+    Returns the best eval row.
+
+    Before any step every shard is read whole once and verified (`data.verify_for_training`:
+    checksums, NaN/Inf, shapes, offsets); one broken shard stops the job, listing all of them.
+    A step whose loss or gradient norm is NaN/Inf is not applied: TrainingDiverged names the
+    step and the shards of its batch.
+
+    Resume or fresh start: Snakemake cannot tell the job whether it was forced, so the state
+    folder says what the last run of this job did. Every checkpoint carries the job key
+    (`state.job_key`: hyper-parameters, each input's path, size and mtime, target fingerprint,
+    world size, and the code: specbuild's version, a digest of its sources, torch's version).
+    The last thing a finished run does is mark `latest.json` complete. So:
+
+        state of this job, not complete   an interrupted run (killed, preempted): resume it
+        state of this job, complete       a finished job run again: `--forcerun train`, or its
+                                          outputs deleted: clear the folder, train from step 0
+        state of another key              other inputs, hyper-parameters or code: clear, step 0
+        no state                          step 0
+
+    A kill between the outputs and the completion mark leaves the run resumable: it resumes
+    at its last step and writes the outputs again.
+    """
     cfg = config
     if cfg.nproc > 1 and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return _launch_torchrun(
@@ -159,6 +216,13 @@ def train_drafter(
         torch.set_num_threads(threads)
     shards = [str(s) for s in shards]
     info = read_target_info(target_fingerprint)
+    verify_for_training(
+        shards,
+        hidden_size=info.hidden_size,
+        rank=rank,
+        world_size=world,
+        workers=torch.get_num_threads(),
+    )
     data = ShardSet(shards, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint)
     model, teacher = _build(cfg, Path(target_fingerprint).parent, vocab, info.vocab_size)
     amp = device.type == "cuda" and cfg.precision != "float32"
@@ -188,7 +252,10 @@ def train_drafter(
     )
     job = _job_key(cfg, shards, vocab, info.fingerprint, world)
     state = TrainState()
-    loaded = load_checkpoint(state_dir, job=job)
+    status = resume_status(state_dir, job=job)
+    loaded = load_checkpoint(state_dir, job=job) if status == "resumable" else None
+    if status in _NOT_RESUMED:
+        log.info("starting fresh: %s holds %s", state_dir, _NOT_RESUMED[status])
     if loaded is not None:
         state, weights, opt_state = loaded
         missing, extra = model.load_state_dict(weights, strict=False)
@@ -240,7 +307,14 @@ def train_drafter(
             loss = step_fn(batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            grad_norm = nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            _check_finite(
+                loss,
+                grad_norm,
+                world,
+                f"step {state.step + 1} (epoch {epoch}, batch {b})",
+                sorted({str(data.paths[r.shard]) for r in batch.refs}),
+            )
             optimizer.step()
             state.step, state.epoch, state.batch = state.step + 1, epoch, b + 1
             window += batch.num_tokens
@@ -324,6 +398,7 @@ def train_drafter(
         with atomic_path(best_out) as tmp:
             tmp.write_bytes((Path(state_dir) / "best.safetensors").read_bytes())
         write_jsonl(metrics_out, state.metrics)
+        mark_complete(state_dir, job=job)  # last: a kill before it leaves the run resumable
         log.info(
             "best: step %d accept_len %.3f -> %s",
             best_row["step"],

@@ -10,11 +10,14 @@ One safetensors file per tokenized shard:
     last       bf16 [T, H]        final post-norm hidden state (HF hidden_states[-1])
 
 metadata (str -> str): layer_ids (JSON list), backend, target_fingerprint,
-tokenizer_fingerprint, dtype ("bf16" | "fp8"), specbuild_version.
+tokenizer_fingerprint, dtype ("bf16" | "fp8"), specbuild_version, and checksums (JSON, added by
+`write_shard`: see integrity.py).
 
-The failure guarded: a shard that is truncated, holds NaN/Inf, or does not line up token for
-token with the tokenized rows trains a drafter on garbage without any error. `check_shard`
-lists every fault at once; nothing downstream should read a shard it has not passed.
+The failure guarded: a shard that is truncated, holds NaN/Inf, changed on disk after it was
+written, or does not line up token for token with the tokenized rows trains a drafter on garbage
+without any error. `check_shard` (tensors in memory) and `verify_shard_file` (a file, streamed,
+checksums included) list every fault at once; nothing downstream should read a shard it has not
+passed.
 """
 
 from __future__ import annotations
@@ -29,6 +32,17 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from specbuild.hidden.fp8 import FP8_DTYPE, dequantize_fp8
+from specbuild.hidden.integrity import (
+    CHECKSUM_KEY,
+    ST_DTYPES,
+    TORCH_DTYPES,
+    build_checksums,
+    checksum_faults,
+    count_nonfinite,
+    scan_file,
+    tensor_digests,
+    tensor_layout,
+)
 from specbuild.hidden.tokens import TokenShard
 from specbuild.io import atomic_path
 
@@ -46,6 +60,7 @@ __all__ = [
     "dequantize_aux",
     "shard_faults",
     "check_shard",
+    "shard_file_faults",
     "verify_shard_file",
 ]
 
@@ -67,17 +82,10 @@ FIXED_DTYPES = {
     "last": torch.bfloat16,
     "aux_scale": torch.float32,
 }
-# Finite checks run over row chunks so a check never holds more than a slice in float32.
-_CHECK_ROWS = 4096
-# torch dtype -> the name safetensors writes in the header
-_ST_DTYPES = {
-    torch.int32: "I32",
-    torch.uint8: "U8",
-    torch.int64: "I64",
-    torch.bfloat16: "BF16",
-    torch.float32: "F32",
-    FP8_DTYPE: "F8_E4M3",
-}
+# Finite checks run over chunks of this many values: a check never holds more than a slice.
+_CHECK_VALUES = 1 << 24
+# Tensors verify_shard_file loads whole (a few bytes per token); aux and last are only streamed.
+_SMALL_KEYS = ("input_ids", "loss_mask", "offsets", "aux_scale")
 
 
 def aux_nbytes_per_token(hidden_size: int, storage: str) -> int:
@@ -102,24 +110,36 @@ def write_shard(
 ) -> None:
     """Write a shard atomically (temp + rename) after reading its header back.
 
-    The read-back compares names, dtypes, shapes, metadata and the file length with what was
-    meant to be written, so a short write (full disk, killed writer) never gets renamed into
-    place. It reads only the header: memory stays at the one shard already held.
+    Adds the `checksums` metadata (a digest of every tensor's bytes and of the header), which
+    `verify_shard_file` checks before training. The read-back compares names, dtypes, shapes,
+    metadata and the file length with what was meant to be written, so a short write (full
+    disk, killed writer) never gets renamed into place. It reads only the header: memory stays
+    at the one shard already held.
     """
     tensors = {k: v.contiguous() for k, v in tensors.items()}
+    meta = {k: v for k, v in meta.items() if k != CHECKSUM_KEY}
+    meta[CHECKSUM_KEY] = build_checksums(tensors, meta)
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=dict(meta))
+        save_file(tensors, str(tmp), metadata=meta)
         header, file_meta = read_header(tmp)
-        want = {k: (_ST_DTYPES[v.dtype], list(v.shape)) for k, v in tensors.items()}
-        if header != want or file_meta != dict(meta):
+        want = {k: (ST_DTYPES[v.dtype], list(v.shape)) for k, v in tensors.items()}
+        if header != want or file_meta != meta:
             raise ShardError(f"{path}: the written file does not read back as written; not kept")
 
 
-def read_header(path: str | os.PathLike) -> tuple[dict[str, tuple[str, list[int]]], dict[str, str]]:
-    """({name: (safetensors dtype, shape)}, metadata) from the header alone, checking the length.
+def _fix(path: str | os.PathLike) -> str:
+    return (
+        f"Fix: delete it and rerun snakemake (its `hidden` job rebuilds it), or force that job: "
+        f"snakemake --forcerun {path}"
+    )
 
-    A file shorter than its header declares (truncated copy) raises ShardError naming it.
-    """
+
+class _HeaderFault(Exception):
+    """A header fault without the file name (parse_header's callers add it)."""
+
+
+def _parse_header(path: str | os.PathLike) -> tuple[dict[str, dict], dict[str, str], int]:
+    """(tensor entries as in the header, metadata, byte where the data section starts)."""
     size = os.path.getsize(path)
     with open(path, "rb") as fh:
         head = fh.read(8)
@@ -130,23 +150,52 @@ def read_header(path: str | os.PathLike) -> tuple[dict[str, tuple[str, list[int]
     except (json.JSONDecodeError, UnicodeDecodeError):
         header = None
     if not isinstance(header, dict):
-        raise ShardError(
-            f"{path}: no valid safetensors header; the file is truncated or corrupt. "
-            f"Fix: delete it and rerun its `hidden` job (snakemake --forcerun {path})."
-        )
+        raise _HeaderFault("no valid safetensors header; the file is truncated or corrupt")
     meta = header.pop("__metadata__", None) or {}
-    end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
-    if size != 8 + n + end:
-        raise ShardError(
-            f"{path}: {size} bytes on disk, the header declares {8 + n + end}; the file is "
-            f"truncated or padded. Fix: delete it and rerun its `hidden` job "
-            f"(snakemake --forcerun {path})."
+    try:
+        end = max((int(v["data_offsets"][1]) for v in header.values()), default=0)
+        entries = {
+            k: {
+                "dtype": str(v["dtype"]),
+                "shape": list(v["shape"]),
+                "data_offsets": [int(x) for x in v["data_offsets"]],
+            }
+            for k, v in header.items()
+        }
+        ok = all(
+            all(isinstance(d, int) and d >= 0 for d in e["shape"])
+            and 0 <= e["data_offsets"][0] <= e["data_offsets"][1]
+            for e in entries.values()
         )
-    return {k: (v["dtype"], list(v["shape"])) for k, v in header.items()}, meta
+    except (TypeError, KeyError, ValueError, IndexError):
+        ok = False
+    if not ok:
+        raise _HeaderFault("a tensor entry of the header is malformed; the file is corrupt")
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise _HeaderFault("header metadata is not a string map; the file is corrupt")
+    if size != 8 + n + end:
+        raise _HeaderFault(
+            f"{size} bytes on disk, the header declares {8 + n + end}; the file is truncated "
+            "or padded"
+        )
+    return entries, meta, 8 + n
+
+
+def read_header(path: str | os.PathLike) -> tuple[dict[str, tuple[str, list[int]]], dict[str, str]]:
+    """({name: (safetensors dtype, shape)}, metadata) from the header alone, checking the length.
+
+    A file shorter than its header declares (truncated copy) raises ShardError naming it.
+    """
+    try:
+        entries, meta, _ = _parse_header(path)
+    except _HeaderFault as err:
+        raise ShardError(f"{path}: {err}. {_fix(path)}") from None
+    return {k: (v["dtype"], v["shape"]) for k, v in entries.items()}, meta
 
 
 def read_shard(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """All tensors and the metadata of a shard; an unreadable file raises ShardError naming it."""
+    """All tensors and the metadata of a shard, checked against its checksums when it has them;
+    an unreadable or changed file raises ShardError naming it."""
     read_header(path)  # a truncated file fails here with its byte counts
     try:
         with safe_open(str(path), framework="pt") as fh:
@@ -155,8 +204,16 @@ def read_shard(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, st
     except (SafetensorError, OSError, RuntimeError) as err:
         raise ShardError(
             f"{path}: not a readable safetensors file ({err}); it is truncated or corrupt. "
-            f"Fix: delete it and rerun its `hidden` job (snakemake --forcerun {path})."
+            f"{_fix(path)}"
         ) from err
+    if CHECKSUM_KEY in meta:  # hashing what is already in memory: ~1.5 GB/s
+        faults = checksum_faults(meta, tensor_layout(tensors), tensor_digests(tensors))
+        if faults:
+            raise ShardError(
+                f"{path}: hidden-state shard changed since it was written:\n  - "
+                + "\n  - ".join(faults)
+                + f"\n{_fix(path)}"
+            )
     return tensors, meta
 
 
@@ -236,22 +293,25 @@ def _structure_faults(
     return faults
 
 
-def _value_faults(tensors: Mapping[str, Tensor]) -> list[str]:
+def _value_faults(tensors: Mapping[str, Tensor], nonfinite: Mapping[str, int]) -> list[str]:
+    """`nonfinite`: NaN/Inf counts of aux, last and aux_scale (an fp8 aux counts its NaN codes;
+    a bad scale is reported under aux_scale)."""
     faults = []
     if bool((tensors["loss_mask"] > 1).any()):
         faults.append("loss_mask: values other than 0 and 1")
-    n_tok = tensors["input_ids"].shape[0]
-    for key in ("aux", "last") + (("aux_scale",) if "aux_scale" in tensors else ()):
-        bad = 0
-        for start in range(0, n_tok, _CHECK_ROWS):
-            rows = {k: v[start : start + _CHECK_ROWS] for k, v in tensors.items() if v.dim() == 2}
-            chunk = dequantize_aux(rows) if key == "aux" else rows[key].float()
-            bad += int((~torch.isfinite(chunk)).sum())
-        if bad:
-            faults.append(f"{key}: {bad} NaN/Inf value(s)")
+    for key in ("aux", "last", "aux_scale"):
+        if nonfinite.get(key):
+            faults.append(f"{key}: {nonfinite[key]} NaN/Inf value(s)")
     if "aux_scale" in tensors and bool((tensors["aux_scale"] <= 0).any()):
         faults.append("aux_scale: non-positive scale(s)")
     return faults
+
+
+def _count_nonfinite(t: Tensor) -> int:
+    flat = t.reshape(-1)
+    return sum(
+        count_nonfinite(flat[i : i + _CHECK_VALUES]) for i in range(0, flat.numel(), _CHECK_VALUES)
+    )
 
 
 def _token_faults(tensors: Mapping[str, Tensor], tokens: TokenShard) -> list[str]:
@@ -289,7 +349,8 @@ def shard_faults(
     structure = _structure_faults(tensors, meta, hidden_size)
     if structure:
         return faults + structure  # value checks on a malformed shard would only add noise
-    faults += _value_faults(tensors)
+    counts = {k: _count_nonfinite(tensors[k]) for k in ("aux", "last", "aux_scale") if k in tensors}
+    faults += _value_faults(tensors, counts)
     if tokens is not None:
         faults += _token_faults(tensors, tokens)
     return faults
@@ -317,6 +378,45 @@ def check_shard(
         )
 
 
+def shard_file_faults(
+    path: str | os.PathLike,
+    *,
+    hidden_size: int | None = None,
+    tokens: TokenShard | None = None,
+    expected_meta: Mapping[str, str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
+    """(every reason this shard file must not be used, its metadata), reading it once.
+
+    The checks of `check_shard` plus, when the shard records them, its checksums. aux and last
+    are streamed in chunks, never loaded whole. A shard without `checksums` (written before
+    they existed) gets every check but that one; the caller sees it in the metadata.
+    """
+    try:
+        entries, meta, data_start = _parse_header(path)
+    except _HeaderFault as err:
+        return [str(err)], {}
+    scan = scan_file(path, entries, data_start, keep=_SMALL_KEYS)
+    faults = list(scan.faults)
+    if CHECKSUM_KEY in meta:
+        layout = {k: (e["dtype"], e["shape"]) for k, e in entries.items()}
+        faults += checksum_faults(meta, layout, scan.digests)
+    faults += _meta_faults(meta, expected_meta or {})
+    # aux and last enter the shape checks as shape-only stand-ins: their values were counted
+    tensors = dict(scan.tensors)
+    for key in ("aux", "last"):
+        entry = entries.get(key)
+        dtype = TORCH_DTYPES.get(entry["dtype"]) if entry else None
+        if dtype is not None:
+            tensors[key] = torch.empty(entry["shape"], dtype=dtype, device="meta")
+    structure = _structure_faults(tensors, meta, hidden_size)
+    if structure:
+        return faults + structure, meta
+    faults += _value_faults(tensors, scan.nonfinite)
+    if tokens is not None:
+        faults += _token_faults(tensors, tokens)
+    return faults, meta
+
+
 def verify_shard_file(
     path: str | os.PathLike,
     *,
@@ -324,14 +424,15 @@ def verify_shard_file(
     tokens: TokenShard | None = None,
     expected_meta: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """read_shard + check_shard on a file; returns its metadata."""
-    tensors, meta = read_shard(path)
-    check_shard(
-        tensors,
-        meta,
-        name=path,
-        hidden_size=hidden_size,
-        tokens=tokens,
-        expected_meta=expected_meta,
+    """Raise ShardError naming the file and every fault `shard_file_faults` finds; return its
+    metadata when it is sound."""
+    faults, meta = shard_file_faults(
+        path, hidden_size=hidden_size, tokens=tokens, expected_meta=expected_meta
     )
+    if faults:
+        raise ShardError(
+            f"{path}: hidden-state shard failed verification ({len(faults)} fault(s)):\n  - "
+            + "\n  - ".join(faults)
+            + f"\n{_fix(path)}"
+        )
     return meta

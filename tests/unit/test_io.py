@@ -1,0 +1,79 @@
+"""Atomic writes: a failed block publishes nothing, and outputs get the user's file mode."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from specbuild.drafter.state import TrainState, save_checkpoint, save_drafter
+from specbuild.io import atomic_open, atomic_path, user_file_mode, write_json, write_jsonl
+
+
+@pytest.fixture(params=[0o022, 0o002], ids=["umask022", "umask002"])
+def umask(request):
+    old = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(old)
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_every_atomic_writer_gives_0666_less_the_umask(tmp_path, umask):
+    want = 0o666 & ~umask  # 0644 or 0664: what `touch` gives, never mkstemp's 0600
+    write_json(tmp_path / "a.json", {"a": 1})
+    write_jsonl(tmp_path / "b.jsonl", [{"b": 2}])
+    with atomic_open(tmp_path / "c.bin", "wb") as fh:
+        fh.write(b"c")
+    with atomic_path(tmp_path / "d.safetensors") as tmp:  # save_file itself writes 0600
+        save_file({"d": torch.zeros(2)}, str(tmp))
+    save_drafter(tmp_path / "best.safetensors", {"w": torch.ones(2)}, {"step": 1})
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    ckpt = save_checkpoint(
+        tmp_path / "state", job="j", state=TrainState(), model=model.state_dict(), optimizer=opt
+    )
+    written = (
+        [tmp_path / n for n in ("a.json", "b.jsonl", "c.bin", "d.safetensors", "best.safetensors")]
+        + sorted(ckpt.iterdir())
+        + [tmp_path / "state" / "latest.json"]
+    )
+    assert {p.name: oct(_mode(p)) for p in written} == {p.name: oct(want) for p in written}
+    assert user_file_mode(tmp_path) == want
+    assert not list(tmp_path.glob(".*.tmp"))  # no temp file left behind
+
+
+def test_a_failed_block_publishes_nothing_and_keeps_the_old_file(tmp_path):
+    out = tmp_path / "x.json"
+    write_json(out, {"v": 1})
+    with pytest.raises(RuntimeError), atomic_open(out) as fh:
+        fh.write('{"v": 2')
+        raise RuntimeError("killed")
+    assert out.read_text() == '{\n  "v": 1\n}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
+
+
+def test_a_target_folder_linked_from_the_source_leaves_the_source_modes_alone(
+    tmp_path, target_dir, umask
+):
+    from specbuild.target import materialize_target
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in target_dir.iterdir():
+        if f.is_file() and f.name != "fingerprint.json":
+            (src / f.name).write_bytes(f.read_bytes())
+    os.chmod(src / "model.safetensors", 0o640)  # the user's choice for their own file
+    out = tmp_path / "out"
+    materialize_target(source=str(src), name="t", out_dir=out)
+    # out/model.safetensors is a hard link to the source: chmod-ing it would change theirs
+    assert os.path.samefile(out / "model.safetensors", src / "model.safetensors")
+    assert _mode(src / "model.safetensors") == 0o640
+    assert _mode(out / "fingerprint.json") == 0o666 & ~umask
