@@ -100,6 +100,7 @@ class FakePrefillRunner:
 
         self.hf = HFFeatureBackend(model, layer_ids)
         self.device = torch.device("cpu")
+        self.dtype = self.hf.dtype
         self.hidden_size = int(model.config.hidden_size)
         self.vocab_size = int(model.config.vocab_size)
         self.max_tokens, self.max_requests = max_tokens, max_requests

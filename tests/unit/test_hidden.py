@@ -218,6 +218,7 @@ def test_shard_rows_and_metadata_match_the_tokenized_shard_and_target(
     assert tensors["loss_mask"].tolist() == [m for r in rows for m in r["loss_mask"]]
     assert meta["tokenizer_fingerprint"] == info.tokenizer_fingerprint
     assert meta["backend"] == "hf" and meta["dtype"] == "bf16"
+    assert meta["compute_dtype"] == "float32"  # what the engine computed in, not a config echo
 
 
 def test_extracting_the_same_shard_again_gives_identical_tensors_and_metadata(
@@ -328,6 +329,7 @@ def test_a_backend_producing_nan_fails_the_job_and_publishes_nothing(
     class NaNBackend:
         name = "hf"
         device = torch.device("cpu")
+        dtype = "float32"
 
         def extract(self, batch):
             n = sum(map(len, batch))
@@ -427,6 +429,6 @@ def test_cuda_bf16_extraction_stays_aligned_with_cpu_float32(target_dir, rows, r
     for (aux, last), (hs, _) in zip(feats.split(), reference, strict=True):
         want_aux = torch.cat([hs[i + 1] for i in LAYER_IDS], dim=-1)
         # bf16 compute drifts in value, not in direction: every token's state points the same way
-        for got, want in ((aux.float(), want_aux), (last.float(), hs[-1])):
+        for got, want in ((aux.float().cpu(), want_aux), (last.float().cpu(), hs[-1])):
             cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
             assert float(cos.min()) > 0.98

@@ -311,18 +311,48 @@ def test_in_process_sglang_shards_agree_with_transformers_shards(tmp_path, targe
     assert all(v > 0.999 for v in cos.values()), cos
 
 
+def _even_headed_target(folder: Path, tokenizer_dir: Path) -> Path:
+    """A random-weight Llama that splits over 2 GPUs (SmolLM2's 9 heads do not), saved with
+    real weight files so both TP sizes load the same numbers, and SmolLM2's tokenizer."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specbuild.target import materialize_target
+
+    src = folder / "src"
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=49152,
+        max_position_embeddings=2048,
+    )
+    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(src)
+    for f in [*tokenizer_dir.glob("tokenizer*"), *tokenizer_dir.glob("*template*")]:
+        shutil.copy(f, src / f.name)
+    materialize_target(
+        source=str(src), name="tp-llama", out_dir=folder / "target", save_dtype="bfloat16"
+    )
+    return folder / "target"
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not _sglang_available() or torch.cuda.device_count() < 2, reason="needs SGLang and 2 GPUs"
 )
 def test_tensor_parallel_2_shards_agree_with_tensor_parallel_1(tmp_path, target_dir, tokenizer):
-    tok = _tokenized_mt_bench(tmp_path, tokenizer, target_dir)
+    target = _even_headed_target(tmp_path / "tp", target_dir)
+    tok = _tokenized_mt_bench(tmp_path, tokenizer, target)
     outs = {}
     for tp in (1, 2):
         outs[tp] = tmp_path / f"tp{tp}.safetensors"
         args = {"attention_backend": "triton", "sampling_backend": "pytorch", "tp_size": tp}
         _extract_in_subprocess(
-            tok, target_dir, outs[tp], backend="sglang", backend_options={"server_args": args}
+            tok, target, outs[tp], backend="sglang", backend_options={"server_args": args}
         )
     cos = _layer_cosines(outs[1], outs[2])
     print("tp2 vs tp1 mean cosine per layer:", cos)

@@ -102,12 +102,13 @@ class Features:
 @runtime_checkable
 class FeatureBackend(Protocol):
     """Runs the target over a batch of token-id lists (any lengths; padding or packing is the
-    backend's business) and returns its packed `Features` on `device`. A backend may also have
-    `close()`, called when the shard is done.
+    backend's business) and returns its packed `Features` on `device`, computed in `dtype`
+    (recorded in the shard). A backend may also have `close()`, called when the shard is done.
     """
 
     name: str
     device: torch.device
+    dtype: str
 
     def extract(self, batch: list[list[int]]) -> Features: ...
 
@@ -319,7 +320,7 @@ def extract_shard(
     ensure_free_memory(nbytes, what=f"{out}'s host buffers", hint=smaller)
     log.info(
         "%s: %d samples, %d tokens; backend %s, layer ids %s, storage %s (~%.2f GB on disk "
-        "and in memory), compute %s",
+        "and in memory), hf compute dtype %s",
         tokens,
         len(shard),
         shard.num_tokens,
@@ -358,7 +359,7 @@ def extract_shard(
         "tokenizer_fingerprint": target.tokenizer_fingerprint,
         "chat_template_sha256": target.chat_template_sha256,
         "dtype": storage,
-        "compute_dtype": dtype,
+        "compute_dtype": engine.dtype,
         "specbuild_version": specbuild.__version__,
     }
     expected = {k: shard_meta[k] for k in ("target_fingerprint", "tokenizer_fingerprint")}

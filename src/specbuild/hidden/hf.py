@@ -33,6 +33,7 @@ class HFFeatureBackend:
         self.indices = [i + 1 for i in self.layer_ids]
         self.pad_id = pad_id  # any valid id: padded positions are masked and never returned
         self.device = next(model.parameters()).device
+        self.dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
 
     @classmethod
     def from_folder(

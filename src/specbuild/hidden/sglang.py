@@ -152,6 +152,7 @@ class PrefillRunner(Protocol):
     aux [T, 3H]) packed in request order on `device` (aux None when `capture` is off)."""
 
     device: torch.device
+    dtype: str
     hidden_size: int
     vocab_size: int
     max_tokens: int
@@ -172,6 +173,7 @@ class SGLangFeatureBackend:
     def __init__(self, runner: PrefillRunner) -> None:
         self.runner = runner
         self.device = runner.device
+        self.dtype = runner.dtype
 
     @classmethod
     def from_folder(
@@ -334,6 +336,7 @@ class SGLangRunner:
         self.device = (
             torch.device(mr.device, mr.gpu_id) if mr.device == "cuda" else torch.device(mr.device)
         )
+        self.dtype = str(mr.model_config.dtype).removeprefix("torch.")
         cfg = mr.model_config.hf_text_config
         self.hidden_size = int(cfg.hidden_size)
         self.vocab_size = int(mr.model_config.vocab_size)
