@@ -1,5 +1,5 @@
 # Thin phony targets over snakemake. Variables pass through:
-#   make run CONFIG=config/examples/llama31-8b-h200.yaml TARGET=export ARGS="--forcerun train"
+#   make run CONFIG=config/examples/llama-3.1-8b-sglang-h200.yaml TARGET=export ARGS="--forcerun train"
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin

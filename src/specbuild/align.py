@@ -1,6 +1,6 @@
 """Stage `align`: do the training features match what the serving engine computes?
 
-The failure this guards (DESIGN.md's story): hidden states for training came from another
+The failure this guards (docs/DESIGN.md's story): hidden states for training came from another
 engine or precision than the one serving, and the drafter, trained on features it will never
 see, accepts 25% of its drafts. Before training, a fixed, seeded sample of rows from the
 hidden-state shards is recomputed by the serving engine's feature backend on the very same

@@ -1,6 +1,6 @@
 """The `sglang` feature backend: hidden states from SGLang's own model runner, in this process.
 
-The drafter must learn from the features the serving engine computes (DESIGN.md's story: a
+The drafter must learn from the features the serving engine computes (docs/DESIGN.md's story: a
 drafter trained on another engine's states accepted 25%). So this backend builds the very
 `ModelRunner` an SGLang server builds (through `sglang.benchmark.one_batch.load_model`, the
 same weights loader, kernels, attention backend and tensor-parallel layers), and runs prefill

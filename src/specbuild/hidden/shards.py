@@ -1,4 +1,4 @@
-"""Hidden-state shards: the file layout in DESIGN.md, written, read and checked here.
+"""Hidden-state shards: the file layout in docs/DESIGN.md, written, read and checked here.
 
 One safetensors file per tokenized shard:
 
