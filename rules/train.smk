@@ -24,6 +24,8 @@ rule train:
         # Resumable state is deliberately not an output: Snakemake deletes the outputs of a
         # failed job, and a killed job must find its checkpoints to resume.
         state_dir="results/train/state",
+        # curves for `tensorboard --logdir`; kept across a resume like the state
+        tensorboard_dir="results/train/tensorboard",
         hparams=train_hparams(),
     script:
         "../scripts/train.py"

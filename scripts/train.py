@@ -11,6 +11,7 @@ train_drafter(
     best_out=snakemake.output.best,
     metrics_out=snakemake.output.metrics,
     state_dir=snakemake.params.state_dir,
+    tensorboard_dir=snakemake.params.tensorboard_dir,
     config=TrainConfig.from_params(snakemake.params.hparams),
     log_path=snakemake.log[0],
     threads=snakemake.threads,

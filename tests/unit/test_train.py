@@ -36,7 +36,7 @@ from specbuild.drafter.train import (
 from specbuild.hidden.shards import ShardError, read_shard, write_shard
 
 
-def run(ws, out, stop_after=None, log_path=None, **cfg):
+def run(ws, out, stop_after=None, log_path=None, tensorboard_dir=None, **cfg):
     base = dict(
         epochs=2,
         token_budget=96,
@@ -57,6 +57,7 @@ def run(ws, out, stop_after=None, log_path=None, **cfg):
         threads=1,
         stop_after=stop_after,
         log_path=log_path,
+        tensorboard_dir=tensorboard_dir,
     )
 
 
@@ -185,6 +186,31 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run_bit_for_bit(ws, tmp_pa
         for d in ("whole", "cut")
     ]
     assert rows[0] == rows[1] and len(rows[0]) == 3
+
+
+def _scalars(folder) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder))
+    acc.Reload()
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+
+
+def test_curves_in_tensorboard_match_metrics_and_a_resume_draws_no_step_twice(ws, tmp_path):
+    tb = tmp_path / "tb"
+    with pytest.raises(TrainingInterrupted):
+        run(ws, tmp_path, stop_after=5, tensorboard_dir=tb, log_interval=1, save_interval=2)
+    run(ws, tmp_path, tensorboard_dir=tb, log_interval=1, save_interval=2)
+    curves = _scalars(tb)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    got = curves["eval/acceptance_length"]
+    assert [s for s, _ in got] == [r["step"] for r in rows]
+    assert [v for _, v in got] == pytest.approx([r["acceptance_length"] for r in rows])
+    assert {"train/loss", "train/lr", "train/tokens_per_s", "eval/acc_3"} <= set(curves)
+    steps = [s for s, _ in curves["train/loss"]]
+    # step 5 was drawn before the kill and again after resuming at the step-4 checkpoint: the
+    # purge keeps one point per step
+    assert steps == sorted(set(steps)) and steps[-1] == rows[-1]["step"]
 
 
 def test_state_of_another_job_is_not_resumed(ws, tmp_path):

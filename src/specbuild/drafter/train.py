@@ -40,6 +40,7 @@ from torch import nn
 
 from specbuild import __version__
 from specbuild.drafter.config import DrafterConfig, TrainConfig
+from specbuild.drafter.curves import Curves
 from specbuild.drafter.data import ShardSet, plan_batches, split_samples, verify_for_training
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import TTTObjective, evaluate
@@ -169,6 +170,7 @@ def train_drafter(
     log_path: str | None = None,
     threads: int | None = None,
     stop_after: int | None = None,
+    tensorboard_dir: str | None = None,
 ) -> dict:
     """Train and write the best drafter to `best_out` and the eval rows to `metrics_out`.
     Returns the best eval row.
@@ -206,6 +208,7 @@ def train_drafter(
                 state_dir=str(state_dir),
                 log_path=log_path,
                 threads=threads,
+                tensorboard_dir=tensorboard_dir,
             ),
             nproc=cfg.nproc,
         )
@@ -296,6 +299,7 @@ def train_drafter(
         world,
         device,
     )
+    curves = Curves(tensorboard_dir if rank == 0 else None, start_step=state.step)
     # tokens/s over the steps since the last progress line (eval and checkpoint time excluded)
     clock, window, losses, trained, train_time = time.perf_counter(), 0, [], 0, 0.0
     for epoch in range(state.epoch, cfg.epochs):
@@ -330,15 +334,19 @@ def train_drafter(
                     trained + tokens,
                     train_time + elapsed,
                 )
+                progress = {
+                    "loss": sum(losses) / len(losses),
+                    "lr": lr_at(state.step - 1, total, cfg),
+                    "tokens_per_s": tokens / max(elapsed, 1e-9),
+                }
                 log.info(
                     "step %d/%d epoch %d loss %.4f lr %.2e %.0f tokens/s",
                     state.step,
                     total,
                     epoch,
-                    sum(losses) / len(losses),
-                    lr_at(state.step - 1, total, cfg),
-                    tokens / max(elapsed, 1e-9),
+                    *progress.values(),
                 )
+                curves.train(state.step, **progress)
                 window, losses = 0, []
             if eval_due:
                 row = {
@@ -357,6 +365,7 @@ def train_drafter(
                     ),
                 }
                 state.metrics.append(row)
+                curves.eval(state.step, row)
                 best = row["acceptance_length"] > state.best
                 log.info(
                     "eval step %d: acc %s accept_len %.3f%s",
@@ -386,6 +395,7 @@ def train_drafter(
                 raise TrainingInterrupted(f"stopped after step {state.step}")
             if window == 0:  # a progress line was just written: restart its clock
                 clock = time.perf_counter()
+    curves.close()
     log.info(
         "trained %d tokens in %.1f s of steps: %.0f tokens/s (%d rank(s))",
         trained,
