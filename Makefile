@@ -9,13 +9,14 @@ CORES  ?= all
 ARGS   ?=
 SNAKEMAKE = $(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) $(ARGS)
 
-.PHONY: help setup run dry-run test lint format report clean clean-all slurm
+.PHONY: help setup run dry-run test lint format report clean clean-all slurm serve
 .PHONY: bench-extract bench-train
 
 help:
 	@echo "make run      set up if needed, then build $(CONFIG) end to end (TARGET=$(TARGET))"
 	@echo "make test     set up if needed, then run the test suite"
 	@echo "make slurm    build through SLURM (SLURM_PROFILE=profiles/slurm or profiles/slurm-test)"
+	@echo "make serve    serve the built drafter with SGLang (results/serve.sh)"
 	@echo "make dry-run | lint | format | report | clean | clean-all"
 
 setup: $(VENV)/.setup-done
@@ -34,6 +35,14 @@ run: setup
 	$(SNAKEMAKE) $(TARGET)
 	$(SNAKEMAKE) --report results/report.html
 	@echo "report: $(CURDIR)/results/report.html"
+	@echo "serve the drafter with SGLang: make serve (runs results/serve.sh)"
+
+# SGLang serving the built drafter at the chain the serving bench found fastest: builds what
+# is missing, prints the command (results/serve.sh), then runs it (Ctrl-C stops the server).
+serve: setup
+	$(SNAKEMAKE) results/serve.sh
+	@cat results/serve.sh
+	bash results/serve.sh
 
 dry-run: setup
 	$(SNAKEMAKE) -n $(TARGET)

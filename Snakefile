@@ -41,6 +41,7 @@ include: "rules/export.smk"
 include: "rules/tuning.smk"
 include: "rules/bench.smk"
 include: "rules/report.smk"
+include: "rules/serve.smk"
 
 
 rule all:

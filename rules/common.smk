@@ -240,4 +240,5 @@ def all_outputs():
         + ["results/drafter/config.json", "results/drafter/model.safetensors"]
         + serving_outputs()
         + bench_outputs()
+        + ["results/serve.sh"]
     )

@@ -185,3 +185,13 @@ def bench_outputs():
         for t in BENCH_TABLES
         for ext in ("csv", "md", "html")
     ] + [f"results/plots/{p}.png" for p in BENCH_PLOTS]
+
+
+def serve_summaries():
+    """Serving-bench summaries `make serve` picks its chain from (none when the bench is off)."""
+    if not config["sglang"]["bench"]["enabled"]:
+        return []
+    return expand(
+        "results/bench_sglang/{chain}.summary.json",
+        chain=config["sglang"]["bench"]["chains"],
+    )

@@ -45,7 +45,7 @@ def is_drafter_dependent(job: tuple[str, str]) -> bool:
     rule, wildcards = job
     if rule == "bench":
         return "chain=baseline" not in wildcards
-    return rule in {"train", "export", "bench_tables", "bench_plots"}
+    return rule in {"train", "export", "bench_tables", "bench_plots", "serve"}
 
 
 def is_benchmarking(job: tuple[str, str]) -> bool:
