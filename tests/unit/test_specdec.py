@@ -264,6 +264,26 @@ def test_exported_drafter_loads_like_sglang_and_decodes_losslessly(
         assert got.verify_steps >= 1
 
 
+def test_a_specforge_style_folder_loads_with_sglangs_default_layers(target_model, tmp_path):
+    # another trainer's export: no eagle_config (SGLang then captures its default layers), no
+    # head_dim, and the embedding inside the folder (SGLang replaces it with the target's)
+    from safetensors.torch import load_file, save_file
+
+    folder = export_random_drafter(target_model, tmp_path / "drafter")
+    ours, _ = load_drafter(folder, target_model)
+    config = json.loads((folder / "config.json").read_text())
+    del config["eagle_config"], config["head_dim"]
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = load_file(folder / "model.safetensors")
+    tensors["embed_tokens.weight"] = torch.zeros(49152, 576)
+    save_file(tensors, folder / "model.safetensors")
+    theirs, layer_ids = load_drafter(folder, target_model)
+    assert layer_ids == [1, 14, 26]  # EAGLE-3's default for a 30-layer target, as SGLang's
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the target's embedding, not the zeros
+
+
 def test_drafter_for_another_target_is_refused_with_every_mismatch(target_model, tmp_path):
     folder = export_random_drafter(target_model, tmp_path / "drafter")
     config = json.loads((folder / "config.json").read_text())

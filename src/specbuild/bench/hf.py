@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,8 @@ import torch
 
 from specbuild.bench.specdec import BASELINE, ChainSpec, Completion
 from specbuild.io import read_json
+
+log = logging.getLogger("specbuild")
 
 __all__ = [
     "HFBaseline",
@@ -55,17 +58,24 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 
 
 def load_drafter(folder: str | os.PathLike, target) -> tuple[torch.nn.Module, list[int]]:
-    """An exported drafter in float32 eval mode, plus the target layer ids it reads.
+    """An EAGLE-3 drafter folder SGLang loads (ours or another trainer's) in float32 eval
+    mode, plus the target layer ids it reads: its `eagle_config`'s, or without one the layers
+    SGLang captures by default.
 
     Checks the folder against the target first and raises once with every mismatch.
     """
     from specbuild.drafter.model import Eagle3Drafter
+    from specbuild.hidden.extract import default_layer_ids
 
     folder = Path(folder)
     cfg = read_json(folder / "config.json")
     tcfg = target.config
     faults = []
     layer_ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if layer_ids is None:
+        # SGLang then captures its model's default layers: EAGLE-3's [1, L/2 - 1, L - 4]
+        layer_ids = default_layer_ids(tcfg.num_hidden_layers)
+        log.info("%s: no eagle_config layer ids; SGLang's default %s", folder, layer_ids)
     if not isinstance(layer_ids, list) or len(layer_ids) != 3:
         faults.append(f"eagle_config.eagle_aux_hidden_state_layer_ids is {layer_ids!r}, not 3 ids")
     elif not all(isinstance(i, int) and 0 <= i < tcfg.num_hidden_layers for i in layer_ids):

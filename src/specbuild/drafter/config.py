@@ -71,15 +71,19 @@ class DrafterConfig:
 
     @classmethod
     def from_export(cls, hf: dict) -> DrafterConfig:
-        """From an exported drafter's config.json (see specbuild.export.hf_config)."""
+        """From an EAGLE-3 drafter's config.json: ours (specbuild.export.hf_config) or any other
+        exporter's that SGLang loads (head_dim, key-value heads and draft vocabulary default
+        the way a Llama config implies them)."""
+        heads = int(hf["num_attention_heads"])
         return cls(
             hidden_size=int(hf["hidden_size"]),
             intermediate_size=int(hf["intermediate_size"]),
-            num_attention_heads=int(hf["num_attention_heads"]),
-            num_key_value_heads=int(hf["num_key_value_heads"]),
-            head_dim=int(hf["head_dim"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
+            # other exporters (SpecForge) leave out what Llama configs imply, as SGLang reads it
+            head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
             vocab_size=int(hf["vocab_size"]),
-            draft_vocab_size=int(hf["draft_vocab_size"]),
+            draft_vocab_size=int(hf.get("draft_vocab_size") or hf["vocab_size"]),
             target_hidden_size=int(hf.get("target_hidden_size", hf["hidden_size"])),
             rms_norm_eps=float(hf["rms_norm_eps"]),
             max_position_embeddings=int(hf["max_position_embeddings"]),

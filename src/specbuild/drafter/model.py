@@ -277,7 +277,7 @@ class Eagle3Drafter(nn.Module):
         dtype: torch.dtype | None = None,
         device: str | torch.device = "cpu",
     ) -> Eagle3Drafter:
-        """Load an exported folder strictly; the embedding comes from the target."""
+        """Load an EAGLE-3 folder strictly; the embedding comes from the target."""
         folder = Path(folder)
         cfg = DrafterConfig.from_export(json.loads((folder / "config.json").read_text()))
         state = load_file(str(folder / "model.safetensors"))
@@ -286,6 +286,9 @@ class Eagle3Drafter(nn.Module):
             model = cls(cfg)
         model = model.to_empty(device=device)
         model.inv_freq = rope_inv_freq(cfg)
+        # SGLang gives every EAGLE-3 drafter the target's embedding (set_embed), so one that a
+        # folder carries (SpecForge exports do) is never used there: it is not used here either
+        state.pop("embed_tokens.weight", None)
         want = set(model.export_state())
         missing, extra = sorted(want - state.keys()), sorted(state.keys() - want)
         if missing or extra:
