@@ -79,6 +79,12 @@ def train_hparams():
     return dict(config["train"])
 
 
+def train_init_files():
+    """The drafter folder train.init_from warm-starts from: its files rerun train when changed."""
+    folder = config["train"]["init_from"].rstrip("/")
+    return [f"{folder}/config.json", f"{folder}/model.safetensors"] if folder else []
+
+
 def generate_gpus():
     if config["generate"]["backend"] == "openai":
         return 0  # the endpoint's GPUs are not ours to schedule

@@ -6,6 +6,7 @@ rule train:
         fp=target_file("fingerprint.json"),
         # the gate: train only on features that match the serving engine's
         align="results/align/report.json",
+        init=train_init_files(),
     output:
         best="results/train/best.safetensors",
         metrics="results/train/metrics.jsonl",

@@ -213,6 +213,90 @@ def test_curves_in_tensorboard_match_metrics_and_a_resume_draws_no_step_twice(ws
     assert steps == sorted(set(steps)) and steps[-1] == rows[-1]["step"]
 
 
+def _export(model, target_dir, out):
+    """`model` as an EAGLE-3 folder (the layout stage export writes)."""
+    from specbuild.export import hf_config
+
+    out.mkdir(parents=True)
+    save_file(
+        {k: v.contiguous() for k, v in model.export_state().items()}, out / "model.safetensors"
+    )
+    target = json.loads((target_dir / "config.json").read_text())
+    config = hf_config(model.config, layer_ids=[1, 3, 4], target_config=target, dtype="float32")
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def test_warm_start_loads_every_weight_and_reuses_an_identical_vocab_map(ws, tmp_path):
+    from pathlib import Path
+
+    from specbuild.drafter.train import _build, warm_start
+
+    target_dir = Path(ws["target_fingerprint"]).parent
+    cfg = TrainConfig()
+    donor, _ = _build(cfg, target_dir, ws["vocab"], 256)
+    torch.manual_seed(7)
+    for p in donor.parameters():
+        p.data.normal_()
+    folder = _export(donor, target_dir, tmp_path / "donor")
+    model, _ = _build(cfg, target_dir, ws["vocab"], 256)
+    embed = model.embed_tokens.weight.clone()
+    assert "reused" in warm_start(model, folder)
+    for k, v in donor.state_dict().items():
+        if k != "embed_tokens.weight":  # the target's, frozen, never exported
+            assert torch.equal(model.state_dict()[k], v), k
+    assert torch.equal(model.embed_tokens.weight, embed)
+
+
+def test_warm_start_from_another_vocab_carries_each_tokens_row_over(ws, tmp_path):
+    from pathlib import Path
+
+    from specbuild.drafter.train import _build, warm_start
+
+    target_dir = Path(ws["target_fingerprint"]).parent
+    donor, _ = _build(TrainConfig(), target_dir, ws["vocab"], 256)
+    donor.lm_head.weight.data = torch.randn_like(donor.lm_head.weight)
+    # the donor drafts target ids 0, 2, 4, ... (ours) shifted by one draft slot: other map
+    donor.d2t.data = torch.roll(donor.d2t + torch.arange(128), 1) - torch.arange(128)
+    folder = _export(donor, target_dir, tmp_path / "donor")
+    model, _ = _build(TrainConfig(), target_dir, ws["vocab"], 256)
+    said = warm_start(model, folder)
+    assert "rebuilt: 128 of 128 draft tokens carried over" in said
+    # our draft id j drafts target 2j; the donor held target 2j at draft slot j + 1
+    assert torch.equal(model.lm_head.weight[5], donor.lm_head.weight[6])
+
+
+def test_warm_start_from_a_drafter_of_another_shape_is_refused(ws, tmp_path):
+    from pathlib import Path
+
+    from specbuild.drafter.train import _build, warm_start
+
+    other = make_workspace(tmp_path / "other", SyntheticSpec(intermediate_size=96))
+    other_dir = Path(other["target_fingerprint"]).parent
+    donor, _ = _build(TrainConfig(), other_dir, other["vocab"], 256)
+    folder = _export(donor, other_dir, tmp_path / "donor")
+    model, _ = _build(TrainConfig(), Path(ws["target_fingerprint"]).parent, ws["vocab"], 256)
+    with pytest.raises(ValueError, match=r"(?s)not a drafter of this target's shape.*\(96, 64\)"):
+        warm_start(model, folder)
+
+
+def test_a_run_with_init_from_says_it_warm_started(ws, tmp_path):
+    first = tmp_path / "first"
+    run(ws, first, epochs=1)
+    from pathlib import Path
+
+    from specbuild.drafter.train import _build
+
+    model, _ = _build(TrainConfig(), Path(ws["target_fingerprint"]).parent, ws["vocab"], 256)
+    model.load_state_dict(
+        {**load_file(first / "best.safetensors"), "embed_tokens.weight": model.embed_tokens.weight}
+    )
+    folder = _export(model, Path(ws["target_fingerprint"]).parent, tmp_path / "donor")
+    log = tmp_path / "train.log"
+    run(ws, tmp_path / "second", epochs=1, init_from=str(folder), log_path=str(log))
+    assert "warm start from" in log.read_text() and "reused" in log.read_text()
+
+
 def test_state_of_another_job_is_not_resumed(ws, tmp_path):
     run(ws, tmp_path, epochs=1, save_interval=1)
     steps = json.loads((tmp_path / "state" / "latest.json").read_text())

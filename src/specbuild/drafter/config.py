@@ -166,6 +166,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "auto"  # auto (bf16 autocast on CUDA) | float32 | bfloat16
     nproc: int = 1  # processes (GPUs) for DDP through torchrun
+    init_from: str = ""  # an EAGLE-3 drafter folder to warm-start from ("": random init)
 
     @classmethod
     def from_params(cls, params: dict) -> TrainConfig:

@@ -158,6 +158,48 @@ def _build(cfg: TrainConfig, target_dir: Path, vocab: str, vocab_size: int):
     return model, teacher
 
 
+def warm_start(model: Eagle3Drafter, folder: str | os.PathLike) -> str:
+    """Load the drafter in `folder` into `model` (every shape checked first) and say what
+    happened to the draft vocabulary: lm_head rows are draft-vocabulary rows, so they are
+    reused as they are only when both maps agree; otherwise each of our draft tokens takes the
+    folder's row for the same target token where it has one, and keeps the target's head row
+    (`_build`'s start) where it has none."""
+    embed = model.embed_tokens.weight.detach()
+    theirs = Eagle3Drafter.from_pretrained(
+        folder, embed_tokens_weight=embed, dtype=torch.float32, device=embed.device
+    )
+    ours, src = model.state_dict(), theirs.state_dict()
+    vocab_keys = {"lm_head.weight", "d2t", "t2d"}
+    faults = [
+        f"{k}: {tuple(src[k].shape)} there, {tuple(v.shape)} here"
+        for k, v in ours.items()
+        if k not in vocab_keys and k in src and src[k].shape != v.shape
+    ]
+    if faults:
+        raise ValueError(
+            f"train.init_from {folder}: not a drafter of this target's shape:\n  "
+            + "\n  ".join(faults)
+        )
+    with torch.no_grad():
+        for k, v in ours.items():
+            if k not in vocab_keys and k != "embed_tokens.weight":
+                v.copy_(src[k])
+        if torch.equal(theirs.d2t, model.d2t) and torch.equal(theirs.t2d, model.t2d):
+            model.lm_head.weight.copy_(src["lm_head.weight"])
+            return "draft vocabulary map reused (identical to this build's)"
+        targets = (torch.arange(len(theirs.d2t)) + theirs.d2t).tolist()
+        row_of = {t: i for i, t in enumerate(targets)}
+        ours_targets = (torch.arange(len(model.d2t)) + model.d2t).tolist()
+        pairs = [(j, row_of[t]) for j, t in enumerate(ours_targets) if t in row_of]
+        if pairs:
+            dst, rows = zip(*pairs, strict=True)
+            model.lm_head.weight[list(dst)] = src["lm_head.weight"][list(rows)]
+    return (
+        f"draft vocabulary map rebuilt: {len(pairs)} of {len(ours_targets)} draft tokens carried "
+        f"over from {folder}, the rest start from the target's head"
+    )
+
+
 def train_drafter(
     *,
     shards: list[str],
@@ -266,8 +308,11 @@ def train_drafter(
             raise ValueError(f"{state_dir}: checkpoint keys differ ({missing=}, {extra=})")
         optimizer.load_state_dict(opt_state)
         log.info("resuming at step %d (epoch %d, batch %d)", state.step, state.epoch, state.batch)
-    elif rank == 0:
-        clear_state(state_dir)
+    else:
+        if cfg.init_from:
+            log.info("warm start from %s: %s", cfg.init_from, warm_start(model, cfg.init_from))
+        if rank == 0:
+            clear_state(state_dir)
     if world > 1:
         dist.barrier()
     objective = TTTObjective(
