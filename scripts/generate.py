@@ -3,9 +3,9 @@ from functools import partial
 from specbuild.backends import SamplingParams, make_backend
 from specbuild.generate import generate_shard
 from specbuild.gpus import pin_gpus
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 generate_shard(
     samples=snakemake.input.samples,

@@ -1,7 +1,7 @@
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 from specbuild.samples import write_sample_shard
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 write_sample_shard(
     raw=snakemake.input.raw,
     out=snakemake.output.samples,

@@ -3,10 +3,10 @@ from pathlib import Path
 
 from specbuild.backends import SamplingParams, make_backend
 from specbuild.gpus import pin_gpus
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 from specbuild.synthesize import synthesize_shard
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 synthesize_shard(
     target_dir=Path(snakemake.input.fp).parent,

@@ -1,7 +1,7 @@
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 from specbuild.tokenization import tokenize_shard
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 tokenize_shard(
     generated=snakemake.input.generated,
     fingerprint=snakemake.input.fp,
