@@ -2,6 +2,7 @@
 
 from snakemake.utils import validate
 
+from specbuild.rejects import check_rejected_share
 from specbuild.samples import record_digests
 
 validate(config, schema="../config/config.schema.yaml")
@@ -48,10 +49,6 @@ def synthesize_sampling(wildcards):
         "top_p": cfg["top_p"],
         "seed": cfg["seed"],
     }
-
-
-def synthesize_max_rejected(wildcards):
-    return dataset_config(wildcards.dataset)["synthesize"]["max_rejected_fraction"]
 
 
 def dataset_param(key):
@@ -156,6 +153,41 @@ def per_shard(pattern):
     ]
 
 
+# Results folders whose shards carry rejected rows, and the config section of each limit.
+REJECT_STAGES = {"samples": "samples", "generated": "generate", "tokenized": "tokenize"}
+
+
+def reject_limit(stage, dataset):
+    """The rejected-share limit of one stage's shards of a dataset and the key that sets it."""
+    if stage == "samples" and is_synthetic(dataset):
+        return {
+            "limit": dataset_config(dataset)["synthesize"]["max_rejected_fraction"],
+            "setting": f"datasets.{dataset}.synthesize.max_rejected_fraction",
+        }
+    section = REJECT_STAGES[stage]
+    return {
+        "limit": config[section]["max_rejected_fraction"],
+        "setting": f"{section}.max_rejected_fraction",
+    }
+
+
+def reject_limits():
+    """Every limit, by "{stage}/{dataset}": the params of the reject table."""
+    return {
+        f"{stage}/{dataset}": reject_limit(stage, dataset)
+        for stage in REJECT_STAGES
+        for dataset in config["datasets"]
+    }
+
+
+def reject_counts_files():
+    return [
+        f
+        for stage in REJECT_STAGES
+        for f in per_shard(f"results/{stage}/{{dataset}}/{{shard}}.counts.json")
+    ]
+
+
 def aux_layer_ids():
     """hidden.layer_ids as configured: [] means the EAGLE-3 default, resolved at run time.
 
@@ -239,6 +271,7 @@ def all_outputs():
     return (
         per_shard("results/hidden/{dataset}/{shard}.safetensors")
         + ["results/vocab/vocab.safetensors", "results/align/report.json"]
+        + ["results/tables/rejects.md"]
         + ["results/drafter/config.json", "results/drafter/model.safetensors"]
         + serving_outputs()
         + bench_outputs()

@@ -7,6 +7,7 @@ rule samples:
     output:
         samples="results/samples/{dataset}/{shard}.jsonl",
         rejected="results/samples/{dataset}/{shard}.rejected.jsonl",
+        counts="results/samples/{dataset}/{shard}.counts.json",
     log:
         "logs/samples/{dataset}/{shard}.log",
     wildcard_constraints:
@@ -18,7 +19,6 @@ rule samples:
         span=shard_range,
         fmt=dataset_param("format"),
         prompt_key=dataset_param("prompt_key"),
-        max_rejected_fraction=config["samples"]["max_rejected_fraction"],
     script:
         "../scripts/samples.py"
 
@@ -30,6 +30,7 @@ rule synthesize:
     output:
         samples="results/samples/{dataset}/{shard}.jsonl",
         rejected="results/samples/{dataset}/{shard}.rejected.jsonl",
+        counts="results/samples/{dataset}/{shard}.counts.json",
     log:
         "logs/synthesize/{dataset}/{shard}.log",
     wildcard_constraints:
@@ -47,6 +48,5 @@ rule synthesize:
         backend_args=generate_backend_args(),
         sampling=synthesize_sampling,
         batch_size=config["generate"]["batch_size"],
-        max_rejected_fraction=synthesize_max_rejected,
     script:
         "../scripts/synthesize.py"

@@ -12,9 +12,9 @@ generate_shard(
     fingerprint=snakemake.input.fp,
     out=snakemake.output.generated,
     rejected=snakemake.output.rejected,
+    counts=snakemake.output.counts,
     backend=partial(make_backend, snakemake.params.backend, **snakemake.params.backend_args),
     mode=snakemake.params.mode,
     sampling=SamplingParams(**snakemake.params.sampling),
     batch_size=snakemake.params.batch_size,
-    max_rejected_fraction=snakemake.params.max_rejected_fraction,
 )

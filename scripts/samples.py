@@ -6,10 +6,10 @@ write_sample_shard(
     raw=snakemake.input.raw,
     out=snakemake.output.samples,
     rejected=snakemake.output.rejected,
+    counts=snakemake.output.counts,
     dataset=snakemake.wildcards.dataset,
     start=snakemake.params.span[0],
     stop=snakemake.params.span[1],
     fmt=snakemake.params.fmt,
     prompt_key=snakemake.params.prompt_key,
-    max_rejected_fraction=snakemake.params.max_rejected_fraction,
 )

@@ -13,11 +13,11 @@ synthesize_shard(
     fingerprint=snakemake.input.fp,
     out=snakemake.output.samples,
     rejected=snakemake.output.rejected,
+    counts=snakemake.output.counts,
     dataset=snakemake.wildcards.dataset,
     start=snakemake.params.span[0],
     stop=snakemake.params.span[1],
     backend=partial(make_backend, snakemake.params.backend, **snakemake.params.backend_args),
     sampling=SamplingParams(**snakemake.params.sampling),
     batch_size=snakemake.params.batch_size,
-    max_rejected_fraction=snakemake.params.max_rejected_fraction,
 )

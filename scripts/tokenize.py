@@ -8,7 +8,7 @@ tokenize_shard(
     out=snakemake.output.tokens,
     meta=snakemake.output.meta,
     rejected=snakemake.output.rejected,
+    counts=snakemake.output.counts,
     max_length=snakemake.params.max_length,
     overlong=snakemake.params.overlong,
-    max_rejected_fraction=snakemake.params.max_rejected_fraction,
 )

@@ -39,13 +39,14 @@ def generate_shard(
     fingerprint: str | os.PathLike,
     out: str | os.PathLike,
     rejected: str | os.PathLike,
+    counts: str | os.PathLike,
     backend: Callable[[], GenerationBackend],
     mode: str,
     sampling: SamplingParams,
     batch_size: int,
-    max_rejected_fraction: float,
 ) -> tuple[int, int]:
-    """Write one generated row per sample of `samples`; failures go to `rejected`.
+    """Write one generated row per sample of `samples`; failures go to `rejected`, the numbers
+    to `counts`.
 
     `backend` is a constructor, called only if some sample needs the model (keep mode may not).
     """
@@ -136,9 +137,9 @@ def generate_shard(
         out=out,
         rows=rows_out(),
         rejected=rejected,
+        counts=counts,
         bad=bad,
         n_in=len(rows),
-        max_rejected_fraction=max_rejected_fraction,
         label=f"generate {samples}",
     )
     return n, len(bad)

@@ -203,14 +203,15 @@ def write_sample_shard(
     raw: str | os.PathLike,
     out: str | os.PathLike,
     rejected: str | os.PathLike,
+    counts: str | os.PathLike,
     dataset: str,
     start: int,
     stop: int,
     fmt: str = "auto",
     prompt_key: str = "prompt",
-    max_rejected_fraction: float = 0.05,
 ) -> tuple[int, int]:
-    """Normalize records [start, stop) of `raw` into `out`; rejects go to `rejected`.
+    """Normalize records [start, stop) of `raw` into `out`; rejects go to `rejected`, the
+    numbers to `counts`.
 
     Returns (kept, rejected). Ids are `<dataset>-<record index>`: stable when records are appended.
     """
@@ -244,9 +245,9 @@ def write_sample_shard(
         out=out,
         rows=kept,
         rejected=rejected,
+        counts=counts,
         bad=bad,
         n_in=n_in,
-        max_rejected_fraction=max_rejected_fraction,
         label=f"samples {dataset} [{start}, {stop})",
         log_rejects=False,  # logged above with file and line
     )

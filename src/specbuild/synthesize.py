@@ -49,13 +49,13 @@ def synthesize_shard(
     fingerprint: str | os.PathLike,
     out: str | os.PathLike,
     rejected: str | os.PathLike,
+    counts: str | os.PathLike,
     dataset: str,
     start: int,
     stop: int,
     backend: Callable[[], GenerationBackend],
     sampling: SamplingParams,
     batch_size: int,
-    max_rejected_fraction: float,
 ) -> tuple[int, int]:
     """Write the self-written prompts [start, stop) of `dataset` as a samples shard.
 
@@ -124,9 +124,9 @@ def synthesize_shard(
         out=out,
         rows=kept,
         rejected=rejected,
+        counts=counts,
         bad=bad,
         n_in=len(requests),
-        max_rejected_fraction=max_rejected_fraction,
         label=f"synthesize {out}",
     )
     return len(kept), len(bad)

@@ -56,11 +56,11 @@ def test_keep_mode_reuses_dataset_answers_without_loading_a_model(tmp_path, targ
         fingerprint=target_dir / "fingerprint.json",
         out=out,
         rejected=tmp_path / "r.jsonl",
+        counts=tmp_path / "c.json",
         backend=no_model,
         mode="keep",
         sampling=SamplingParams(),
         batch_size=4,
-        max_rejected_fraction=0.0,
     )
     (row,) = read_jsonl(out)
     assert row["messages"][-1]["content"] == "Red." and row["response_source"] == "dataset"
@@ -77,11 +77,11 @@ def test_regenerate_replaces_answers_and_records_provenance(tmp_path, target_dir
         fingerprint=target_dir / "fingerprint.json",
         out=out,
         rejected=tmp_path / "r.jsonl",
+        counts=tmp_path / "c.json",
         backend=lambda: hf,
         mode="regenerate",
         sampling=SamplingParams(max_new_tokens=8),
         batch_size=4,
-        max_rejected_fraction=0.0,
     )
     got = list(read_jsonl(out))
     fp = read_json(target_dir / "fingerprint.json")["fingerprint"]
