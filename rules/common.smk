@@ -122,7 +122,9 @@ def _shard_digests(dataset):
     if is_synthetic(dataset):
         size = cfg["shard_size"]
         return [f"synthetic {a}-{min(a + size, limit)}" for a in range(0, limit, size)]
-    return record_digests(cfg["path"], shard_size=cfg["shard_size"], limit=limit)
+    return record_digests(
+        cfg["path"], shard_size=cfg["shard_size"], limit=limit, id_key=cfg["id_key"]
+    )
 
 
 _DIGESTS = {name: _shard_digests(name) for name in config["datasets"]}

@@ -19,6 +19,7 @@ rule samples:
         span=shard_range,
         fmt=dataset_param("format"),
         prompt_key=dataset_param("prompt_key"),
+        id_key=dataset_param("id_key"),
     script:
         "../scripts/samples.py"
 

@@ -12,4 +12,5 @@ write_sample_shard(
     stop=snakemake.params.span[1],
     fmt=snakemake.params.fmt,
     prompt_key=snakemake.params.prompt_key,
+    id_key=snakemake.params.id_key,
 )

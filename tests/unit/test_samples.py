@@ -126,3 +126,64 @@ def test_json_list_input_is_read_like_jsonl(tmp_path):
     assert len(record_digests(raw, shard_size=2)) == 2
     rows, _, _ = _shard(tmp_path, raw, start=2, stop=4)
     assert [r["messages"][0]["content"] for r in rows] == ["c"]
+
+
+def test_a_jsonl_file_whose_first_line_is_an_array_keeps_its_other_rows(tmp_path):
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text('[{"prompt": "a"}]\n{"prompt": "b"}\n{"prompt": "c"}\n')
+    assert len(record_digests(raw, shard_size=2)) == 2  # parsing the workflow does not fail
+    rows, bad, _ = _shard(tmp_path, raw)
+    assert [r["messages"][0]["content"] for r in rows] == ["b", "c"]
+    assert [(b["line"], b["reason"]) for b in bad] == [
+        (1, "record is list, expected a JSON object")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "error"),
+    [
+        ("raw.txt", '{"prompt": "a"}\n', r"raw\.txt: cannot tell .* \.jsonl .* \.json"),
+        ("raw.json", '[{"prompt": "a"},\n {"prompt": }]', r"raw\.json:2: not valid JSON"),
+        ("raw.json", '{"prompt": "a"}\n', r"raw\.json:1: .* JSON list .* not a dict"),
+    ],
+)
+def test_a_file_that_is_not_what_its_name_says_fails_naming_file_and_line(
+    tmp_path, name, text, error
+):
+    raw = tmp_path / name
+    raw.write_text(text)
+    with pytest.raises(ValueError, match=error):
+        record_digests(raw, shard_size=2)
+
+
+def test_ids_come_from_id_key_and_a_repeated_id_is_rejected_naming_the_first(tmp_path):
+    raw = _write_jsonl(
+        tmp_path / "raw.jsonl",
+        [
+            {"qid": 7, "prompt": "a"},
+            {"qid": "x", "prompt": "b"},
+            {"qid": 7, "prompt": "c"},  # line 3: 7 again
+            {"prompt": "d"},  # line 4: no id
+            {"qid": "x", "prompt": "e"},  # line 5: in the second shard, x from the first
+        ],
+    )
+    first, bad, _ = _shard(tmp_path / "a", raw, id_key="qid", stop=4)
+    assert [r["id"] for r in first] == ["d-7", "d-x"]
+    assert [(b["line"], b["reason"]) for b in bad] == [
+        (3, "duplicate id 'd-7' (first at line 1)"),
+        (4, "missing id field `qid`"),
+    ]
+    second, bad, _ = _shard(tmp_path / "b", raw, id_key="qid", start=4, stop=8)
+    assert second == [] and bad[0]["reason"] == "duplicate id 'd-x' (first at line 2)"
+
+
+def test_with_id_key_a_shard_digest_covers_the_ids_before_it_but_not_after(tmp_path):
+    rows = [{"qid": i, "prompt": f"q{i}"} for i in range(4)]
+    raw = _write_jsonl(tmp_path / "raw.jsonl", rows)
+    before = record_digests(raw, shard_size=2, id_key="qid")
+    assert record_digests(raw, shard_size=2) != before  # the ids are part of it
+    _write_jsonl(raw, [{**rows[0], "qid": 3}] + rows[1:])  # shard 1's record 3 is now a dup
+    changed = record_digests(raw, shard_size=2, id_key="qid")
+    assert changed[0] != before[0] and changed[1] != before[1]
+    _write_jsonl(raw, rows + [{"qid": 9, "prompt": "new"}])
+    assert record_digests(raw, shard_size=2, id_key="qid")[:2] == before
