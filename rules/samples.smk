@@ -4,6 +4,11 @@ rule samples:
         # ancient(): appending records must not make every shard stale; each shard's own
         # content digest (params.digest) decides instead.
         raw=ancient(raw_dataset_path),
+        # The target's tokenizer and chat template count each prompt's tokens exactly, so a
+        # prompt over max_prompt_tokens is rejected here with its file and line, before
+        # `generate` tries to allocate for it. (A character bound without the tokenizer would
+        # have to be loose to be safe and re-checked later; this way the shard is final.)
+        fp=target_file("fingerprint.json"),
     output:
         samples="results/samples/{dataset}/{shard}.jsonl",
         rejected="results/samples/{dataset}/{shard}.rejected.jsonl",
@@ -20,6 +25,7 @@ rule samples:
         fmt=dataset_param("format"),
         prompt_key=dataset_param("prompt_key"),
         id_key=dataset_param("id_key"),
+        max_prompt_tokens=dataset_param("max_prompt_tokens"),
     script:
         "../scripts/samples.py"
 

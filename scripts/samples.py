@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from specbuild.joblog import start_job_log
 from specbuild.samples import write_sample_shard
 
@@ -13,4 +15,6 @@ write_sample_shard(
     fmt=snakemake.params.fmt,
     prompt_key=snakemake.params.prompt_key,
     id_key=snakemake.params.id_key,
+    target_dir=Path(snakemake.input.fp).parent,
+    max_prompt_tokens=snakemake.params.max_prompt_tokens,
 )

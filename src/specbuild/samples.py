@@ -6,8 +6,8 @@ shards and leaves earlier ones untouched; `record_digests` gives each slice a co
 the workflow passes as a param, so a shard reruns exactly when its own records change (or, with
 `id_key`, the ids before it, which decide what counts as a duplicate).
 Bad records are never dropped silently: each goes to the rejected file with file, line and
-reason (malformed, empty, unknown role, duplicate id), and the counts always add up
-(in = kept + rejected).
+reason (malformed, empty, unknown role, duplicate id, a prompt longer than `max_prompt_tokens`
+of the target's tokenizer), and the counts always add up (in = kept + rejected).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from specbuild.rejects import publish_shard
 __all__ = [
     "RawRecord",
     "SampleError",
+    "PromptLength",
     "iter_raw_records",
     "record_digests",
     "record_id",
@@ -263,6 +264,50 @@ def _parse(rec: RawRecord):
         raise SampleError(f"malformed JSON: {err.msg} at column {err.colno}") from None
 
 
+def split_prompt(messages: list[dict]) -> tuple[list[dict], dict | None]:
+    """(prompt up to the last user turn, trailing assistant turn or None): what `generate`
+    sends the target and what it replaces."""
+    if messages[-1]["role"] == "assistant":
+        return messages[:-1], messages[-1]
+    return messages, None
+
+
+class PromptLength:
+    """Tokens of the prompt `generate` sends for a conversation, counted as the hf backend does
+    (the target's tokenizer and chat template, generation prompt added).
+
+    A prompt the target cannot take must be refused here, with its file and line: `generate`
+    would try to allocate for it (a 5 MB line asked for 623 GB) and take its shard down.
+    """
+
+    def __init__(self, target_dir: str | os.PathLike, max_tokens: int) -> None:
+        from specbuild.target import load_tokenizer  # transformers: not at workflow parse time
+
+        self.tok = load_tokenizer(target_dir)
+        self.max_tokens = max_tokens
+        # No token stands for more characters than its vocabulary entry has (byte-level BPE
+        # spells each byte as one character, SentencePiece each character as itself), so a text
+        # longer than max_tokens * the longest entry cannot fit: refused without tokenizing it
+        # (tokenizing 5 MB takes seconds).
+        self.max_chars = max_tokens * max(len(t) for t in self.tok.get_vocab())
+
+    def check(self, messages: list[dict]) -> int:
+        """The prompt's token count, or SampleError when it is over `max_tokens`."""
+        prompt, _ = split_prompt(messages)
+        text = self.tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        if len(text) > self.max_chars:
+            raise SampleError(
+                f"prompt too long: {len(text):,} characters cannot fit in max_prompt_tokens "
+                f"{self.max_tokens}"
+            )
+        n = len(self.tok(text, add_special_tokens=False)["input_ids"])  # the template has them
+        if n > self.max_tokens:
+            raise SampleError(
+                f"prompt too long: {n:,} tokens > max_prompt_tokens {self.max_tokens}"
+            )
+        return n
+
+
 def write_sample_shard(
     *,
     raw: str | os.PathLike,
@@ -275,6 +320,8 @@ def write_sample_shard(
     fmt: str = "auto",
     prompt_key: str = "prompt",
     id_key: str | None = None,
+    target_dir: str | os.PathLike | None = None,
+    max_prompt_tokens: int | None = None,
 ) -> tuple[int, int]:
     """Normalize records [start, stop) of `raw` into `out`; rejects go to `rejected`, the
     numbers to `counts`. Returns (kept, rejected).
@@ -282,7 +329,11 @@ def write_sample_shard(
     Ids are `<dataset>-<record index>` (stable when records are appended), or
     `<dataset>-<value of id_key>`; a record whose id an earlier record of the file already has
     is rejected (so with `id_key` the records before `start` are read for their ids).
+    `max_prompt_tokens` (with `target_dir`, the target's folder) rejects longer prompts.
     """
+    if (target_dir is None) != (max_prompt_tokens is None):
+        raise ValueError("give both max_prompt_tokens and target_dir (its tokenizer), or neither")
+    length = None if max_prompt_tokens is None else PromptLength(target_dir, max_prompt_tokens)
     kept, bad = [], []
     first_line: dict[str, int] = {}  # id -> line of the first record with it
     for rec in iter_raw_records(raw):
@@ -303,6 +354,8 @@ def write_sample_shard(
                 raise SampleError(f"duplicate id {sid!r} (first at line {first_line[sid]})")
             first_line[sid] = rec.line
             messages = normalize_sample(obj, fmt=fmt, prompt_key=prompt_key)
+            if length is not None:
+                length.check(messages)
         except SampleError as err:
             bad.append(
                 {

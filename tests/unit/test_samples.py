@@ -1,6 +1,7 @@
 """Stage `samples`: three input formats, stable ids, fixed shards, and rejected rows kept."""
 
 import json
+import re
 
 import pytest
 
@@ -187,3 +188,40 @@ def test_with_id_key_a_shard_digest_covers_the_ids_before_it_but_not_after(tmp_p
     assert changed[0] != before[0] and changed[1] != before[1]
     _write_jsonl(raw, rows + [{"qid": 9, "prompt": "new"}])
     assert record_digests(raw, shard_size=2, id_key="qid")[:2] == before
+
+
+def _prompt_bytes(content: str) -> bytes:
+    return json.dumps({"prompt": content}).encode()
+
+
+def test_a_prompt_over_max_prompt_tokens_is_rejected_and_the_rest_kept(tmp_path, target_dir):
+    raw = tmp_path / "raw.jsonl"
+    lines = [
+        _prompt_bytes("What is 2 + 2?"),
+        _prompt_bytes("word " * 400),  # a few hundred tokens: counted, then rejected
+        _prompt_bytes("x" * 5_000_000),  # 5 MB: refused by its length, never tokenized
+        _prompt_bytes("Name a colour."),
+    ]
+    raw.write_bytes(b"\n".join(lines) + b"\n")
+    rows, bad, counts = _shard(tmp_path, raw, target_dir=target_dir, max_prompt_tokens=64)
+    assert [r["messages"][0]["content"] for r in rows] == ["What is 2 + 2?", "Name a colour."]
+    assert [b["line"] for b in bad] == [2, 3]
+    assert re.fullmatch(r"prompt too long: \d+ tokens > max_prompt_tokens 64", bad[0]["reason"])
+    assert "5,0" in bad[1]["reason"] and "characters cannot fit" in bad[1]["reason"]
+    assert len(bad[1]["raw"]) <= 2000  # the reject keeps a head of the line, not 5 MB
+    assert counts["in"] == counts["kept"] + counts["rejected"] == 4
+
+
+def test_prompt_length_counts_what_generate_sends(target_dir, tokenizer):
+    from specbuild.samples import PromptLength
+
+    chat = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! " * 50},  # replaced by generate: not counted
+    ]
+    sent = tokenizer.apply_chat_template(
+        chat[:1], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert PromptLength(target_dir, 8192).check(chat) == len(sent)
+    with pytest.raises(SampleError, match=f"{len(sent)} tokens > max_prompt_tokens"):
+        PromptLength(target_dir, len(sent) - 1).check(chat)
