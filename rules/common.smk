@@ -2,6 +2,7 @@
 
 from snakemake.utils import validate
 
+from specbuild.rejects import check_rejected_share
 from specbuild.samples import record_digests
 
 validate(config, schema="../config/config.schema.yaml")
@@ -48,10 +49,6 @@ def synthesize_sampling(wildcards):
         "top_p": cfg["top_p"],
         "seed": cfg["seed"],
     }
-
-
-def synthesize_max_rejected(wildcards):
-    return dataset_config(wildcards.dataset)["synthesize"]["max_rejected_fraction"]
 
 
 def dataset_param(key):
@@ -131,7 +128,9 @@ def _shard_digests(dataset):
     if is_synthetic(dataset):
         size = cfg["shard_size"]
         return [f"synthetic {a}-{min(a + size, limit)}" for a in range(0, limit, size)]
-    return record_digests(cfg["path"], shard_size=cfg["shard_size"], limit=limit)
+    return record_digests(
+        cfg["path"], shard_size=cfg["shard_size"], limit=limit, id_key=cfg["id_key"]
+    )
 
 
 _DIGESTS = {name: _shard_digests(name) for name in config["datasets"]}
@@ -159,6 +158,41 @@ def per_shard(pattern):
         pattern.format(dataset=d, shard=s)
         for d in config["datasets"]
         for s in shard_ids(d)
+    ]
+
+
+# Results folders whose shards carry rejected rows, and the config section of each limit.
+REJECT_STAGES = {"samples": "samples", "generated": "generate", "tokenized": "tokenize"}
+
+
+def reject_limit(stage, dataset):
+    """The rejected-share limit of one stage's shards of a dataset and the key that sets it."""
+    if stage == "samples" and is_synthetic(dataset):
+        return {
+            "limit": dataset_config(dataset)["synthesize"]["max_rejected_fraction"],
+            "setting": f"datasets.{dataset}.synthesize.max_rejected_fraction",
+        }
+    section = REJECT_STAGES[stage]
+    return {
+        "limit": config[section]["max_rejected_fraction"],
+        "setting": f"{section}.max_rejected_fraction",
+    }
+
+
+def reject_limits():
+    """Every limit, by "{stage}/{dataset}": the params of the reject table."""
+    return {
+        f"{stage}/{dataset}": reject_limit(stage, dataset)
+        for stage in REJECT_STAGES
+        for dataset in config["datasets"]
+    }
+
+
+def reject_counts_files():
+    return [
+        f
+        for stage in REJECT_STAGES
+        for f in per_shard(f"results/{stage}/{{dataset}}/{{shard}}.counts.json")
     ]
 
 
@@ -243,6 +277,7 @@ def all_outputs():
     return (
         per_shard("results/hidden/{dataset}/{shard}.safetensors")
         + ["results/vocab/vocab.safetensors", "results/align/report.json"]
+        + ["results/tables/rejects.md"]
         + ["results/drafter/config.json", "results/drafter/model.safetensors"]
         + serving_outputs()
         + bench_outputs()

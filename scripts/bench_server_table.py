@@ -1,7 +1,7 @@
 from specbuild.bench.server import write_server_bench_outputs
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 write_server_bench_outputs(
     list(snakemake.input.summaries),
     list(snakemake.input.sweeps),

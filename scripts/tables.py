@@ -1,9 +1,9 @@
 from pathlib import Path
 
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 from specbuild.report.tables import write_tables
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 write_tables(
     rows=list(snakemake.input.rows),
     out_dir=Path(snakemake.output.bench).parent,

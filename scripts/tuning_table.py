@@ -1,7 +1,7 @@
 from specbuild.bench.tuning import write_tuning_outputs
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 write_tuning_outputs(
     list(snakemake.input),
     csv_path=snakemake.output.csv,
