@@ -4,6 +4,8 @@ rule hidden:
         tokens="results/tokenized/{dataset}/{shard}.jsonl",
         meta="results/tokenized/{dataset}/{shard}.meta.json",
         fp=target_file("fingerprint.json"),
+        # the shard's reject check: no GPU time on a shard over its limit
+        checked="results/checks/tokenized/{dataset}/{shard}.json",
     output:
         # never temp(): hidden states are the expensive part of the build
         "results/hidden/{dataset}/{shard}.safetensors",
