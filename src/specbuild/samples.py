@@ -34,7 +34,9 @@ __all__ = [
 ]
 
 FORMATS = ("auto", "prompt", "messages", "sharegpt")
-ROLES = ("system", "user", "assistant")
+# `tool` turns (a function's result) pass through to the target's chat template like any other
+# non-assistant turn: part of the prompt, never of the loss.
+ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT speaker names seen in the wild, mapped to OpenAI roles.
 SHAREGPT_ROLES = {
     "human": "user",
@@ -43,6 +45,9 @@ SHAREGPT_ROLES = {
     "assistant": "assistant",
     "chatgpt": "assistant",
     "system": "system",
+    "tool": "tool",
+    "function_response": "tool",
+    "observation": "tool",
 }
 
 log = logging.getLogger("specbuild")
@@ -184,7 +189,9 @@ def _from_messages(turns, key: str) -> list[dict]:
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
             raise SampleError(f"{key}[{i}] is not an object")
-        if key == "conversations":
+        # `conversations` holds ShareGPT turns (from/value) or, as SpecForge writes them,
+        # OpenAI turns (role/content): told apart per turn by its keys
+        if key == "conversations" and "role" not in turn:
             speaker = turn.get("from")
             role = SHAREGPT_ROLES.get(str(speaker).lower()) if speaker is not None else None
             if role is None:

@@ -42,6 +42,47 @@ def test_sharegpt_speakers_map_to_openai_roles():
     assert out == [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
 
 
+def test_a_specforge_data_file_keeps_its_ids_system_prompts_and_role_content_turns(tmp_path):
+    # SpecForge's documented layout (written here, not copied): `id` and OpenAI-style turns
+    # under `conversations`; ShareGPT's from/value turns in the same file, detected per record
+    raw = _write_jsonl(
+        tmp_path / "raw.jsonl",
+        [
+            {
+                "id": "sf-001",
+                "conversations": [
+                    {"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": "Capital of France?"},
+                    {"role": "assistant", "content": "Paris."},
+                ],
+            },
+            {"id": "sg-002", "conversations": [{"from": "human", "value": "Hi"}]},
+        ],
+    )
+    rows, bad, counts = _shard(tmp_path, raw, id_key="id")
+    assert bad == [] and counts["in"] == 2
+    assert [r["id"] for r in rows] == ["d-sf-001", "d-sg-002"]
+    assert [m["role"] for m in rows[0]["messages"]] == ["system", "user", "assistant"]
+    assert rows[1]["messages"] == [{"role": "user", "content": "Hi"}]
+
+
+def test_tool_turns_pass_through_as_prompt_turns():
+    msgs = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Calling the weather tool."},
+        {"role": "tool", "content": '{"temp_c": 21}'},
+        {"role": "user", "content": "So?"},
+    ]
+    assert [m["role"] for m in normalize_sample({"messages": msgs})] == [
+        "user",
+        "assistant",
+        "tool",
+        "user",
+    ]
+    conv = [{"from": "human", "value": "x"}, {"from": "observation", "value": "{}"}]
+    assert normalize_sample({"conversations": conv})[1]["role"] == "tool"
+
+
 def test_auto_format_detects_each_row_by_its_fields():
     assert normalize_sample({"prompt": "a"})[0]["content"] == "a"
     assert normalize_sample({"messages": [{"role": "user", "content": "b"}]})[0]["content"] == "b"
