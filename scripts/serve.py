@@ -1,7 +1,7 @@
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 from specbuild.serve import pick_chain, serve_command, write_serve_script
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 chain, why = pick_chain(snakemake.params.chains, list(snakemake.input.summaries))
 write_serve_script(
     snakemake.output[0],
