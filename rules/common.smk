@@ -76,6 +76,12 @@ def train_hparams():
     return dict(config["train"])
 
 
+def engine_env(backend):
+    """The conda environment (--sdm conda) of a job running `backend`: SGLang pins its own
+    torch and transformers, so its jobs get envs/sglang.yaml, every other job the default."""
+    return "../envs/sglang.yaml" if backend == "sglang" else "../envs/specbuild.yaml"
+
+
 def train_init_files():
     """The drafter folder train.init_from warm-starts from: its files rerun train when changed."""
     folder = config["train"]["init_from"].rstrip("/")

@@ -12,7 +12,7 @@ rule generate:
     log:
         "logs/generate/{dataset}/{shard}.log",
     conda:
-        "../envs/specbuild.yaml"
+        engine_env(config["generate"]["backend"])
     threads: 2
     resources:
         gpu=generate_gpus(),

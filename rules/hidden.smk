@@ -12,7 +12,7 @@ rule hidden:
     log:
         "logs/hidden/{dataset}/{shard}.log",
     conda:
-        "../envs/specbuild.yaml"
+        engine_env(config["hidden"]["backend"])
     # torch's intra-op threads; Snakemake scales this down to --cores
     threads: 4
     resources:

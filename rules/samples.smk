@@ -43,7 +43,7 @@ rule synthesize:
     wildcard_constraints:
         dataset=datasets_regex(synthetic=True),
     conda:
-        "../envs/specbuild.yaml"
+        engine_env(config["generate"]["backend"])
     threads: 2
     resources:
         gpu=generate_gpus(),
