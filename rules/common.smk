@@ -1,10 +1,28 @@
 """Helpers for the rules: config validation, path helpers, params as plain builtins."""
 
-from snakemake.utils import validate
+import os
 
+from specbuild.config_check import ConfigError, check_config
 from specbuild.samples import record_digests
 
-validate(config, schema="../config/config.schema.yaml")
+
+def config_source():
+    """The config as given, for messages: its file(s) and the keys --config overrides."""
+    files = [os.path.relpath(f) for f in workflow.overwrite_configfiles]
+    given = " + ".join(files or ["config/config.yaml"])
+    overrides = ", ".join(workflow.config_settings.config)
+    return f"{given} with --config {overrides}" if overrides else given
+
+
+# Fills the schema's defaults; one short error naming every faulty key (no stack trace).
+try:
+    check_config(
+        config,
+        schema=f"{workflow.basedir}/config/config.schema.yaml",
+        source=config_source(),
+    )
+except ConfigError as err:
+    raise err.with_traceback(None) from None
 
 
 wildcard_constraints:
@@ -205,11 +223,7 @@ def sglang_backend_args(backend):
         "max_concurrency": sg["max_concurrency"],
         "request_timeout_s": sg["request_timeout_s"],
     }
-    if backend == "openai":
-        if not sg["endpoint"]:
-            raise ValueError(
-                "generate.backend openai needs sglang.endpoint (the server's base URL)"
-            )
+    if backend == "openai":  # config_check makes sure the endpoint is set
         return {
             "base_url": sg["endpoint"],
             "model": sg["served_model"],
