@@ -14,13 +14,11 @@ def config_source():
     return f"{given} with --config {overrides}" if overrides else given
 
 
+SCHEMA = f"{workflow.basedir}/config/config.schema.yaml"
+
 # Fills the schema's defaults; one short error naming every faulty key (no stack trace).
 try:
-    check_config(
-        config,
-        schema=f"{workflow.basedir}/config/config.schema.yaml",
-        source=config_source(),
-    )
+    check_config(config, schema=SCHEMA, source=config_source())
 except ConfigError as err:
     raise err.with_traceback(None) from None
 
@@ -146,7 +144,25 @@ def _shard_digests(dataset):
     return record_digests(cfg["path"], shard_size=cfg["shard_size"], limit=limit)
 
 
-_DIGESTS = {name: _shard_digests(name) for name in config["datasets"]}
+def _all_digests():
+    """Shard digests of every dataset. A file that cannot be read or holds no record is a
+    config fault naming its key, like the schema's, not a stack trace."""
+    digests, faults = {}, []
+    for name in config["datasets"]:
+        try:
+            digests[name] = _shard_digests(name)
+        except (OSError, ValueError) as err:
+            faults.append(f"datasets.{name}.path: {err}")
+            continue
+        if not digests[name] and not is_synthetic(name):
+            path = dataset_config(name)["path"]
+            faults.append(f"datasets.{name}.path: {path!r} holds no records")
+    if faults:
+        raise ConfigError(config_source(), faults, SCHEMA).with_traceback(None)
+    return digests
+
+
+_DIGESTS = _all_digests()
 
 
 def shard_ids(dataset):

@@ -67,11 +67,12 @@ _short.maxlevel = 2
 class ConfigError(ValueError):
     """A config with faults; `faults` holds one 'dotted.key: what is wrong' line each."""
 
-    def __init__(self, source: str, faults: list[str], schema: str) -> None:
+    def __init__(self, source: str, faults: list[str], schema: str | os.PathLike) -> None:
         self.source = source
         self.faults = faults
         n = len(faults)
-        lines = [f"{source}: {n} problem{'s' * (n != 1)} (keys and allowed values: {schema})"]
+        where = _display(schema)
+        lines = [f"{source}: {n} problem{'s' * (n != 1)} (keys and allowed values: {where})"]
         lines += [f"  {f}" for f in faults[:MAX_LISTED]]
         if n > MAX_LISTED:
             lines.append(f"  ... and {n - MAX_LISTED} more")
@@ -101,7 +102,7 @@ def check_config(
     faulty = {f.split(": ", 1)[0] for f in faults}  # one fault per key is enough
     faults += [f for f in rule_faults(config, Path(workdir)) if f.split(": ")[0] not in faulty]
     if faults:
-        raise ConfigError(source, faults, _display(schema))
+        raise ConfigError(source, faults, schema)
 
 
 def _display(path: str | os.PathLike) -> str:

@@ -188,6 +188,26 @@ def test_snakemake_prints_a_short_error_naming_the_key(edit, named, tmp_path):
     assert len(output.splitlines()) <= MAX_ERROR_LINES, output[-3000:]
 
 
+@pytest.mark.parametrize(
+    ("content", "named"),
+    [
+        ("", "datasets.gsm8k.path: 'prompts.json' holds no records"),
+        ('[{"question": "1+1?"},', "datasets.gsm8k.path: prompts.json: not a valid JSON list"),
+    ],
+    ids=["empty", "broken-json"],
+)
+def test_a_dataset_file_snakemake_cannot_read_is_named_by_its_key(content, named, tmp_path):
+    work = scratch_dir(tmp_path)
+    (work / "prompts.json").write_text(content)
+    cfg = _default()
+    cfg["datasets"]["gsm8k"]["path"] = "prompts.json"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(cfg))
+    proc = run_snakemake(work, "--configfile", str(tmp_path / "bad.yaml"))
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and named in output, output[-3000:]
+    assert len(output.splitlines()) <= MAX_ERROR_LINES, output[-3000:]
+
+
 def test_a_float_written_5e_4_in_a_config_file_is_accepted_by_snakemake(tmp_path):
     work = scratch_dir(tmp_path)
     text = (REPO / "config" / "config.yaml").read_text().replace("lr: 0.0005", "lr: 5e-4")
