@@ -288,7 +288,14 @@ def results_state(workdir: Path, stage: str) -> dict[str, tuple[int, str]]:
 
 # Not compared: the target folder is linked from the test cache; train/state/ is resume state
 # keyed by the job's absolute paths; speedup.png plots timings only.
-NOT_COMPARED = ("results/target/", "results/train/state/", "results/plots/speedup.png")
+# The training state and the TensorBoard event files (named by time, host and pid, holding
+# tokens/s) are logs of how a run went, not results; metrics.jsonl carries the curves' values.
+NOT_COMPARED = (
+    "results/target/",
+    "results/train/state/",
+    "results/train/tensorboard/",
+    "results/plots/speedup.png",
+)
 # Keys and columns that measure time on this machine at that moment: wall/ttft/itl seconds,
 # tokens/s, and speedup (a ratio of two timings).
 _TIMING = re.compile(r"(_s|_ms|per_s)$|^speedup$")
