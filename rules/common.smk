@@ -94,7 +94,8 @@ def train_hparams():
 
 def engine_env(backend):
     """The conda environment (--sdm conda) of a job running `backend`: SGLang pins its own
-    torch and transformers, so its jobs get envs/sglang.yaml, every other job the default."""
+    torch and transformers, so its jobs get envs/sglang.yaml, every other job the default.
+    """
     return "../envs/sglang.yaml" if backend == "sglang" else "../envs/specbuild.yaml"
 
 
