@@ -67,6 +67,22 @@ def synthesize_sampling(wildcards):
     }
 
 
+def conversation_turns(wildcards):
+    """Answers per conversation: `synthesize.turns` of a self-written dataset, else 1."""
+    if not is_synthetic(wildcards.dataset):
+        return 1
+    return dataset_config(wildcards.dataset)["synthesize"]["turns"]
+
+
+def follow_up_sampling(wildcards):
+    """SamplingParams fields of the follow-up user turns the target writes (turns > 1): the
+    dataset's synthesize settings. {} when there are none, so their changes rerun nothing.
+    """
+    if conversation_turns(wildcards) == 1:
+        return {}
+    return synthesize_sampling(wildcards)
+
+
 def dataset_param(key):
     """An input function returning one key of the dataset's config (schema fills defaults)."""
 
@@ -94,7 +110,8 @@ def train_hparams():
 
 def engine_env(backend):
     """The conda environment (--sdm conda) of a job running `backend`: SGLang pins its own
-    torch and transformers, so its jobs get envs/sglang.yaml, every other job the default."""
+    torch and transformers, so its jobs get envs/sglang.yaml, every other job the default.
+    """
     return "../envs/sglang.yaml" if backend == "sglang" else "../envs/specbuild.yaml"
 
 

@@ -24,5 +24,7 @@ rule generate:
         mode=config["generate"]["mode"],
         sampling=sampling_params,
         batch_size=config["generate"]["batch_size"],
+        turns=conversation_turns,
+        follow_up=follow_up_sampling,
     script:
         "../scripts/generate.py"
