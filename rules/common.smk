@@ -209,6 +209,16 @@ def shard_range(wildcards):
     return [start, start + size if limit is None else min(start + size, limit)]
 
 
+def earlier_samples(wildcards):
+    """The samples shards before this one of its dataset, which near-duplicate removal checks
+    this shard's prompts against ([] when it is off). Each shard reads only earlier ones, so
+    appending records never reruns a shard (the DAG holds k inputs for shard k)."""
+    if dataset_config(wildcards.dataset)["near_duplicate_threshold"] is None:
+        return []
+    before = shard_ids(wildcards.dataset)[: int(wildcards.shard)]
+    return [f"results/samples/{wildcards.dataset}/{s}.jsonl" for s in before]
+
+
 def per_shard(pattern):
     """Expand a results pattern over every (dataset, shard)."""
     return [

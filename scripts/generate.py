@@ -19,4 +19,6 @@ generate_shard(
     batch_size=snakemake.params.batch_size,
     turns=snakemake.params.turns,
     follow_up=SamplingParams(**snakemake.params.follow_up),
+    earlier=list(snakemake.input.earlier),
+    near_duplicate_threshold=snakemake.params.near_duplicate_threshold,
 )

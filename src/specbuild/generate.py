@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -30,6 +30,7 @@ from specbuild.backends.base import (
     SamplingParams,
 )
 from specbuild.io import read_jsonl
+from specbuild.near_dup import find_near_duplicates
 from specbuild.rejects import publish_shard
 from specbuild.samples import split_prompt
 from specbuild.target import load_tokenizer, read_target_info
@@ -155,6 +156,8 @@ def generate_shard(
     batch_size: int,
     turns: int = 1,
     follow_up: SamplingParams | None = None,
+    earlier: Sequence[str | os.PathLike] = (),
+    near_duplicate_threshold: float | None = None,
 ) -> tuple[int, int]:
     """Write one generated row per sample of `samples`; failures go to `rejected`, the numbers
     to `counts`.
@@ -169,6 +172,11 @@ def generate_shard(
     (a follow-up would build on an answer the target never finished) or a follow-up is not
     written (unfinished, empty, the backend failed); the log counts each reason. Only a failed
     first answer rejects the sample. `finish_reason` is the last answer's, `usage` the sum.
+
+    `near_duplicate_threshold` (None: off) rejects, before any answer is generated, each sample
+    whose prompt is a near-duplicate of an earlier kept one of its dataset: in the `earlier`
+    samples shards (every shard before this one, in order) or earlier in this shard
+    (`specbuild.near_dup`).
     """
     if mode not in MODES:
         raise ValueError(f"generate.mode {mode!r}: allowed {', '.join(MODES)}")
@@ -176,9 +184,25 @@ def generate_shard(
         raise ValueError(f"turns {turns} needs the follow-up sampling (synthesize settings)")
     target = read_target_info(fingerprint)
     rows = list(read_jsonl(samples))
+    bad: list[dict] = []
+    dups: dict[str, str] = {}
+    if near_duplicate_threshold is not None:
+        dups, n_earlier = find_near_duplicates(earlier, rows, near_duplicate_threshold)
+        bad += [{"id": row_id, "reason": reason} for row_id, reason in dups.items()]
+        log.info(
+            "near-duplicates: %d of %d prompts (Jaccard >= %g), against %d kept prompts of %d "
+            "earlier shard(s) and the shard itself",
+            len(dups),
+            len(rows),
+            near_duplicate_threshold,
+            n_earlier,
+            len(earlier),
+        )
     kept: dict[str, dict] = {}
     todo: list[GenerationRequest] = []
     for row in rows:
+        if row["id"] in dups:
+            continue
         prompt, answer = split_prompt(row["messages"])
         if mode == "keep" and answer is not None:
             kept[row["id"]] = {
@@ -199,7 +223,6 @@ def generate_shard(
     )
 
     made: dict[str, dict] = {}
-    bad: list[dict] = []
     ended: Counter = Counter()
     if todo:
         torch.manual_seed(sampling.seed)

@@ -298,3 +298,41 @@ def test_sglang_conversations_go_on_through_the_stub_server(tmp_path, target_dir
         assert r["backend"] == "sglang"
     follow_ups = [r["messages"][2]["content"] for r in got.values()]
     assert len(set(follow_ups)) == 3  # each conversation its own seed
+
+
+def test_a_near_duplicate_of_an_earlier_shards_prompt_is_rejected_before_any_answer(
+    tmp_path, target_dir
+):
+    earlier = _samples(tmp_path / "00000.jsonl", [{"id": "d-0", "messages": ASK}])
+    rows = [
+        {"id": "d-1", "messages": [{"role": "user", "content": "NAME one primary color!"}]},
+        {"id": "d-2", "messages": [{"role": "user", "content": "Name two primary colors."}]},
+    ]
+    asked: list[str] = []
+
+    class Recording(Scripted):
+        def generate(self, requests, sampling):
+            asked.extend(r.id for r in requests)
+            return super().generate(requests, sampling)
+
+    out, rej, counts = tmp_path / "g.jsonl", tmp_path / "r.jsonl", tmp_path / "c.json"
+    kept, bad = generate_shard(
+        samples=_samples(tmp_path / "00001.jsonl", rows),
+        fingerprint=target_dir / "fingerprint.json",
+        out=out,
+        rejected=rej,
+        counts=counts,
+        backend=Recording,
+        mode="regenerate",
+        sampling=SamplingParams(max_new_tokens=8),
+        batch_size=4,
+        earlier=[earlier],
+        near_duplicate_threshold=0.8,
+    )
+    assert (kept, bad) == (1, 1) and asked == ["d-2"]
+    (reject,) = read_jsonl(rej)
+    assert reject == {
+        "id": "d-1",
+        "reason": "near-duplicate of d-0 (Jaccard 1.00 >= 0.8 over 5-word shingles)",
+    }
+    assert read_json(counts)["in"] == 2 and [r["id"] for r in read_jsonl(out)] == ["d-2"]
