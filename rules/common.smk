@@ -219,13 +219,26 @@ def earlier_samples(wildcards):
     return [f"results/samples/{wildcards.dataset}/{s}.jsonl" for s in before]
 
 
-def per_shard(pattern):
-    """Expand a results pattern over every (dataset, shard)."""
+def per_shard(pattern, datasets=None):
+    """Expand a results pattern over every (dataset, shard) of `datasets` (default: all)."""
     return [
         pattern.format(dataset=d, shard=s)
-        for d in config["datasets"]
+        for d in (config["datasets"] if datasets is None else datasets)
         for s in shard_ids(d)
     ]
+
+
+def training_datasets():
+    """Every dataset but train.eval_set, which is held out: extracted, never trained on."""
+    return [d for d in config["datasets"] if d != config["train"]["eval_set"]]
+
+
+def eval_set_shards():
+    """Hidden shards of train.eval_set, whose simulated acceptance picks the best epoch."""
+    held_out = config["train"]["eval_set"]
+    if held_out is None:
+        return []
+    return per_shard("results/hidden/{dataset}/{shard}.safetensors", [held_out])
 
 
 # Results folders whose shards carry rejected rows, and the config section of each limit.

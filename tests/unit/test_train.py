@@ -14,7 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specbuild.drafter.data import ShardSet, plan_batches, split_samples
+from specbuild.drafter.data import (
+    ShardSet,
+    plan_batches,
+    split_held_out_shards,
+    split_samples,
+)
 from specbuild.drafter.metrics import acceptance_length
 from specbuild.drafter.objective import TTTObjective
 from specbuild.drafter.state import (
@@ -451,3 +456,34 @@ def test_a_non_finite_loss_stops_training_at_that_step_naming_the_batch_shards(w
 def test_cuda_bf16_autocast_run_overfits_like_the_cpu_one(ws, tmp_path):
     best = run(ws, tmp_path, epochs=12, device="cuda")
     assert best["acc"][0] > 0.9
+
+
+def test_an_eval_set_picks_the_best_epoch_and_is_never_trained_on(ws, tmp_path):
+    train_shard, held_shard = ws["shards"]
+    best = train_drafter(
+        shards=[train_shard],
+        eval_shards=[held_shard],
+        vocab=ws["vocab"],
+        target_fingerprint=ws["target_fingerprint"],
+        best_out=str(tmp_path / "best.safetensors"),
+        metrics_out=str(tmp_path / "metrics.jsonl"),
+        state_dir=str(tmp_path / "state"),
+        config=TrainConfig(
+            epochs=3, token_budget=96, max_length=24, eval_fraction=0, eval_set="held", lr=3e-3
+        ),
+        threads=1,
+    )
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # trained tokens: the 8 samples of the training shard only (23 inputs each, 3 epochs)
+    assert rows[-1]["tokens"] == 3 * 8 * 23
+    # evaluated: every sample of the held-out shard, and nothing else
+    held = ShardSet([held_shard], hidden_size=64)
+    assert rows[0]["eval_positions"][0] == sum(
+        int(held.batch([r], 24).valid.sum()) for r in held.refs
+    )
+    assert best["acceptance_length"] == max(r["acceptance_length"] for r in rows)
+    assert split_held_out_shards([0, 0, 1, 1, 0], {1}, "held") == ([0, 1, 4], [2, 3])
+    with pytest.raises(ValueError, match="eval set 'held' leaves 3 training and 0 held-out"):
+        split_held_out_shards([0, 0, 0], {1}, "held")
+    with pytest.raises(ValueError, match="eval_set 'held' is held out for evaluation"):
+        TrainConfig(eval_set="held", eval_fraction=0.05).check()

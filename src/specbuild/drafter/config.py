@@ -139,8 +139,9 @@ class TrainConfig:
     """Training hyper-parameters (config section `train`, reaching the job as params).
 
     Rejected combinations (`check`): max_length > token_budget, ttt_steps < 1, eval_fraction
-    or warmup_fraction outside [0, 1), device cuda without CUDA, nproc above the visible GPUs,
-    precision bfloat16 on CPU, and unknown keys (`from_params`).
+    or warmup_fraction outside [0, 1), eval_set with eval_fraction > 0, device cuda without
+    CUDA, nproc above the visible GPUs, precision bfloat16 on CPU, and unknown keys
+    (`from_params`).
     """
 
     ttt_steps: int = 7  # drafts chained in training-time test
@@ -159,6 +160,7 @@ class TrainConfig:
     max_length: int = 2048  # longer samples keep their first max_length tokens
     seed: int = 0
     eval_fraction: float = 0.05  # held-out samples (0: evaluate on the training set)
+    eval_set: str | None = None  # a held-out dataset evaluated instead (its shards: eval_shards)
     eval_interval: int = 0  # steps between evals; 0: at the end of each epoch only
     save_interval: int = 200  # steps between resumable checkpoints
     log_interval: int = 10
@@ -186,6 +188,11 @@ class TrainConfig:
             faults.append("ttt_steps must be >= 1")
         if self.teacher_temperature < 0:
             faults.append("teacher_temperature must be >= 0 (0: the target's argmax)")
+        if self.eval_set is not None and self.eval_fraction > 0:
+            faults.append(
+                f"eval_set {self.eval_set!r} is held out for evaluation, so eval_fraction must "
+                f"be 0 (it is {self.eval_fraction}: training samples nothing would evaluate)"
+            )
         if not 0 <= self.eval_fraction < 1 or not 0 <= self.warmup_fraction < 1:
             faults.append("eval_fraction and warmup_fraction must lie in [0, 1)")
         if self.device not in ("auto", "cpu", "cuda"):
