@@ -367,6 +367,12 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
             faults += _file_fault(f"datasets.{name}.path", spec.get("path"), workdir)
 
     faults += _eval_set_faults(config)
+    train = _mapping(config.get("train"))
+    if train.get("init") not in (None, "random") and train.get("init_from"):
+        faults.append(
+            f"train.init: {train['init']!r} with train.init_from {train['init_from']!r}: a warm "
+            "start replaces every weight; give one of them"
+        )
 
     bench = _mapping(config.get("bench"))
     if bench.get("enabled"):

@@ -158,6 +158,13 @@ def test_an_eval_set_must_be_a_dataset_held_out_instead_of_a_fraction(eval_set, 
     check_config(cfg, schema=SCHEMA, source="test.yaml", workdir=REPO)  # passes
 
 
+def test_a_target_layer_init_with_a_warm_start_is_refused():
+    cfg = _default()
+    cfg["train"].update(init="target_last_layer", init_from="results/drafter")
+    (fault,) = _faults(cfg)
+    assert fault.startswith("train.init: 'target_last_layer' with train.init_from")
+
+
 def test_every_fault_is_listed_once_and_long_lists_are_cut():
     cfg = _default()
     cfg["datasets"]["chat"]["path"] = "x.jsonl"  # both path and synthesize

@@ -17,6 +17,7 @@ __all__ = ["AUX_LAYERS", "DrafterConfig", "TrainConfig", "rope_from_hf", "rope_i
 
 AUX_LAYERS = 3  # EAGLE-3 fuses the low, mid and high layer outputs of the target
 ROPE_TYPES = ("default", "linear", "llama3")
+INITS = ("random", "target_last_layer")  # train.init
 
 
 @dataclass
@@ -140,8 +141,8 @@ class TrainConfig:
 
     Rejected combinations (`check`): max_length > token_budget, ttt_steps < 1, eval_fraction
     or warmup_fraction outside [0, 1), eval_set with eval_fraction > 0, device cuda without
-    CUDA, nproc above the visible GPUs, precision bfloat16 on CPU, and unknown keys
-    (`from_params`).
+    CUDA, nproc above the visible GPUs, precision bfloat16 on CPU, init target_last_layer with
+    init_from, and unknown keys (`from_params`).
     """
 
     ttt_steps: int = 7  # drafts chained in training-time test
@@ -169,6 +170,7 @@ class TrainConfig:
     precision: str = "auto"  # auto (bf16 autocast on CUDA) | float32 | bfloat16
     nproc: int = 1  # processes (GPUs) for DDP through torchrun
     init_from: str = ""  # an EAGLE-3 drafter folder to warm-start from ("": random init)
+    init: str = "random"  # random | target_last_layer (drafter/target_init.py)
 
     @classmethod
     def from_params(cls, params: dict) -> TrainConfig:
@@ -197,6 +199,13 @@ class TrainConfig:
             faults.append("eval_fraction and warmup_fraction must lie in [0, 1)")
         if self.device not in ("auto", "cpu", "cuda"):
             faults.append(f"device {self.device!r}: choose auto, cpu or cuda")
+        if self.init not in INITS:
+            faults.append(f"init {self.init!r}: choose {' or '.join(INITS)}")
+        if self.init != "random" and self.init_from:
+            faults.append(
+                f"init {self.init!r} and init_from {self.init_from!r}: a warm start replaces "
+                "every weight; give one of them"
+            )
         if self.precision not in ("auto", "float32", "bfloat16"):
             faults.append(f"precision {self.precision!r}: choose auto, float32 or bfloat16")
         cuda = self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available())

@@ -61,6 +61,7 @@ from specbuild.drafter.state import (
     save_drafter,
     source_digest,
 )
+from specbuild.drafter.target_init import init_from_target_layer
 from specbuild.drafter.teacher import Teacher, read_target_weights, read_vocab
 from specbuild.io import atomic_path, read_json, setup_logging, write_jsonl
 from specbuild.target import read_target_info
@@ -331,6 +332,9 @@ def train_drafter(
     else:
         if cfg.init_from:
             log.info("warm start from %s: %s", cfg.init_from, warm_start(model, cfg.init_from))
+        elif cfg.init == "target_last_layer":
+            copied = init_from_target_layer(model, Path(target_fingerprint).parent)
+            log.info("init from the target's last decoder layer:\n  %s", "\n  ".join(copied))
         if rank == 0:
             clear_state(state_dir)
     if world > 1:
