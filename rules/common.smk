@@ -67,6 +67,22 @@ def synthesize_sampling(wildcards):
     }
 
 
+def conversation_turns(wildcards):
+    """Answers per conversation: `synthesize.turns` of a self-written dataset, else 1."""
+    if not is_synthetic(wildcards.dataset):
+        return 1
+    return dataset_config(wildcards.dataset)["synthesize"]["turns"]
+
+
+def follow_up_sampling(wildcards):
+    """SamplingParams fields of the follow-up user turns the target writes (turns > 1): the
+    dataset's synthesize settings. {} when there are none, so their changes rerun nothing.
+    """
+    if conversation_turns(wildcards) == 1:
+        return {}
+    return synthesize_sampling(wildcards)
+
+
 def dataset_param(key):
     """An input function returning one key of the dataset's config (schema fills defaults)."""
 
@@ -193,13 +209,36 @@ def shard_range(wildcards):
     return [start, start + size if limit is None else min(start + size, limit)]
 
 
-def per_shard(pattern):
-    """Expand a results pattern over every (dataset, shard)."""
+def earlier_samples(wildcards):
+    """The samples shards before this one of its dataset, which near-duplicate removal checks
+    this shard's prompts against ([] when it is off). Each shard reads only earlier ones, so
+    appending records never reruns a shard (the DAG holds k inputs for shard k)."""
+    if dataset_config(wildcards.dataset)["near_duplicate_threshold"] is None:
+        return []
+    before = shard_ids(wildcards.dataset)[: int(wildcards.shard)]
+    return [f"results/samples/{wildcards.dataset}/{s}.jsonl" for s in before]
+
+
+def per_shard(pattern, datasets=None):
+    """Expand a results pattern over every (dataset, shard) of `datasets` (default: all)."""
     return [
         pattern.format(dataset=d, shard=s)
-        for d in config["datasets"]
+        for d in (config["datasets"] if datasets is None else datasets)
         for s in shard_ids(d)
     ]
+
+
+def training_datasets():
+    """Every dataset but train.eval_set, which is held out: extracted, never trained on."""
+    return [d for d in config["datasets"] if d != config["train"]["eval_set"]]
+
+
+def eval_set_shards():
+    """Hidden shards of train.eval_set, whose simulated acceptance picks the best epoch."""
+    held_out = config["train"]["eval_set"]
+    if held_out is None:
+        return []
+    return per_shard("results/hidden/{dataset}/{shard}.safetensors", [held_out])
 
 
 # Results folders whose shards carry rejected rows, and the config section of each limit.

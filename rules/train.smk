@@ -1,7 +1,11 @@
 rule train:
     """Train the EAGLE-3 drafter on every hidden-state shard; keep the best checkpoint."""
     input:
-        shards=per_shard("results/hidden/{dataset}/{shard}.safetensors"),
+        shards=per_shard(
+            "results/hidden/{dataset}/{shard}.safetensors", training_datasets()
+        ),
+        # the held-out train.eval_set: evaluated to pick the best epoch, never trained on
+        eval_shards=eval_set_shards(),
         vocab="results/vocab/vocab.safetensors",
         fp=target_file("fingerprint.json"),
         # the gate: train only on features that match the serving engine's

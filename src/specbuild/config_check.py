@@ -336,6 +336,27 @@ def _positive_int(value: Any) -> bool:
         return False
 
 
+def _eval_set_faults(config: Mapping) -> list[str]:
+    """train.eval_set names a dataset, leaves one to train on, and replaces eval_fraction."""
+    train, datasets = _mapping(config.get("train")), _mapping(config.get("datasets"))
+    name = train.get("eval_set")
+    if not isinstance(name, str):
+        return []
+    if name not in datasets:
+        return [
+            f"train.eval_set: {name!r} is no dataset (datasets: {', '.join(datasets)}); declare "
+            f"the held-out prompts under `datasets` and name them here{_suggest(name, datasets)}"
+        ]
+    if len(datasets) == 1:
+        return [f"train.eval_set: {name!r} is the only dataset; nothing would be trained on"]
+    if train.get("eval_fraction"):
+        return [
+            f"train.eval_fraction: must be 0 with train.eval_set {name!r} (the eval set is held "
+            "out instead; a fraction would hold out training samples that nothing evaluates)"
+        ]
+    return []
+
+
 def rule_faults(config: Mapping, workdir: Path) -> list[str]:
     """Faults across keys and on disk: input files that are missing, chains the engines
     cannot run, a backend without its endpoint, a tensor-parallel size that is no integer."""
@@ -344,6 +365,14 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
         spec = _mapping(spec)
         if "synthesize" not in spec:
             faults += _file_fault(f"datasets.{name}.path", spec.get("path"), workdir)
+
+    faults += _eval_set_faults(config)
+    train = _mapping(config.get("train"))
+    if train.get("init") not in (None, "random") and train.get("init_from"):
+        faults.append(
+            f"train.init: {train['init']!r} with train.init_from {train['init_from']!r}: a warm "
+            "start replaces every weight; give one of them"
+        )
 
     bench = _mapping(config.get("bench"))
     if bench.get("enabled"):

@@ -141,6 +141,30 @@ def test_a_chain_the_engine_cannot_run_names_its_key(chain, why):
     assert fault.startswith(f"bench.chains[1]: chain '{chain}': ") and why in fault
 
 
+@pytest.mark.parametrize(
+    ("eval_set", "fraction", "fault"),
+    [
+        ("mt_bench", 0.0, "train.eval_set: 'mt_bench' is no dataset (datasets: gsm8k, chat)"),
+        ("chat", 0.05, "train.eval_fraction: must be 0 with train.eval_set 'chat'"),
+    ],
+)
+def test_an_eval_set_must_be_a_dataset_held_out_instead_of_a_fraction(eval_set, fraction, fault):
+    cfg = _default()
+    cfg["train"].update(eval_set=eval_set, eval_fraction=fraction)
+    (got,) = _faults(cfg)
+    assert got.startswith(fault)
+    cfg["train"]["eval_fraction"] = 0.0
+    cfg["train"]["eval_set"] = "chat"
+    check_config(cfg, schema=SCHEMA, source="test.yaml", workdir=REPO)  # passes
+
+
+def test_a_target_layer_init_with_a_warm_start_is_refused():
+    cfg = _default()
+    cfg["train"].update(init="target_last_layer", init_from="results/drafter")
+    (fault,) = _faults(cfg)
+    assert fault.startswith("train.init: 'target_last_layer' with train.init_from")
+
+
 def test_every_fault_is_listed_once_and_long_lists_are_cut():
     cfg = _default()
     cfg["datasets"]["chat"]["path"] = "x.jsonl"  # both path and synthesize

@@ -41,6 +41,7 @@ __all__ = [
     "check_verified",
     "verify_for_training",
     "split_samples",
+    "split_held_out_shards",
     "plan_batches",
     "sample_key",
 ]
@@ -320,6 +321,21 @@ def split_samples(keys: Sequence[str], eval_fraction: float) -> tuple[list[int],
         raise ValueError(
             f"eval_fraction {eval_fraction} leaves {len(train)} training and {len(held)} held-out "
             f"samples of {len(keys)}; both must be non-empty (change train.eval_fraction)"
+        )
+    return train, held
+
+
+def split_held_out_shards(
+    shard_of: Sequence[int], held_out: set[int], name: str
+) -> tuple[list[int], list[int]]:
+    """(train, eval) indices when a whole held-out set is the eval set (`train.eval_set`):
+    sample i is held out exactly when its shard `shard_of[i]` is one of `held_out`."""
+    train = [i for i, s in enumerate(shard_of) if s not in held_out]
+    held = [i for i, s in enumerate(shard_of) if s in held_out]
+    if not train or not held:
+        raise ValueError(
+            f"eval set {name!r} leaves {len(train)} training and {len(held)} held-out samples "
+            "(with >= 3 tokens and a response token); both must be non-empty"
         )
     return train, held
 

@@ -48,6 +48,7 @@ from specbuild.drafter.data import (
     Batch,
     ShardSet,
     plan_batches,
+    split_held_out_shards,
     split_samples,
     verify_for_training,
 )
@@ -66,6 +67,7 @@ from specbuild.drafter.state import (
     save_drafter,
     source_digest,
 )
+from specbuild.drafter.target_init import init_from_target_layer
 from specbuild.drafter.teacher import Teacher, read_target_weights, read_vocab
 from specbuild.drafter.throughput import Throughput, Window, benchmarks_row, format_mfu
 from specbuild.io import atomic_path, read_json, setup_logging, write_json, write_jsonl
@@ -249,9 +251,14 @@ def train_drafter(
     tensorboard_dir: str | None = None,
     bench_out: str | None = None,
     profile_out: str | None = None,
+    eval_shards: list[str] | None = None,
 ) -> dict:
     """Train and write the best drafter to `best_out` and the eval rows to `metrics_out`.
     Returns the best eval row.
+
+    Eval samples, whose simulated acceptance length picks the best checkpoint: every sample of
+    `eval_shards` (the held-out `train.eval_set`, never trained on) when given, else the
+    `eval_fraction` split of `shards`.
 
     Speed (`make bench-train`): `bench_out` gets the run's tokens/s, TFLOP/s and MFU as JSON
     (`throughput.Throughput.result`); `profile_out` the time shares of a few steps after
@@ -282,6 +289,7 @@ def train_drafter(
         return _launch_torchrun(
             dict(
                 shards=[str(s) for s in shards],
+                eval_shards=[str(s) for s in eval_shards or []],
                 vocab=str(vocab),
                 config=asdict(cfg),
                 target_fingerprint=str(target_fingerprint),
@@ -302,20 +310,28 @@ def train_drafter(
     if threads:
         torch.set_num_threads(threads)
     shards = [str(s) for s in shards]
+    held_out = [str(s) for s in eval_shards or []]
     info = read_target_info(target_fingerprint)
     verify_for_training(
-        shards,
+        shards + held_out,
         hidden_size=info.hidden_size,
         rank=rank,
         world_size=world,
         workers=torch.get_num_threads(),
     )
-    data = ShardSet(shards, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint)
+    data = ShardSet(
+        shards + held_out, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint
+    )
     model, teacher = _build(cfg, Path(target_fingerprint).parent, vocab, info.vocab_size)
     amp = device.type == "cuda" and cfg.precision != "float32"
     teacher.to(device, torch.bfloat16 if amp else torch.float32)
     model.to(device)
-    train_idx, eval_idx = split_samples([data.key(r) for r in data.refs], cfg.eval_fraction)
+    if held_out:  # train.eval_set: its shards follow the training shards in `data`
+        train_idx, eval_idx = split_held_out_shards(
+            [r.shard for r in data.refs], set(range(len(shards), len(data.paths))), cfg.eval_set
+        )
+    else:
+        train_idx, eval_idx = split_samples([data.key(r) for r in data.refs], cfg.eval_fraction)
     train_refs, eval_refs = [data.refs[i] for i in train_idx], [data.refs[i] for i in eval_idx]
     lengths = [r.length for r in train_refs]
     plans = [
@@ -343,7 +359,7 @@ def train_drafter(
         # same state keys (the checkpoint format does not change); CPU keeps the default
         fused=True if device.type == "cuda" else None,
     )
-    job = _job_key(cfg, shards, vocab, info.fingerprint, world)
+    job = _job_key(cfg, shards + held_out, vocab, info.fingerprint, world)
     state = TrainState()
     status = resume_status(state_dir, job=job)
     loaded = load_checkpoint(state_dir, job=job) if status == "resumable" else None
@@ -359,6 +375,9 @@ def train_drafter(
     else:
         if cfg.init_from:
             log.info("warm start from %s: %s", cfg.init_from, warm_start(model, cfg.init_from))
+        elif cfg.init == "target_last_layer":
+            copied = init_from_target_layer(model, Path(target_fingerprint).parent)
+            log.info("init from the target's last decoder layer:\n  %s", "\n  ".join(copied))
         if rank == 0:
             clear_state(state_dir)
     if world > 1:
@@ -382,11 +401,12 @@ def train_drafter(
         "target_config": read_json(Path(target_fingerprint).parent / "config.json"),
     }
     log.info(
-        "drafter %.1fM trainable params; %d train / %d eval samples (%d skipped); %d steps of "
-        "<= %d tokens x %d rank(s) on %s",
+        "drafter %.1fM trainable params; %d train / %d eval samples%s (%d skipped); %d steps "
+        "of <= %d tokens x %d rank(s) on %s",
         sum(p.numel() for p in params) / 1e6,
         len(train_refs),
         len(eval_refs),
+        f" of eval set {cfg.eval_set!r}" if held_out else "",
         data.skipped,
         total,
         cfg.token_budget,
