@@ -5,8 +5,8 @@ against a bare Snakefile of the same shape, on a dataset grown to ~2,000 shards.
 
 Two copies of the workflow go into a scratch folder (never the repo's results/): the project
 (Snakefile, rules, scripts, schema, resources, profiles, envs, report) with config/config.yaml
-whose file dataset is replaced by a JSONL of GSM8K questions cycled to `--shards` shards of 4
-records, and a generated bare Snakefile with the same four per-shard rules (samples, generate,
+whose first file dataset (GSM8K in the default) is its own records cycled into shards of 4, so
+that all datasets together hold `--shards` shards; and a generated bare Snakefile with the same four per-shard rules (samples, generate,
 tokenize, hidden), the same files per job (inputs, outputs, logs), the same fan-in rules and the
 same job count, but literal paths, `shell: touch` and no config, params, resources, conda or
 scripts. What the project costs beyond the bare twin is ours: config validation, digests,
@@ -20,7 +20,8 @@ every job (params, code, input set) without running any, so the no-op run does a
 Snakemake's touch executor sleeps 0.1 s a job to space mtimes; the wrapper here sets that to 0
 (outputs are touched in DAG order, so no output is older than its inputs) and creates each
 missing output first. The no-op runs must then print "Nothing to be done" and no "missing
-metadata" warning, or the benchmark stops: it would measure something else.
+metadata" warning, and the dry-runs must plan every job, or the benchmark stops: it would
+measure something else.
 
 Runs are interleaved (project, bare, project, ...) and the best of `--repeats` counts, for wall
 time and for the CPU time of the snakemake process (user + sys, from wait4): on a shared machine
@@ -61,7 +62,6 @@ __all__ = [
 
 GOAL = 1.2  # issue 17: project / bare, for `snakemake -n` and the no-op rerun
 SHARD_SIZE = 4  # records per shard of the grown dataset: small, so ~2,000 shards stay cheap
-GROWN_DATASET = "gsm8k"  # the default config's file dataset, grown in place
 # Workflow files a run needs (as tests/workflow/workflow_helpers.py copies them).
 WORKFLOW_FILES = (
     "Snakefile",
@@ -126,6 +126,18 @@ def grow_dataset(path: Path, source: Path, n_records: int) -> None:
             fh.write(lines[i % len(lines)] + "\n")
 
 
+def _shard_count(repo: Path, dataset: dict) -> int:
+    """Shards of a dataset config entry as given (shard_size as the config states it)."""
+    if "synthesize" in dataset:
+        records = dataset["synthesize"]["count"]
+    else:
+        path = repo / dataset["path"]
+        records = sum(1 for line in path.read_text().splitlines() if line.strip())
+        if dataset.get("limit") is not None:
+            records = min(records, dataset["limit"])
+    return -(-records // dataset["shard_size"])
+
+
 def make_project(repo: Path, workdir: Path, shards: int) -> Path:
     """The project's workflow in `workdir`, its file dataset grown so all datasets hold `shards`."""
     workdir.mkdir(parents=True)
@@ -138,16 +150,16 @@ def make_project(repo: Path, workdir: Path, shards: int) -> Path:
             shutil.copy2(src, dst)
     config = yaml.safe_load((repo / "config" / "config.yaml").read_text())
     datasets = config["datasets"]
-    grown = datasets[GROWN_DATASET]
-    others = sum(
-        -(-(d["synthesize"]["count"]) // d["shard_size"])
-        for name, d in datasets.items()
-        if name != GROWN_DATASET and "synthesize" in d
+    # The first file dataset grows; the others keep their shards, which count towards `shards`.
+    grown = next(n for n, d in datasets.items() if "path" in d)
+    others = sum(_shard_count(repo, d) for n, d in datasets.items() if n != grown)
+    grow_dataset(
+        workdir / "raw" / "grown.jsonl",
+        repo / datasets[grown]["path"],
+        (shards - others) * SHARD_SIZE,
     )
-    n_records = (shards - others) * SHARD_SIZE
-    grow_dataset(workdir / "raw" / "grown.jsonl", repo / grown["path"], n_records)
-    datasets[GROWN_DATASET] = {
-        **{k: v for k, v in grown.items() if k != "limit"},
+    datasets[grown] = {
+        **{k: v for k, v in datasets[grown].items() if k != "limit"},
         "path": "raw/grown.jsonl",
         "shard_size": SHARD_SIZE,
     }
