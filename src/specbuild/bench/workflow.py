@@ -1,16 +1,19 @@
 """Benchmark of the workflow itself (a benchmark, not a test): what Snakemake spends on our DAG
 against a bare Snakefile of the same shape, on a dataset grown to ~2,000 shards.
 
-    python -m specbuild.bench.workflow [--shards 2000] [--repeats 3] [--out FILE] [--cprofile DIR]
+    python -m specbuild.bench.workflow [--shards 2000] [--repeats 3] [--out FILE]
+        [--compare OTHER_CHECKOUT] [--cprofile DIR]
 
-Two copies of the workflow go into a scratch folder (never the repo's results/): the project
+Copies of the workflow go into a scratch folder (never the repo's results/): the project
 (Snakefile, rules, scripts, schema, resources, profiles, envs, report) with config/config.yaml
 whose first file dataset (GSM8K in the default) is its own records cycled into shards of 4, so
-that all datasets together hold `--shards` shards; and a generated bare Snakefile with the same four per-shard rules (samples, generate,
-tokenize, hidden), the same files per job (inputs, outputs, logs), the same fan-in rules and the
-same job count, but literal paths, `shell: touch` and no config, params, resources, conda or
-scripts. What the project costs beyond the bare twin is ours: config validation, digests,
-input functions, params, resources, directives.
+that all datasets together hold `--shards` shards; and a generated bare Snakefile with the same
+four per-shard rules (samples, generate, tokenize, hidden), the same files per job (inputs,
+outputs, logs), the same fan-in rules and the same job count, but literal paths, `shell: touch`
+and no config, params, resources, conda or scripts. What the project costs beyond the bare twin
+is what its rules ask of Snakemake: config validation, digests, input functions, params,
+resources, scripts. `--compare` adds another checkout (the commit before a change, say) as
+`baseline`, measured in the same run.
 
 Each workflow is measured in two states, each in its own folder:
   dry-run  `snakemake -n` with nothing built (every job planned and printed)
@@ -23,11 +26,11 @@ missing output first. The no-op runs must then print "Nothing to be done" and no
 metadata" warning, and the dry-runs must plan every job, or the benchmark stops: it would
 measure something else.
 
-Runs are interleaved (project, bare, project, ...) and the best of `--repeats` counts, for wall
-time and for the CPU time of the snakemake process (user + sys, from wait4): on a shared machine
-wall time measures the neighbours too, CPU time the work. The ratio project / bare per state is
-the overhead (goal <= 1.2). `--cprofile DIR` also runs each workflow once per state under
-cProfile and writes the stats there (read them with `python -m pstats`).
+Runs are interleaved (project, [baseline,] bare, project, ...) and the best of `--repeats`
+counts, for wall time and for the CPU time of the snakemake process (user + sys, from wait4): on
+a shared machine wall time measures the neighbours too, CPU time the work. The ratio project /
+bare per state is the overhead (goal <= 1.2, judged on CPU time). `--cprofile DIR` also runs
+each workflow once per state under cProfile and writes the stats there (`python -m pstats`).
 """
 
 from __future__ import annotations
@@ -391,46 +394,70 @@ def _best(runs: list[Run], workflow: str, state: str) -> dict:
     return {"wall_s": min(r.wall_s for r in mine), "cpu_s": min(r.cpu_s for r in mine)}
 
 
+def _commit(repo: Path) -> str | None:
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "describe", "--always", "--dirty"], capture_output=True, text=True
+    )
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
 def run_workflow_bench(
-    *, repo: Path, shards: int, repeats: int, scratch: Path, profile_dir: Path | None = None
+    *,
+    repo: Path,
+    shards: int,
+    repeats: int,
+    scratch: Path,
+    compare: Path | None = None,
+    profile_dir: Path | None = None,
 ) -> dict:
-    """Set up both workflows in both states under `scratch`, time them interleaved, summarize."""
+    """Set up every workflow in both states under `scratch`, time them interleaved, summarize.
+
+    `compare`: another checkout (say, the commit before a change) measured as `baseline` in the
+    same run, so before and after share the machine's load.
+    """
     load_start = os.getloadavg()
     t0 = time.perf_counter()
-    # The project is built first: its job table gives the shape the bare twin copies.
-    dirs = {("project", "dry-run"): make_project(repo, scratch / "project-fresh", shards)}
-    raw = dirs["project", "dry-run"] / "raw" / "grown.jsonl"
+    repos = {"project": repo} | ({"baseline": compare} if compare is not None else {})
+    dirs: dict[tuple[str, str], Path] = {}
     shape = None
-    for workflow in ("project", "bare"):
+    # The projects are built first: their job table gives the shape the bare twin copies.
+    for workflow in [*repos, "bare"]:
+        fresh = scratch / f"{workflow}-fresh"
         if workflow == "bare":
-            dirs["bare", "dry-run"] = make_bare(scratch / "bare-fresh", shape, raw)
+            make_bare(fresh, shape, dirs["project", "dry-run"] / "raw" / "grown.jsonl")
+        else:
+            make_project(repos[workflow], fresh, shards)
         built = scratch / f"{workflow}-built"
-        shutil.copytree(dirs[workflow, "dry-run"], built, symlinks=True)
+        shutil.copytree(fresh, built, symlinks=True)
         built_shape = build_all(built)
         if shape is not None and built_shape != shape:
-            raise RuntimeError(f"the bare twin built {built_shape}, the project {shape}")
+            raise RuntimeError(f"{workflow} built {built_shape}, the project {shape}")
         shape = built_shape
-        dirs[workflow, "no-op"] = built
+        dirs[workflow, "dry-run"], dirs[workflow, "no-op"] = fresh, built
     setup_s = time.perf_counter() - t0
 
+    workflows = [*repos, "bare"]
     runs: list[Run] = []
     logs = scratch / "logs"
     logs.mkdir()
     for i in range(repeats):
         for state in STATES:
-            for workflow in ("project", "bare"):
+            for workflow in workflows:
                 log = logs / f"{workflow}-{state}-{i}.log"
                 wall, cpu = time_snakemake(dirs[workflow, state], state, log, shape)
                 runs.append(Run(workflow, state, wall, cpu))
-                print(f"  {workflow:7} {state:7} #{i}: {wall:6.2f} s wall, {cpu:6.2f} s CPU")
+                print(f"  {workflow:8} {state:7} #{i}: {wall:6.2f} s wall, {cpu:6.2f} s CPU")
     if profile_dir is not None:
         profile_dir.mkdir(parents=True, exist_ok=True)
         for (workflow, state), workdir in dirs.items():
             cprofile(workdir, state, profile_dir / f"{workflow}-{state}.prof")
 
-    best = {state: {w: _best(runs, w, state) for w in ("project", "bare")} for state in STATES}
+    best = {state: {w: _best(runs, w, state) for w in workflows} for state in STATES}
     ratio = {
-        state: {k: best[state]["project"][k] / best[state]["bare"][k] for k in ("wall_s", "cpu_s")}
+        state: {
+            w: {k: best[state][w][k] / best[state]["bare"][k] for k in ("wall_s", "cpu_s")}
+            for w in repos
+        }
         for state in STATES
     }
     import snakemake
@@ -442,6 +469,7 @@ def run_workflow_bench(
         "load_start": list(load_start),
         "load_end": list(os.getloadavg()),
         "snakemake": snakemake.__version__,
+        "repos": {w: {"path": str(r), "commit": _commit(r)} for w, r in repos.items()},
         "shards": shape.shards,
         "jobs": shape.jobs,
         "repeats": repeats,
@@ -450,26 +478,29 @@ def run_workflow_bench(
         "best": best,
         "ratio": ratio,
         "goal": GOAL,
-        "goal_met": all(r["cpu_s"] <= GOAL for r in ratio.values()),
+        "goal_met": all(r["project"]["cpu_s"] <= GOAL for r in ratio.values()),
     }
 
 
 def markdown(result: dict) -> str:
-    """The table BENCHMARKS.md shows: best wall and CPU seconds per workflow and state."""
+    """The table BENCHMARKS.md shows: best wall and CPU seconds per workflow and state, and the
+    ratio of each project checkout to the bare twin."""
     rows = [
-        "| state | project wall s | bare wall s | ratio | project CPU s | bare CPU s | ratio |",
-        "|---|---|---|---|---|---|---|",
+        "| state | workflow | wall s | CPU s | wall / bare | CPU / bare |",
+        "|---|---|---|---|---|---|",
     ]
     for state, best in result["best"].items():
-        p, b, r = best["project"], best["bare"], result["ratio"][state]
-        rows.append(
-            f"| {state} | {p['wall_s']:.2f} | {b['wall_s']:.2f} | {r['wall_s']:.2f}x"
-            f" | {p['cpu_s']:.2f} | {b['cpu_s']:.2f} | {r['cpu_s']:.2f}x |"
-        )
+        for workflow, b in best.items():
+            r = result["ratio"][state].get(workflow)
+            ratios = f"{r['wall_s']:.2f}x | {r['cpu_s']:.2f}x" if r else "1 | 1"
+            rows.append(
+                f"| {state} | {workflow} | {b['wall_s']:.2f} | {b['cpu_s']:.2f} | {ratios} |"
+            )
     load = "/".join(f"{x:.1f}" for x in result["load_start"])
     head = (
         f"{result['shards']} shards, {result['jobs']} jobs, Snakemake {result['snakemake']}, "
-        f"best of {result['repeats']}, {result['cpus']} CPUs, load {load} at start"
+        f"best of {result['repeats']}, {result['cpus']} CPUs, load {load} at start; "
+        + ", ".join(f"{w} {r['commit'] or r['path']}" for w, r in result["repos"].items())
     )
     return head + "\n\n" + "\n".join(rows)
 
@@ -479,14 +510,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shards", type=int, default=2000, help="shards of all datasets together")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--repo", default=".", help="the specbuild checkout to measure")
+    ap.add_argument("--compare", help="another checkout measured alongside, as `baseline`")
     ap.add_argument("--out", default="results/bench-workflow/workflow.json")
     ap.add_argument("--scratch", help="folder for the workdirs (default: a new temp folder)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch workdirs")
     ap.add_argument("--cprofile", help="also write cProfile stats of each workflow here")
     args = ap.parse_args(argv)
     repo = Path(args.repo).resolve()
-    if not (repo / "Snakefile").is_file():
-        ap.error(f"{repo} holds no Snakefile: pass --repo <specbuild checkout>")
+    compare = Path(args.compare).resolve() if args.compare else None
+    for checkout in filter(None, [repo, compare]):
+        if not (checkout / "Snakefile").is_file():
+            ap.error(f"{checkout} holds no Snakefile: pass a specbuild checkout")
     scratch = Path(args.scratch or tempfile.mkdtemp(prefix="specbuild-bench-workflow-"))
     if args.scratch:
         scratch.mkdir(parents=True, exist_ok=False)
@@ -496,6 +530,7 @@ def main(argv: list[str] | None = None) -> dict:
             shards=args.shards,
             repeats=args.repeats,
             scratch=scratch,
+            compare=compare,
             profile_dir=Path(args.cprofile) if args.cprofile else None,
         )
     finally:
@@ -503,7 +538,8 @@ def main(argv: list[str] | None = None) -> dict:
             shutil.rmtree(scratch, ignore_errors=True)
     write_json(args.out, result)
     print(markdown(result))
-    print(f"goal <= {GOAL}x (CPU): {'met' if result['goal_met'] else 'NOT met'}; {args.out}")
+    verdict = "met" if result["goal_met"] else "NOT met"
+    print(f"goal: project / bare <= {GOAL}x in CPU time, both states: {verdict}; {args.out}")
     return result
 
 
