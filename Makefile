@@ -10,7 +10,7 @@ ARGS   ?=
 SNAKEMAKE = $(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) $(ARGS)
 
 .PHONY: help setup run dry-run test lint format report clean clean-all slurm serve
-.PHONY: bench-extract bench-train
+.PHONY: bench-extract bench-train bench-workflow
 
 help:
 	@echo "make run      set up if needed, then build $(CONFIG) end to end (TARGET=$(TARGET))"
@@ -87,6 +87,13 @@ bench-train: setup
 	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) -m specbuild.drafter.train \
 		results/bench-train/spec.json 2>&1 | grep -E "tokens/s|error|Error"
 	$(if $(PROFILE),@sed -n '1,/^total/p' results/bench-train/profile.txt)
+
+# Workflow overhead: `snakemake -n` and the no-op rerun on ~2,000 shards, against a bare Snakefile
+# of the same shape in the same run (scratch workdirs in $TMPDIR; a few minutes on 2 cores).
+SHARDS  ?= 2000
+REPEATS ?= 3
+bench-workflow: setup
+	$(BIN)/python -m specbuild.bench.workflow --shards $(SHARDS) --repeats $(REPEATS)
 
 # Every job through sbatch, with the profile's resources (README "Running on a cluster").
 # profiles/slurm needs its account/partition placeholders filled in first;

@@ -37,10 +37,19 @@ def target_file(name):
     return f"results/target/{TARGET}/{name}"
 
 
+# Work Snakemake repeats on every job of our thousands of shards, done once; neither changes a
+# decision (specbuild/snakemake_speedups.py, BENCHMARKS.md "Workflow overhead"): input and params
+# functions are marked @job_function, and each script path is parsed once.
+from specbuild.snakemake_speedups import job_function, memoize_source_paths
+
+memoize_source_paths()
+
+
 def dataset_config(dataset):
     return config["datasets"][dataset]
 
 
+@job_function
 def raw_dataset_path(wildcards):
     return dataset_config(wildcards.dataset)["path"]
 
@@ -56,6 +65,7 @@ def datasets_regex(synthetic):
     return "|".join(names) if names else "(?!)"  # (?!) matches nothing
 
 
+@job_function
 def synthesize_sampling(wildcards):
     """SamplingParams fields of the self-written prompts; request i is seeded seed + i."""
     cfg = dataset_config(wildcards.dataset)["synthesize"]
@@ -67,6 +77,7 @@ def synthesize_sampling(wildcards):
     }
 
 
+@job_function
 def conversation_turns(wildcards):
     """Answers per conversation: `synthesize.turns` of a self-written dataset, else 1."""
     if not is_synthetic(wildcards.dataset):
@@ -74,6 +85,7 @@ def conversation_turns(wildcards):
     return dataset_config(wildcards.dataset)["synthesize"]["turns"]
 
 
+@job_function
 def follow_up_sampling(wildcards):
     """SamplingParams fields of the follow-up user turns the target writes (turns > 1): the
     dataset's synthesize settings. {} when there are none, so their changes rerun nothing.
@@ -90,7 +102,7 @@ def dataset_param(key):
         return dataset_config(wildcards.dataset)[key]
 
     get.__name__ = f"dataset_{key}"
-    return get
+    return job_function(get)
 
 
 def device_gpus(device):
@@ -142,6 +154,7 @@ def generate_backend_args():
     return sglang_backend_args(gen["backend"])
 
 
+@job_function
 def sampling_params(wildcards):
     """SamplingParams fields; the seed is offset per shard so shards sample independently."""
     gen = config["generate"]
@@ -197,10 +210,12 @@ def shard_ids(dataset):
     return [f"{i:05d}" for i in range(len(_DIGESTS[dataset]))]
 
 
+@job_function
 def shard_digest(wildcards):
     return _DIGESTS[wildcards.dataset][int(wildcards.shard)]
 
 
+@job_function
 def shard_range(wildcards):
     """[start, stop) record indices of a shard; the last shard stops at the dataset's limit."""
     size = dataset_config(wildcards.dataset)["shard_size"]
@@ -209,6 +224,7 @@ def shard_range(wildcards):
     return [start, start + size if limit is None else min(start + size, limit)]
 
 
+@job_function
 def earlier_samples(wildcards):
     """The samples shards before this one of its dataset, which near-duplicate removal checks
     this shard's prompts against ([] when it is off). Each shard reads only earlier ones, so

@@ -45,6 +45,7 @@ def serving_chains():
     return (["baseline"] if b["baseline"] else []) + list(b["chains"])
 
 
+@job_function
 def serving_bench_inputs(wildcards):
     inputs = {"fp": target_file("fingerprint.json")}
     if wildcards.chain != "baseline":
@@ -58,6 +59,7 @@ def serving_sets():
     }
 
 
+@job_function
 def tuning_inputs(wildcards):
     inputs = {
         "fp": target_file("fingerprint.json"),
@@ -68,12 +70,14 @@ def tuning_inputs(wildcards):
     return inputs
 
 
+@job_function
 def tuning_point_args(wildcards):
     return dict(
         config["sglang"]["tuning"]["points"][wildcards.point].get("server_args", {})
     )
 
 
+@job_function
 def tuning_point_env(wildcards):
     env = config["sglang"]["tuning"]["points"][wildcards.point].get("env", {})
     return {k: str(v) for k, v in env.items()}
@@ -123,6 +127,7 @@ def bench_drafter_files():
     return [f"{folder}/config.json", f"{folder}/model.safetensors"]
 
 
+@job_function
 def bench_inputs(wildcards):
     """Target fingerprint and prompt file; the drafter's files for every chain but baseline."""
     inputs = {
@@ -134,11 +139,13 @@ def bench_inputs(wildcards):
     return inputs
 
 
+@job_function
 def bench_set_spec(wildcards):
     """The set's config entry as a plain dict (schema defaults filled in)."""
     return dict(config["bench"]["sets"][wildcards.set])
 
 
+@job_function
 def bench_drafter_name(wildcards):
     return "none" if wildcards.chain == "baseline" else config["bench"]["drafter_name"]
 
@@ -151,6 +158,7 @@ def bench_job_cores():
     return max(b["threads"], os.cpu_count() or 1) if b["exclusive"] else b["threads"]
 
 
+@job_function
 def bench_drafter_dir(wildcards):
     return (
         None
@@ -163,6 +171,7 @@ BENCH_TABLES = ["bench", "positions", "train_vs_bench"]
 BENCH_PLOTS = ["acceptance_length", "acceptance_by_position", "speedup"]
 
 
+@job_function
 def report_tables_inputs(wildcards):
     """Every bench row file, plus training's metrics when the report compares against them."""
     inputs = {"rows": bench_row_files()}
