@@ -2,7 +2,7 @@
 
 import os
 
-from specbuild.config_check import ConfigError, check_config
+from specbuild.config_check import ConfigError, check_config, train_variants
 from specbuild.rejects import check_rejected_share
 from specbuild.samples import record_digests
 
@@ -27,6 +27,7 @@ except ConfigError as err:
 wildcard_constraints:
     dataset="[A-Za-z0-9_]+",
     shard="[0-9]{5}",
+    variant="[A-Za-z0-9_]+",
 
 
 TARGET = config["target"]["name"]
@@ -110,14 +111,25 @@ def device_gpus(device):
     return 1 if device == "cuda" else 0
 
 
-def train_gpus():
-    """GPUs of the train job: one per DDP process on CUDA (train.nproc)."""
-    return config["train"]["nproc"] * device_gpus(config["train"]["device"])
+# {variant: its whole train config}: `base` (train as given) and each of train.variants
+VARIANTS = train_variants(config)
 
 
-def train_hparams():
-    """Every training hyper-parameter (schema defaults filled in), as one plain dict."""
-    return dict(config["train"])
+def variant_train(wildcards):
+    return VARIANTS[wildcards.variant]
+
+
+def train_gpus(wildcards):
+    """GPUs of a train job: one per DDP process on CUDA (train.nproc of its variant)."""
+    train = variant_train(wildcards)
+    return train["nproc"] * device_gpus(train["device"])
+
+
+@job_function
+def train_hparams(wildcards):
+    """Every training hyper-parameter of the job's variant (schema defaults filled in), as one
+    plain dict: a variant's jobs rerun when its own keys or the base recipe's change."""
+    return dict(variant_train(wildcards))
 
 
 def engine_env(backend):
@@ -127,10 +139,19 @@ def engine_env(backend):
     return "../envs/sglang.yaml" if backend == "sglang" else "../envs/specbuild.yaml"
 
 
-def train_init_files():
-    """The drafter folder train.init_from warm-starts from: its files rerun train when changed."""
-    folder = config["train"]["init_from"].rstrip("/")
+@job_function
+def train_init_files(wildcards):
+    """The drafter folder init_from warm-starts from: its files rerun train when changed."""
+    folder = variant_train(wildcards)["init_from"].rstrip("/")
     return [f"{folder}/config.json", f"{folder}/model.safetensors"] if folder else []
+
+
+def drafter_files(variant):
+    """The exported drafter folder of a variant (what SGLang loads)."""
+    return [
+        f"results/drafter/{variant}/config.json",
+        f"results/drafter/{variant}/model.safetensors",
+    ]
 
 
 def generate_gpus():
@@ -370,7 +391,8 @@ def all_outputs():
         per_shard("results/hidden/{dataset}/{shard}.safetensors")
         + ["results/vocab/vocab.safetensors", "results/align/report.json"]
         + ["results/tables/rejects.md"]
-        + ["results/drafter/config.json", "results/drafter/model.safetensors"]
+        + [f for variant in VARIANTS for f in drafter_files(variant)]
+        + ["results/tables/variants.md"]
         + serving_outputs()
         + bench_outputs()
         + ["results/serve.sh"]

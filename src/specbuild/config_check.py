@@ -33,6 +33,8 @@ import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 
 __all__ = [
+    "VARIANT_FIXED",
+    "train_variants",
     "ConfigError",
     "check_config",
     "coerce_scalars",
@@ -79,9 +81,43 @@ class ConfigError(ValueError):
         super().__init__("\n".join(lines))
 
 
+# train keys a variant cannot change: the held-out set decides the shared vocabulary
+VARIANT_FIXED = ("eval_set", "variants")
+
+
 def load_schema(path: str | os.PathLike) -> dict:
     with open(path, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+        schema = yaml.safe_load(fh)
+    _add_variant_schema(schema)
+    return schema
+
+
+def _add_variant_schema(schema: dict) -> None:
+    """Each `train.variants.<name>` is checked against the train keys themselves (types, ranges,
+    choices), without their defaults: a variant holds only what it changes."""
+    train = schema.get("properties", {}).get("train", {}).get("properties", {})
+    if "variants" not in train:
+        return
+    keys = {
+        k: {f: v for f, v in spec.items() if f != "default"}
+        for k, spec in train.items()
+        if k not in VARIANT_FIXED
+    }
+    train["variants"]["additionalProperties"] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": keys,
+    }
+
+
+def train_variants(config: Mapping) -> dict[str, dict]:
+    """{variant: its full train config}: `base` is train as given, every other variant the same
+    with its own keys changed (`train.variants`)."""
+    train = {k: v for k, v in config["train"].items() if k != "variants"}
+    variants = {"base": train}
+    for name, changes in (config["train"].get("variants") or {}).items():
+        variants[name] = {**train, **changes}
+    return variants
 
 
 def check_config(
@@ -368,11 +404,20 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
 
     faults += _eval_set_faults(config)
     train = _mapping(config.get("train"))
-    if train.get("init") not in (None, "random") and train.get("init_from"):
+    variants = _mapping(train.get("variants"))
+    if "base" in variants:
         faults.append(
-            f"train.init: {train['init']!r} with train.init_from {train['init_from']!r}: a warm "
-            "start replaces every weight; give one of them"
+            "train.variants.base: `base` is the recipe of `train` itself, always built; give "
+            "this variant another name"
         )
+    for name, changes in {"": {}, **variants}.items():
+        merged = {**train, **_mapping(changes)}
+        key = f"train.variants.{name}" if name else "train"
+        if merged.get("init") not in (None, "random") and merged.get("init_from"):
+            faults.append(
+                f"{key}.init: {merged['init']!r} with {key}.init_from {merged['init_from']!r}: a "
+                "warm start replaces every weight; give one of them"
+            )
 
     bench = _mapping(config.get("bench"))
     if bench.get("enabled"):

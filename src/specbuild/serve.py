@@ -1,6 +1,6 @@
 """`make serve`: the command that serves the built drafter with SGLang, written as a script.
 
-    results/serve.sh  <-  results/drafter/ + the serving bench's summaries (when built)
+    results/serve.sh  <-  results/drafter/base/ + the serving bench's summaries (when built)
 
 The chain is the one the serving bench measured fastest single-stream (the latency a
 speculative drafter is for); without serving-bench results it is the first configured chain,

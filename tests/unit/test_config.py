@@ -270,3 +270,29 @@ def test_every_schema_key_has_a_description():
 
     walk(_load(SCHEMA), "config")
     assert not missing, missing
+
+
+def test_a_variant_changes_only_train_keys_each_checked_like_the_key_itself():
+    cfg = _default()
+    cfg["train"]["variants"] = {
+        "long": {"epochs": 12},
+        "bad": {"lr": "fast", "eval_set": "gsm8k", "ephocs": 3},
+        "base": {"epochs": 2},
+    }
+    faults = _faults(cfg)
+    assert any(f.startswith("train.variants.bad.lr: ") for f in faults)
+    assert "train.variants.bad.eval_set: unknown key" in faults  # shared: it decides the vocab
+    assert any("ephocs" in f and "epochs" in f for f in faults)  # unknown key, with a suggestion
+    assert any(f.startswith("train.variants.base: `base` is the recipe") for f in faults)
+    assert not any("long" in f for f in faults)
+
+
+def test_variants_keep_the_base_recipe_and_change_only_their_keys():
+    from specbuild.config_check import train_variants
+
+    cfg = _default()
+    cfg["train"]["variants"] = {"long": {"epochs": 12}}
+    variants = train_variants(cfg)
+    assert list(variants) == ["base", "long"]
+    assert variants["long"] == {**variants["base"], "epochs": 12}
+    assert "variants" not in variants["base"]

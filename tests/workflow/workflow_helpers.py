@@ -292,8 +292,8 @@ def results_state(workdir: Path, stage: str) -> dict[str, tuple[int, str]]:
 # tokens/s) are logs of how a run went, not results; metrics.jsonl carries the curves' values.
 NOT_COMPARED = (
     "results/target/",
-    "results/train/state/",
-    "results/train/tensorboard/",
+    "results/train/base/state/",
+    "results/train/base/tensorboard/",
     "results/plots/speedup.png",
 )
 # Keys and columns that measure time on this machine at that moment: wall/ttft/itl seconds,

@@ -492,6 +492,10 @@ def train_drafter(
                 "step": state.step,
                 "epoch": epoch,
                 "tokens": state.tokens,
+                # training speed of this run so far (a timing: compare variants, not runs)
+                "tokens_per_s": speed.rates(speed.windows)["tokens_per_s"]
+                if speed.windows
+                else None,
                 **evaluate(
                     objective,
                     data,
