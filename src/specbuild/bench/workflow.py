@@ -65,7 +65,9 @@ __all__ = [
 
 GOAL = 1.2  # issue 17: project / bare, for `snakemake -n` and the no-op rerun
 SHARD_SIZE = 4  # records per shard of the grown dataset: small, so ~2,000 shards stay cheap
-# Workflow files a run needs (as tests/workflow/workflow_helpers.py copies them).
+# Workflow files a run needs (results, logs and .snakemake are the run's own); the workflow
+# tests copy the same set. envs: rules name their conda env (--sdm conda), metadata records it;
+# report: captions of report() outputs.
 WORKFLOW_FILES = (
     "Snakefile",
     "rules",
