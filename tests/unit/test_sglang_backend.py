@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from specbuild.backends.server import (
     SGLangServer,
     build_server_args,
     launcher_help,
+    mask_env,
+    new_api_key,
     unknown_flags,
 )
 
@@ -218,6 +221,75 @@ def test_openai_backend_sends_key_from_env_and_never_shows_it(model_dir, monkeyp
     )
 
 
+def _status(url: str, payload: dict | None = None, key: str | None = None) -> int:
+    data = None if payload is None else json.dumps(payload).encode()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data, headers), timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_stub_given_a_key_answers_401_without_it_except_health(model_dir):
+    key = new_api_key()
+    with SGLangServer(spec_for(model_dir, launcher=(*LAUNCHER, "--api-key", key))) as srv:
+        gen = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}
+        url = srv.base_url
+        assert _status(url + "/health_generate") == 200
+        assert _status(url + "/server_info") == 401
+        assert _status(url + "/generate", gen) == 401
+        assert _status(url + "/generate", gen, key="wrong") == 401
+        assert _status(url + "/generate", gen, key=key) == 200
+
+
+def test_a_server_with_a_key_is_started_with_it_and_its_own_requests_carry_it(model_dir):
+    key = new_api_key()
+    assert len(key) >= 32 and key != new_api_key()
+    spec = ServerSpec(model_path=str(model_dir), launcher=LAUNCHER, api_key=key)
+    assert key not in repr(spec)
+    with SGLangServer(spec) as srv:  # the health check passed
+        assert srv.command()[-2:] == ["--api-key", key]
+        assert srv.get_json("/server_info")["version"] == "0.0.0-stub"
+        assert _status(srv.base_url + "/server_info") == 401
+
+
+def test_the_sglang_generate_backend_keys_its_server_and_sends_the_key(model_dir):
+    backend = make_backend("sglang", target_dir=str(model_dir), launcher=LAUNCHER)
+    try:
+        assert backend.server.api_key and "--api-key" in backend.server.command()
+        assert _status(backend.server.base_url + "/v1/models") == 401
+        [g] = backend.generate(
+            [GenerationRequest(id="a", messages=[{"role": "user", "content": "hi there"}])],
+            SamplingParams(max_new_tokens=3),
+        )
+    finally:
+        backend.close()
+    assert g.finish_reason in ("stop", "length") and g.content
+
+
+def test_the_key_and_secret_looking_env_values_are_masked_in_the_log(
+    model_dir, monkeypatch, caplog
+):
+    monkeypatch.setenv("SPECBUILD_TEST_SECRET", "inherited-secret-value")
+    key = new_api_key()
+    env = {"HF_TOKEN": "hf_abcdefghijklmnop", "NCCL_ALGO": "Ring"}
+    spec = ServerSpec(model_path=str(model_dir), launcher=LAUNCHER, env=env, api_key=key)
+    with caplog.at_level(logging.INFO, logger="specbuild"), SGLangServer(spec) as srv:
+        srv.get_json("/server_info")
+    text = caplog.text
+    assert "HF_TOKEN=*** NCCL_ALGO=Ring" in text and "--api-key ***" in text
+    assert "api_key='***'" in text  # the server's own print of its arguments
+    for secret in (key, "hf_abcdefghijklmnop", "inherited-secret-value"):
+        assert secret not in text
+
+
+def test_mask_env_hides_values_of_names_that_say_secret():
+    env = {"OPENAI_API_KEY": "k", "hf_token": "t", "DB_PASSWORD": "p", "X_SECRET": "s"}
+    assert set(mask_env(env).values()) == {"***"}
+    assert mask_env({"NCCL_ALGO": "Ring", "PORT": 5}) == {"NCCL_ALGO": "Ring", "PORT": "5"}
+
+
 def test_openai_backend_refuses_a_named_but_unset_key_variable(monkeypatch):
     monkeypatch.delenv("SPECBUILD_NO_SUCH_KEY", raising=False)
     with pytest.raises(OSError, match="SPECBUILD_NO_SUCH_KEY"):
@@ -234,6 +306,7 @@ def test_openai_backend_returns_error_rows_when_the_key_is_wrong(model_dir, monk
             SamplingParams(max_new_tokens=2),
         )
     assert g.finish_reason == "error" and "401" in g.extra["error"]
+    assert "API key missing or wrong" in g.extra["error"]
 
 
 def test_make_backend_sglang_launches_generates_and_stops_its_server(model_dir):

@@ -8,8 +8,6 @@ Skipped only where SLURM is absent and this process cannot be root to install it
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import re
 import shutil
@@ -18,7 +16,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from workflow_helpers import REPO, make_workdir, planned_jobs, snakemake
+from workflow_helpers import (
+    REPO,
+    make_workdir,
+    planned_jobs,
+    results_files,
+    same_result,
+    snakemake,
+)
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
 
@@ -105,56 +110,6 @@ def test_workflow_runs_through_slurm_and_matches_the_local_run(
     assert sorted(results_files(workdir)) == sorted(local)
     for rel in local:
         assert same_result(built_workflow.workdir / rel, workdir / rel), f"{rel} differs"
-
-
-# Not compared: the target folder is linked from the test cache; train/state/ is resume state
-# keyed by the job's absolute paths; speedup.png plots timings only.
-NOT_COMPARED = ("results/target/", "results/train/state/", "results/plots/speedup.png")
-# Keys and columns that measure time on this machine at that moment: wall/ttft/itl seconds,
-# tokens/s, and speedup (a ratio of two timings).
-_TIMING = re.compile(r"(_s|_ms|per_s)$|^speedup$")
-
-
-def results_files(workdir: Path) -> list[str]:
-    """Result files to compare; a table's .md/.html renderings are compared via its .csv."""
-    files = []
-    for p in (workdir / "results").rglob("*"):
-        rel = str(p.relative_to(workdir))
-        rendering = p.suffix in (".md", ".html") and p.with_suffix(".csv").exists()
-        if p.is_file() and not rel.startswith(NOT_COMPARED) and not rendering:
-            files.append(rel)
-    return files
-
-
-def same_result(a: Path, b: Path) -> bool:
-    """Byte-equal; or equal tensors and metadata (safetensors); or equal once timing keys
-    and columns are dropped (JSON, JSONL, CSV)."""
-    if a.read_bytes() == b.read_bytes():
-        return True
-    if a.suffix == ".safetensors":
-        from safetensors import safe_open
-
-        with safe_open(a, "pt") as fa, safe_open(b, "pt") as fb:
-            if fa.metadata() != fb.metadata() or set(fa.keys()) != set(fb.keys()):
-                return False
-            return all(fa.get_tensor(k).equal(fb.get_tensor(k)) for k in fa.keys())
-    if a.suffix == ".json":
-        return _untimed(json.loads(a.read_text())) == _untimed(json.loads(b.read_text()))
-    if a.suffix == ".jsonl":
-        rows = [[_untimed(json.loads(line)) for line in p.read_text().splitlines()] for p in (a, b)]
-        return rows[0] == rows[1]
-    if a.suffix == ".csv":
-        tables = [[_untimed(row) for row in csv.DictReader(p.open())] for p in (a, b)]
-        return tables[0] == tables[1]
-    return False
-
-
-def _untimed(value):
-    if isinstance(value, dict):
-        return {k: _untimed(v) for k, v in value.items() if not _TIMING.search(k)}
-    if isinstance(value, list):
-        return [_untimed(v) for v in value]
-    return value
 
 
 def test_result_comparison_ignores_timings_but_not_results(tmp_path):

@@ -5,7 +5,8 @@ HTTP helpers (JSON POST, server-sent events) every SGLang client in specbuild sh
 Contract: one `Generation` per request in order, keeping `finish_reason`, the reasoning text
 (`reasoning_content`, as SGLang's reasoning parser and most servers name it) and the usage
 counts. The API key is read from the environment variable named in config when the backend is
-built; it is sent only in the Authorization header and never logged, repr'd or returned.
+built (or handed over by the code that started the server, `backends.sglang`); it is sent only
+in the Authorization header and never logged, repr'd or returned.
 Requests run concurrently (`max_concurrency` threads); a transient failure (connection error,
 HTTP 429/5xx) is retried with backoff, a request that still fails comes back with
 finish_reason "error" and the message in `extra["error"]`.
@@ -40,7 +41,13 @@ RETRY_BACKOFF_S = (1.0, 4.0, 16.0)  # three retries cover a server restart or a 
 
 class HTTPError(RuntimeError):
     def __init__(self, status: int, url: str, body: str) -> None:
-        super().__init__(f"HTTP {status} from {url}: {body[:500]}")
+        hint = (
+            " (API key missing or wrong: an endpoint's key comes from the variable named by "
+            "sglang.api_key_env; a server specbuild starts gets its key from the job)"
+            if status == 401
+            else ""
+        )
+        super().__init__(f"HTTP {status} from {url}: {body[:500]}{hint}")
         self.status = status
 
 
@@ -153,12 +160,15 @@ class OpenAIBackend:
         base_url: str,
         model: str | None = None,
         api_key_env: str | None = None,
+        api_key: str | None = None,
         max_concurrency: int = 16,
         request_timeout_s: float = 600.0,
         extra_body: Mapping[str, Any] | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
-        self._api_key = api_key_from_env(api_key_env)
+        # `api_key`: the key itself, only from code that started the server in this process
+        # (never from config or params, which Snakemake stores)
+        self._api_key = api_key or api_key_from_env(api_key_env)
         self.max_concurrency = max_concurrency
         self.request_timeout_s = request_timeout_s
         self.extra_body = dict(extra_body or {})

@@ -7,6 +7,12 @@ spawned, when the job ends: normally, on an exception, on SIGTERM from Snakemake
 interpreter exit. A server that dies or never becomes healthy raises `ServerStartError` with
 the tail of its output, so a bad flag shows up as a failed job, not as a hang.
 
+Access: a server gets a random API key (`new_api_key`, passed as `--api-key`) that only the
+job's own clients know (SGLang then answers 401 to anything but `/health*` without it), so
+another user on a shared host cannot use or drive it. The key and every environment value
+whose name looks secret (KEY, TOKEN, SECRET, PASSWORD) are masked as *** in the log lines
+written here, the server's own output included (SGLang prints its server_args at start).
+
 Flags come from config as a mapping (`{attention_backend: triton, disable_radix_cache: true}`)
 and are rendered by `build_server_args`; `unknown_flags` checks them against the server's own
 `--help`, because SGLang rejects unknown flags at start but a typo'd boolean in a sweep would
@@ -21,6 +27,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -40,6 +47,9 @@ __all__ = [
     "SGLangServer",
     "ServerStartError",
     "build_server_args",
+    "is_secret_name",
+    "mask_env",
+    "new_api_key",
     "unknown_flags",
     "launcher_help",
     "free_port",
@@ -55,10 +65,39 @@ DEFAULT_LAUNCHER = ("python", "-m", "sglang.launch_server")
 RESERVED_FLAGS = ("--model-path", "--host", "--port", "--api-key")
 TAIL_LINES = 60  # server output kept in memory for error messages
 STOP_GRACE_S = 30.0  # SGLang's scheduler processes need a few seconds to free the GPU
+API_KEY_BYTES = 32  # secrets.token_urlsafe: 43 characters, 256 random bits
+# Environment names whose values are credentials (HF_TOKEN, OPENAI_API_KEY, WANDB_API_KEY...).
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+MASK = "***"
+# Values scrubbed from output lines are at least this long: TOKENIZERS_PARALLELISM=false
+# names a "TOKEN" too, and masking every "false" would garble the server's log.
+MIN_MASKED_CHARS = 8
 
 
 class ServerStartError(RuntimeError):
     """The server exited or never answered its health check; the message holds its output tail."""
+
+
+def new_api_key() -> str:
+    """A fresh random API key for one server (from `secrets`, never logged)."""
+    return secrets.token_urlsafe(API_KEY_BYTES)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable's name says its value is a credential."""
+    return bool(SECRET_NAME.search(name))
+
+
+def mask_env(env: Mapping[str, Any]) -> dict[str, str]:
+    """`env` as it may appear in logs and tables: secret-looking names keep only `***`."""
+    return {k: MASK if is_secret_name(k) else str(v) for k, v in env.items()}
+
+
+def _secret_values(env: Mapping[str, str], api_key: str | None) -> tuple[str, ...]:
+    values = {str(v) for k, v in env.items() if is_secret_name(k)}
+    values.add(api_key or "")
+    # longest first, so a secret containing another one is masked whole
+    return tuple(sorted((v for v in values if len(v) >= MIN_MASKED_CHARS), key=len, reverse=True))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -155,6 +194,8 @@ class ServerSpec:
     port: int | None = None  # None: a free port
     startup_timeout_s: float = 900.0
     health_path: str = "/health_generate"
+    # `--api-key` of the server (new_api_key()); its clients send it. None: an open server.
+    api_key: str | None = field(default=None, repr=False)
 
 
 class SGLangServer:
@@ -168,10 +209,23 @@ class SGLangServer:
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._reader: threading.Thread | None = None
         self._old_sigterm: Any = None
+        self._env = {**os.environ, **{k: str(v) for k, v in spec.env.items()}}
+        self._secrets = _secret_values(self._env, spec.api_key)
 
     @property
     def base_url(self) -> str:
         return f"http://{self.spec.host}:{self.port}"
+
+    @property
+    def api_key(self) -> str | None:
+        """The key every request to this server must carry (None: the server has none)."""
+        return self.spec.api_key
+
+    def mask(self, text: str) -> str:
+        """`text` with the API key and secret-looking environment values replaced by ***."""
+        for value in self._secrets:
+            text = text.replace(value, MASK)
+        return text
 
     def command(self) -> list[str]:
         spec = self.spec
@@ -186,6 +240,7 @@ class SGLangServer:
             spec.host,
             "--port",
             str(self.port),
+            *(["--api-key", spec.api_key] if spec.api_key else []),
             *spec.server_args,
         ]
 
@@ -195,15 +250,15 @@ class SGLangServer:
     def _forward_output(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
         for line in self.proc.stdout:
-            line = line.rstrip()
+            line = self.mask(line.rstrip())
             self._tail.append(line)
             log.info("[%s] %s", self.name, line)
 
     def start(self) -> SGLangServer:
         cmd = self.command()
-        env = {**os.environ, **{k: str(v) for k, v in self.spec.env.items()}}
-        env_note = " ".join(f"{k}={v}" for k, v in sorted(self.spec.env.items()))
-        log.info("starting %s: %s%s", self.name, env_note + " " if env_note else "", " ".join(cmd))
+        env_note = " ".join(f"{k}={v}" for k, v in sorted(mask_env(self.spec.env).items()))
+        note = self.mask(f"{env_note} {' '.join(cmd)}".strip())
+        log.info("starting %s: %s", self.name, note)
         # Its own process group (not a new session) lets stop() reach the scheduler and
         # detokenizer processes SGLang spawns, while a server orphaned by a SIGKILLed job still
         # belongs to the caller's session, which the device tool and terminals clean up.
@@ -214,7 +269,7 @@ class SGLangServer:
             stdin=subprocess.DEVNULL,
             text=True,
             errors="replace",
-            env=env,
+            env=self._env,
             process_group=0,
         )
         atexit.register(self.stop)
@@ -240,7 +295,7 @@ class SGLangServer:
                     f"its last output:\n{self.output_tail()}"
                 )
             try:
-                with urllib.request.urlopen(url, timeout=10) as r:
+                with urllib.request.urlopen(_get(url, self.api_key), timeout=10) as r:
                     if r.status == 200:
                         log.info(
                             "%s healthy at %s after %.1f s",
@@ -313,8 +368,14 @@ class SGLangServer:
             self._old_sigterm = None
 
     def get_json(self, path: str, timeout: float = 30.0) -> Any:
-        with urllib.request.urlopen(self.base_url + path, timeout=timeout) as r:
+        """GET `path` of this server (with its API key) as JSON."""
+        with urllib.request.urlopen(_get(self.base_url + path, self.api_key), timeout=timeout) as r:
             return json.loads(r.read())
+
+
+def _get(url: str, api_key: str | None) -> urllib.request.Request:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return urllib.request.Request(url, headers=headers)
 
 
 def _group_alive(pgid: int) -> bool:

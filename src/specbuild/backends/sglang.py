@@ -18,6 +18,7 @@ from specbuild.backends.server import (
     ServerSpec,
     SGLangServer,
     build_server_args,
+    new_api_key,
 )
 
 __all__ = ["SGLangBackend"]
@@ -47,11 +48,13 @@ class SGLangBackend:
             env=dict(env or {}),
             host=host,
             startup_timeout_s=startup_timeout_s,
+            api_key=new_api_key(),
         )
         self.server = SGLangServer(spec, name="sglang-generate").start()
         try:
             self.client = OpenAIBackend(
                 base_url=self.server.base_url,
+                api_key=self.server.api_key,
                 max_concurrency=max_concurrency,
                 request_timeout_s=request_timeout_s,
             )

@@ -35,6 +35,7 @@ from specbuild.backends.server import (
     ServerSpec,
     SGLangServer,
     build_server_args,
+    new_api_key,
 )
 from specbuild.bench.sets import read_bench_set, render_prompt
 from specbuild.bench.specdec import (
@@ -112,6 +113,7 @@ def stream_completion(
     *,
     timeout: float = 600.0,
     ignore_eos: bool = False,
+    api_key: str | None = None,
 ) -> StreamResult:
     """One greedy streaming `/generate`; TTFT is the first chunk carrying a token."""
     payload = {
@@ -126,7 +128,7 @@ def stream_completion(
     t0 = time.monotonic()
     ttft = None
     last: Mapping[str, Any] = {}
-    for t, event in iter_sse(base_url + "/generate", payload, timeout=timeout):
+    for t, event in iter_sse(base_url + "/generate", payload, api_key=api_key, timeout=timeout):
         meta = event.get("meta_info") or {}
         if ttft is None and (meta.get("completion_tokens") or event.get("output_ids")):
             ttft = t - t0
@@ -153,16 +155,27 @@ class SGLangBenchBackend:
     name = "sglang"
 
     def __init__(
-        self, *, base_url: str, config: str, drafter: str, request_timeout_s: float = 600.0
+        self,
+        *,
+        base_url: str,
+        config: str,
+        drafter: str,
+        request_timeout_s: float = 600.0,
+        api_key: str | None = None,
     ) -> None:
         self.base_url = base_url
+        self._api_key = api_key
         self.config = config
         self.drafter = drafter if config != BASELINE else "none"
         self.request_timeout_s = request_timeout_s
 
     def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
         r = stream_completion(
-            self.base_url, prompt_ids, max_new_tokens, timeout=self.request_timeout_s
+            self.base_url,
+            prompt_ids,
+            max_new_tokens,
+            timeout=self.request_timeout_s,
+            api_key=self._api_key,
         )
         if self.config != BASELINE and r.verify_steps is None:
             raise RuntimeError(
@@ -195,6 +208,7 @@ def sweep_concurrency(
     max_new_tokens: int,
     min_requests: int,
     timeout: float = 600.0,
+    api_key: str | None = None,
 ) -> list[dict]:
     """One row per concurrency level: `max(level, min_requests)` requests over `level` streams
     (prompts reused round-robin), output throughput over the level's wall time."""
@@ -206,7 +220,9 @@ def sweep_concurrency(
         with ThreadPoolExecutor(max_workers=level) as pool:
             results = list(
                 pool.map(
-                    lambda ids: stream_completion(base_url, ids, max_new_tokens, timeout=timeout),
+                    lambda ids: stream_completion(
+                        base_url, ids, max_new_tokens, timeout=timeout, api_key=api_key
+                    ),
                     batch,
                 )
             )
@@ -304,6 +320,7 @@ def run_server_bench(
         env=dict(env or {}),
         host=host,
         startup_timeout_s=startup_timeout_s,
+        api_key=new_api_key(),
     )
     prompt_sets = {name: read_bench_set(s) for name, s in sets.items()}
     with SGLangServer(spec, name=f"sglang-bench-{config}") as server:
@@ -312,9 +329,16 @@ def run_server_bench(
             config=config,
             drafter=drafter_name,
             request_timeout_s=request_timeout_s,
+            api_key=server.api_key,
         )
         warm = render_prompt(tokenizer, [{"role": "user", "content": "Hi"}])
-        stream_completion(server.base_url, warm, WARMUP_TOKENS, timeout=request_timeout_s)
+        stream_completion(
+            server.base_url,
+            warm,
+            WARMUP_TOKENS,
+            timeout=request_timeout_s,
+            api_key=server.api_key,
+        )
         rows: list[dict] = []
         for name, prompts in prompt_sets.items():
             rows += run_requests(
@@ -336,6 +360,7 @@ def run_server_bench(
             max_new_tokens=max_new_tokens,
             min_requests=sweep_min_requests,
             timeout=request_timeout_s,
+            api_key=server.api_key,
         )
         info = server.get_json("/server_info")
     check_rows(rows, source=str(out_rows))

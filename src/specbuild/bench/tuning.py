@@ -30,6 +30,8 @@ from specbuild.backends.server import (
     SGLangServer,
     build_server_args,
     launcher_help,
+    mask_env,
+    new_api_key,
     unknown_flags,
 )
 from specbuild.bench.server import (
@@ -140,7 +142,7 @@ def _row(point: str, status: str, detail: str, args: Mapping, env: Mapping, **me
         detail=detail,
         notes="",
         server_args=json.dumps(dict(args), sort_keys=True),
-        env=json.dumps(dict(env), sort_keys=True),
+        env=json.dumps(mask_env(env), sort_keys=True),
     )
     row.update(metrics)
     return row
@@ -244,15 +246,19 @@ def _measure_point(
         env=dict(env),
         host=host,
         startup_timeout_s=startup_timeout_s,
+        api_key=new_api_key(),
     )
     ids = [render_prompt(tokenizer, [{"role": "user", "content": p}]) for p in prompts]
     try:
         with SGLangServer(spec, name=f"sglang-tune-{point}") as srv:
-            stream_completion(srv.base_url, ids[0], 16, timeout=request_timeout_s)  # warm-up
-            single = [
-                stream_completion(srv.base_url, x, max_new_tokens, timeout=request_timeout_s)
-                for x in ids
-            ]
+
+            def complete(x: list[int], n: int):
+                return stream_completion(
+                    srv.base_url, x, n, timeout=request_timeout_s, api_key=srv.api_key
+                )
+
+            complete(ids[0], 16)  # warm-up
+            single = [complete(x, max_new_tokens) for x in ids]
             sweep = sweep_concurrency(
                 srv.base_url,
                 ids,
@@ -261,6 +267,7 @@ def _measure_point(
                 max_new_tokens=max_new_tokens,
                 min_requests=sweep_min_requests,
                 timeout=request_timeout_s,
+                api_key=srv.api_key,
             )
             info = srv.get_json("/server_info")
     except ServerStartError as err:

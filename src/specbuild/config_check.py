@@ -1,0 +1,377 @@
+"""Config checks: one short error that lists every fault of a config by its dotted key.
+
+Contract: `check_config` fills the schema's defaults in place, exactly as
+`snakemake.utils.validate` did (so params, and what reruns, are unchanged), and raises
+`ConfigError` once, one line per fault, each naming the dotted key and what was expected:
+
+    config/my.yaml: 2 problems (keys and allowed values: config/config.schema.yaml)
+      generate.temprature: unknown key; did you mean 'temperature'?
+      datasets.gsm8k.path: no such file 'resources/prompts/gsm8k.jsonl' (relative to /work)
+
+Beyond the schema it checks what the schema cannot say (a dataset's file exists, a chain is
+one the engine can run, the openai backend has an endpoint), so no such fault surfaces later
+as a stack trace. Scalars given as strings are read as the schema's type first: PyYAML (YAML
+1.1) reads `5e-4` as a string, and `snakemake --config` hands every nested value over as one.
+
+Why not `snakemake.utils.validate`: its error repeats the whole schema and the whole config
+(2,228 lines for one typo) and names only the first fault.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+import os
+import re
+import reprlib
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator, ValidationError, validators
+
+__all__ = [
+    "ConfigError",
+    "check_config",
+    "coerce_scalars",
+    "load_schema",
+    "rule_faults",
+    "schema_faults",
+]
+
+# Faults listed in full; the rest are counted, so one broken file cannot flood the terminal.
+MAX_LISTED = 12
+# YAML 1.1 spellings of booleans and null (what --config values arrive as, being strings).
+_BOOLEANS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+_NULLS = {"null", "~", "none", ""}
+_TYPE_NAMES = {
+    "number": "a number",
+    "integer": "an integer",
+    "string": "a string",
+    "boolean": "true or false",
+    "object": "a mapping (key: value)",
+    "array": "a list",
+    "null": "null",
+}
+
+_short = reprlib.Repr()
+_short.maxstring = 60
+_short.maxother = 60
+_short.maxlist = 4
+_short.maxdict = 3
+_short.maxlevel = 2
+
+
+class ConfigError(ValueError):
+    """A config with faults; `faults` holds one 'dotted.key: what is wrong' line each."""
+
+    def __init__(self, source: str, faults: list[str], schema: str | os.PathLike) -> None:
+        self.source = source
+        self.faults = faults
+        n = len(faults)
+        where = _display(schema)
+        lines = [f"{source}: {n} problem{'s' * (n != 1)} (keys and allowed values: {where})"]
+        lines += [f"  {f}" for f in faults[:MAX_LISTED]]
+        if n > MAX_LISTED:
+            lines.append(f"  ... and {n - MAX_LISTED} more")
+        super().__init__("\n".join(lines))
+
+
+def load_schema(path: str | os.PathLike) -> dict:
+    with open(path, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def check_config(
+    config: dict,
+    *,
+    schema: str | os.PathLike,
+    source: str,
+    workdir: str | os.PathLike = ".",
+) -> None:
+    """Coerce scalars, fill defaults, and raise `ConfigError` listing every fault.
+
+    `source` names the config in the message (its file, plus any --config overrides);
+    relative paths in the config are checked against `workdir`.
+    """
+    schema_doc = load_schema(schema)
+    coerce_scalars(config, schema_doc)
+    faults = schema_faults(config, schema_doc)
+    faulty = {f.split(": ", 1)[0] for f in faults}  # one fault per key is enough
+    faults += [f for f in rule_faults(config, Path(workdir)) if f.split(": ")[0] not in faulty]
+    if faults:
+        raise ConfigError(source, faults, schema)
+
+
+def _display(path: str | os.PathLike) -> str:
+    """`path` relative to the working directory when it lies below it, else absolute."""
+    full = Path(path).resolve()
+    try:
+        return str(full.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(full)
+
+
+# Scalars written as strings ---------------------------------------------------------------
+
+
+def _types(schema: Mapping) -> set[str]:
+    t = schema.get("type", [])
+    return {t} if isinstance(t, str) else set(t)
+
+
+def _from_string(value: str, types: set[str]) -> Any:
+    """`value` as the first non-string type of `types` that reads it; else unchanged."""
+    text = value.strip().lower()
+    if types & {"number", "integer"}:
+        try:
+            number = float(text)
+        except ValueError:
+            number = None
+        if number is not None and math.isfinite(number):
+            if "integer" in types and number.is_integer():
+                return int(number)
+            if "number" in types:
+                return number
+    if "boolean" in types and text in _BOOLEANS:
+        return _BOOLEANS[text]
+    if "null" in types and text in _NULLS:
+        return None
+    return value
+
+
+def coerce_scalars(value: Any, schema: Mapping) -> Any:
+    """Convert, in place, strings under keys whose schema type excludes strings: `"5e-4"`
+    under a number key becomes 0.0005, `"1e3"` under an integer key 1000, `"true"` under a
+    boolean key True. Integral floats under integer-only keys become ints (`64.0` -> 64).
+    Values that do not read as the type are left for the schema check to report."""
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        for key in list(value):
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                value[key] = coerce_scalars(value[key], sub)
+        return value
+    if isinstance(value, list):
+        items = schema.get("items")
+        if isinstance(items, dict):
+            value[:] = [coerce_scalars(v, items) for v in value]
+        return value
+    types = _types(schema)
+    if isinstance(value, str) and types and "string" not in types:
+        return _from_string(value, types)
+    if (
+        isinstance(value, float)
+        and value.is_integer()
+        and types & {"integer", "number"} == {"integer"}
+    ):
+        return int(value)
+    return value
+
+
+# The schema, with defaults filled ----------------------------------------------------------
+
+
+def _with_defaults(validator_class):
+    """A validator that fills `default`s of absent properties as it descends (the jsonschema
+    FAQ recipe, as snakemake.utils.validate uses it), skipping instances that are no mapping."""
+    check_properties = validator_class.VALIDATORS["properties"]
+
+    def properties(validator, props, instance, schema):
+        if isinstance(instance, dict):
+            for key, sub in props.items():
+                if "default" in sub and key not in instance:
+                    instance[key] = copy.deepcopy(sub["default"])
+        yield from check_properties(validator, props, instance, schema)
+
+    return validators.extend(validator_class, {"properties": properties})
+
+
+_Validator = _with_defaults(Draft202012Validator)
+
+
+def schema_faults(config: dict, schema: Mapping) -> list[str]:
+    """Fill defaults into `config` and return one line per schema fault, sorted by key."""
+    errors = sorted(_Validator(schema).iter_errors(config), key=lambda e: list(map(str, e.path)))
+    faults: list[str] = []
+    for error in errors:
+        for line in _describe(error):
+            if line not in faults:
+                faults.append(line)
+    return faults
+
+
+def _key(path: Iterable[Any]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _child(path: Iterable[Any], key: str) -> str:
+    return _key([*path, key])
+
+
+def _suggest(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "integer", float: "number", str: "string"}.get(
+        type(value), "list" if isinstance(value, list) else "mapping"
+    )
+
+
+def _describe(error: ValidationError) -> Iterator[str]:
+    path, value, kind, expected = error.absolute_path, error.instance, error.validator, None
+    schema = error.schema
+    if "propertyNames" in error.absolute_schema_path:
+        yield f"{_key(path)}: name {value!r} must match {error.validator_value!r}"
+    elif kind == "additionalProperties" and error.validator_value is False:
+        known = schema.get("properties", {})
+        patterns = schema.get("patternProperties", {})
+        for extra in value:
+            if extra not in known and not any(re.search(p, extra) for p in patterns):
+                yield f"{_child(path, extra)}: unknown key{_suggest(extra, known)}"
+    elif kind == "required":
+        for name in error.validator_value:
+            if isinstance(value, dict) and name not in value:
+                yield f"{_child(path, name)}: missing (required)"
+    elif kind == "type":
+        want = error.validator_value
+        types = [want] if isinstance(want, str) else list(want)
+        expected = " or ".join(_TYPE_NAMES.get(t, t) for t in types)
+        yield f"{_key(path)}: expected {expected}, got {_type_name(value)} {_short.repr(value)}"
+    elif kind == "enum":
+        allowed = ", ".join(map(repr, error.validator_value))
+        hint = _suggest(value, map(str, error.validator_value)) if isinstance(value, str) else ""
+        yield f"{_key(path)}: {_short.repr(value)} is not one of {allowed}{hint}"
+    elif kind in ("oneOf", "anyOf"):
+        yield f"{_key(path)}: {_alternatives(value, error.validator_value)}"
+    else:
+        message = error.message.replace(repr(value), _short.repr(value))
+        yield f"{_key(path)}: {message}"
+
+
+def _alternatives(value: Any, branches: list[Mapping]) -> str:
+    """oneOf/anyOf: a dataset's `path` or `synthesize`; else the forms, compactly."""
+    if all(set(b) == {"required"} for b in branches) and isinstance(value, dict):
+        names = [n for b in branches for n in b["required"]]
+        given = [n for n in names if n in value]
+        which = " and ".join(given) if given else "neither"
+        return f"give exactly one of {' or '.join(names)} (found {which})"
+    forms = " or ".join(_form(b) for b in branches)
+    return f"{_short.repr(value)} is none of the allowed forms: {forms}"
+
+
+def _form(branch: Mapping) -> str:
+    """A oneOf branch in words: sizes of lists spelled out, other keywords as written."""
+    low, high = branch.get("minItems", 0), branch.get("maxItems")
+    if set(branch) <= {"minItems", "maxItems"} and high is not None:
+        return (
+            "an empty list"
+            if high == 0
+            else (f"a list of {high}" if low == high else f"a list of {low} to {high}")
+        )
+    return "{" + ", ".join(f"{k}: {v}" for k, v in branch.items() if k != "description") + "}"
+
+
+# What the schema cannot say ----------------------------------------------------------------
+
+
+def _mapping(value: Any) -> Mapping:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _file_fault(key: str, path: Any, workdir: Path) -> list[str]:
+    if not isinstance(path, str):
+        return []  # a type fault, reported by the schema
+    full = workdir / path
+    if full.is_file():
+        return []
+    what = "is a directory, not a file" if full.is_dir() else "no such file"
+    return [f"{key}: {what} {path!r} (in {workdir.resolve()})"]
+
+
+def _sets_faults(prefix: str, sets: Any, workdir: Path) -> list[str]:
+    return [
+        fault
+        for name, spec in _mapping(sets).items()
+        for fault in _file_fault(f"{prefix}.{name}.path", _mapping(spec).get("path"), workdir)
+    ]
+
+
+def _chain_fault(key: str, name: Any, *, chain_only: bool) -> list[str]:
+    """A chain 'steps-topk-draft_tokens' the engine runs; `chain_only`: topk 1 (hf bench)."""
+    from specbuild.bench.specdec import ChainSpec
+
+    if not isinstance(name, str):
+        return []
+    parts = name.split("-")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return [f"{key}: {name!r} is not 'steps-topk-draft_tokens', e.g. '3-1-4'"]
+    if not chain_only and int(parts[1]) != 1:
+        steps, topk, draft = map(int, parts)
+        bad = [f"{n} must be >= 1" for n, v in (("steps", steps), ("topk", topk)) if v < 1]
+        return [f"{key}: {name!r}: " + "; ".join(bad)] if bad else []
+    try:
+        ChainSpec.parse(name)
+    except ValueError as err:
+        return [f"{key}: {err}"]
+    return []
+
+
+def _positive_int(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        return int(str(value)) >= 1
+    except ValueError:
+        return False
+
+
+def rule_faults(config: Mapping, workdir: Path) -> list[str]:
+    """Faults across keys and on disk: input files that are missing, chains the engines
+    cannot run, a backend without its endpoint, a tensor-parallel size that is no integer."""
+    faults: list[str] = []
+    for name, spec in _mapping(config.get("datasets")).items():
+        spec = _mapping(spec)
+        if "synthesize" not in spec:
+            faults += _file_fault(f"datasets.{name}.path", spec.get("path"), workdir)
+
+    bench = _mapping(config.get("bench"))
+    if bench.get("enabled"):
+        faults += _sets_faults("bench.sets", bench.get("sets"), workdir)
+    chains = bench.get("chains")
+    for i, chain in enumerate(chains if isinstance(chains, list) else []):
+        faults += _chain_fault(f"bench.chains[{i}]", chain, chain_only=True)
+
+    sglang = _mapping(config.get("sglang"))
+    serving, tuning = _mapping(sglang.get("bench")), _mapping(sglang.get("tuning"))
+    if serving.get("enabled") or (tuning.get("enabled") and tuning.get("points")):
+        faults += _sets_faults("sglang.bench.sets", serving.get("sets"), workdir)
+    chains = serving.get("chains")
+    for i, chain in enumerate(chains if isinstance(chains, list) else []):
+        faults += _chain_fault(f"sglang.bench.chains[{i}]", chain, chain_only=False)
+    if tuning.get("chain") not in (None, "baseline"):
+        faults += _chain_fault("sglang.tuning.chain", tuning["chain"], chain_only=False)
+
+    if _mapping(config.get("generate")).get("backend") == "openai" and not sglang.get("endpoint"):
+        faults.append(
+            "sglang.endpoint: generate.backend openai needs the server's base URL here "
+            "(e.g. http://host:30000/v1)"
+        )
+    args = _mapping(sglang.get("server_args"))
+    for flag in ("tp_size", "tp"):
+        tp = args.get(flag)
+        if tp is not None and not _positive_int(tp):
+            faults.append(
+                f"sglang.server_args.{flag}: expected an integer >= 1 (GPUs per server), got {tp!r}"
+            )
+    return faults
