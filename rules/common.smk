@@ -225,7 +225,8 @@ def sglang_gpus():
 
 
 def sglang_server_options():
-    """Launch settings shared by every SGLang server specbuild starts (plain builtins)."""
+    """The fields of `ServerOptions` (backends/server.py), shared by every SGLang server
+    specbuild starts, as plain builtins: jobs rebuild it whole from this one param."""
     sg = config["sglang"]
     return {
         "launcher": list(sg["launcher"]),
@@ -233,6 +234,7 @@ def sglang_server_options():
         "env": {k: str(v) for k, v in sg["env"].items()},
         "host": sg["host"],
         "startup_timeout_s": sg["startup_timeout_s"],
+        "request_timeout_s": sg["request_timeout_s"],
     }
 
 
@@ -252,11 +254,10 @@ def sglang_backend_args(backend):
             "api_key_env": sg["api_key_env"],
             **common,
         }
-    return {
-        "target_dir": f"results/target/{TARGET}",
-        **sglang_server_options(),
-        **common,
-    }
+    server = sglang_server_options()
+    # request_timeout_s comes with `common`, where generate's params have always had it
+    del server["request_timeout_s"]
+    return {"target_dir": f"results/target/{TARGET}", **server, **common}
 
 
 def sglang_feature_args():
@@ -274,7 +275,6 @@ def all_outputs():
         per_shard("results/hidden/{dataset}/{shard}.safetensors")
         + ["results/vocab/vocab.safetensors", "results/align/report.json"]
         + ["results/drafter/config.json", "results/drafter/model.safetensors"]
-        + serving_outputs()
-        + bench_outputs()
+        + report_outputs()
         + ["results/serve.sh"]
     )

@@ -93,8 +93,7 @@ TINY_SECTIONS: dict[str, dict] = {
         "chains": ["2-1-3"],
         "baseline": True,
         "max_new_tokens": 8,
-        "device": "cpu",
-        "threads": 1,
+        "hf": {"device": "cpu", "threads": 1},
         "sets": {
             "gsm8k": {
                 "path": "resources/bench/gsm8k_test.jsonl",
