@@ -199,6 +199,17 @@ def bench_report_files():
     return out
 
 
+def pipeline_report_files():
+    out = table("data", "Data", "Samples and tokens")
+    out += table("vocab", "Data", "Vocabulary")
+    out += table("align", "Data", "Alignment")
+    out += table("disk", "Data", "Disk use")
+    if config["report"]["train_metrics"]:
+        out += table("train", "Training", "Curves")
+        out += plot("train", "Training", "Curves")
+    return out
+
+
 def tuning_report_files():
     if not tuning_points():
         return []
@@ -212,6 +223,26 @@ def bench_report_inputs(wildcards):
     return inputs
 
 
+def pipeline_report_inputs(wildcards):
+    inputs = {
+        "samples": per_shard("results/samples/{dataset}/{shard}.jsonl"),
+        "generated": per_shard("results/generated/{dataset}/{shard}.jsonl"),
+        "tokenized": per_shard("results/tokenized/{dataset}/{shard}.meta.json"),
+        "hidden": per_shard("results/hidden/{dataset}/{shard}.safetensors"),
+        "vocab": "results/vocab/vocab_stats.json",
+        "align": "results/align/report.json",
+    }
+    if config["report"]["train_metrics"]:
+        inputs["train"] = config["report"]["train_metrics"]
+    return inputs
+
+
+def train_curves_dir():
+    """TensorBoard events beside the training metrics (rules/train.smk writes both)."""
+    metrics = config["report"]["train_metrics"]
+    return os.path.join(os.path.dirname(metrics), "tensorboard") if metrics else None
+
+
 def report_outputs():
     """Everything the HTML report shows."""
-    return bench_report_files() + tuning_report_files()
+    return bench_report_files() + pipeline_report_files() + tuning_report_files()

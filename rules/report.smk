@@ -19,6 +19,23 @@ rule bench_report:
         "../scripts/bench_report.py"
 
 
+rule pipeline_report:
+    """Data kept and rejected, token counts, vocabulary coverage, alignment, disk use, curves."""
+    input:
+        unpack(pipeline_report_inputs),
+    output:
+        pipeline_report_files(),
+    log:
+        "logs/report/pipeline.log",
+    conda:
+        "../envs/specbuild.yaml"
+    params:
+        datasets=list(config["datasets"]),
+        curves=train_curves_dir(),
+    script:
+        "../scripts/pipeline_report.py"
+
+
 rule tuning_report:
     """The tuning table (one row per point, with its status) and plot."""
     input:

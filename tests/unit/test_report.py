@@ -10,7 +10,7 @@ import pytest
 
 from specbuild.bench.rows import ROW_KEYS
 from specbuild.io import write_json
-from specbuild.report import plots
+from specbuild.report import pipeline, plots
 from specbuild.report.bench import write_bench_report
 from specbuild.report.tables import (
     best_train_row,
@@ -203,6 +203,85 @@ def test_positions_plot_ticks_whole_positions(drawn):
     drawn[0].canvas.draw()
     ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
     assert ticks and all(float(t).is_integer() for t in ticks)
+
+
+# --- the pipeline's tables -------------------------------------------------------------------
+
+
+def _jsonl(path, n):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(n)))
+    return path
+
+
+def test_data_table_counts_kept_and_rejected_records_per_stage(tmp_path):
+    s = _jsonl(tmp_path / "samples/d/00000.jsonl", 9)
+    _jsonl(tmp_path / "samples/d/00000.rejected.jsonl", 1)
+    g = _jsonl(tmp_path / "generated/d/00000.jsonl", 8)
+    _jsonl(tmp_path / "generated/d/00000.rejected.jsonl", 1)
+    meta = tmp_path / "tokenized/d/00000.meta.json"
+    meta.parent.mkdir(parents=True)
+    counts = {"in": 8, "rows": 7, "rejected": 1, "truncated": 2, "tokens": 700}
+    write_json(meta, counts | {"response_tokens": 300})
+    t = pipeline.build_data(["d"], samples=[s], generated=[g], tokenized=[meta])
+    assert t[["stage", "in", "kept", "rejected"]].values.tolist() == [
+        ["samples", 10, 9, 1],
+        ["generate", 9, 8, 1],
+        ["tokenize", 8, 7, 1],
+    ]
+    assert t.iloc[2]["response_tokens"] == 300 and t.iloc[0]["rejected_share"] == 0.1
+
+
+def test_train_table_and_curves_read_metrics_and_tensorboard_events(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    for step, loss in ((5, 4.0), (10, 3.0)):
+        writer.add_scalar("train/loss", loss, step)
+    writer.close()
+    metrics = write_rows(
+        tmp_path / "m.jsonl",
+        [{"step": 10, "epoch": 0, "tokens": 99, "eval_loss": 3.1, "acc": [0.5, 0.25],
+          "acceptance_length": 1.625}],
+    )  # fmt: skip
+    t = pipeline.build_train(metrics)
+    assert list(t.columns) == [
+        "step", "epoch", "tokens", "eval_loss", "acc_1", "acc_2", "acceptance_length"
+    ]  # fmt: skip
+    loss = pipeline.read_train_loss(tmp_path / "tb")
+    assert loss.values.tolist() == [[5, 4.0], [10, 3.0]]
+    assert pipeline.read_train_loss(tmp_path / "none").empty
+
+
+def test_vocab_align_and_disk_tables(tmp_path, monkeypatch):
+    stats = tmp_path / "vocab_stats.json"
+    write_json(
+        stats,
+        {"draft_vocab_size": 4, "masked_tokens": 10, "coverage": 0.9, "filler_ids": [7],
+         "coverage_at": {"2": 0.5}},
+    )  # fmt: skip
+    v = pipeline.build_vocab(stats).set_index("quantity")["value"]
+    assert (v["coverage"], v["filler_ids"], v["coverage_top_2"]) == ("0.9", "1", "0.5")
+    report = tmp_path / "align.json"
+    layer = {"layer": "low", "layer_id": 1, "tokens": 5, "cosine_mean": 1.0, "status": "ok"}
+    write_json(report, {"shard_backends": ["sglang"], "serving_backend": "hf", "layers": [layer]})
+    a = pipeline.build_align(report)
+    assert a.iloc[0][["training_features", "serving_engine", "layer"]].tolist() == [
+        "sglang",
+        "hf",
+        "low",
+    ]
+    monkeypatch.chdir(tmp_path)
+    shard = tmp_path / "results/hidden/d/00000.safetensors"
+    shard.parent.mkdir(parents=True)
+    shard.write_bytes(b"x" * 400)
+    d = pipeline.build_disk(["results/hidden/d/00000.safetensors"], tokens=100)
+    assert d.iloc[0][["folder", "files", "bytes", "bytes_per_token"]].tolist() == [
+        "results/hidden",
+        1,
+        400,
+        4.0,
+    ]
 
 
 def test_tuning_report_keeps_every_point_with_its_status(tmp_path):

@@ -9,6 +9,7 @@ What the stages after the shards read (so what a change must rerun):
   train    every hidden shard, vocab, align  export  train
   bench    a drafter chain: export; baseline: only the target and the prompts
   bench_report      every bench row file and train's metrics
+  pipeline_report   every samples, generated, tokenized and hidden shard, vocab, align, train
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def is_drafter_dependent(job: tuple[str, str]) -> bool:
     rule, wildcards = job
     if rule == "bench":
         return "chain=baseline" not in wildcards
-    return rule in {"train", "export", "bench_report", "serve"}
+    return rule in {"train", "export", "bench_report", "pipeline_report", "serve"}
 
 
 def is_benchmarking(job: tuple[str, str]) -> bool:
