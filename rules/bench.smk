@@ -25,7 +25,7 @@ rule bench:
     params:
         options=bench_options,
         sets=bench_sets(),
-        drafter_name=bench_drafter_name,
+        drafter_name=config["bench"]["drafter_name"],
         max_new_tokens=config["bench"]["max_new_tokens"],
         prompt_limit=bench_prompt_limit,
         concurrency=bench_concurrency,

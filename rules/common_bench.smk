@@ -100,10 +100,6 @@ def bench_concurrency(wildcards):
     return list(config["bench"]["concurrency"]) if served else []
 
 
-def bench_drafter_name(wildcards):
-    return "none" if wildcards.chain == BASELINE else config["bench"]["drafter_name"]
-
-
 def bench_gpus(wildcards):
     if wildcards.engine == "hf":
         return device_gpus(config["bench"]["hf"]["device"])

@@ -32,6 +32,8 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 
+from specbuild.bench.chain import BASELINE, Chain
+
 __all__ = [
     "ConfigError",
     "check_config",
@@ -354,10 +356,8 @@ def _sets_faults(prefix: str, sets: Any, workdir: Path) -> list[str]:
 
 
 def _chain_fault(key: str, name: Any, *, hf: bool) -> list[str]:
-    """A config name ("baseline" where allowed is the caller's business) that is no chain, or
+    """A config name that is no chain (the caller allows the baseline where it may be one), or
     a tree (topk > 1) where the hf engine must run it."""
-    from specbuild.bench.chain import Chain
-
     if not isinstance(name, str):
         return []
     try:
@@ -400,14 +400,14 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
     for i, chain in enumerate(chains if isinstance(chains, list) else []):
         faults += _chain_fault(f"bench.chains[{i}]", chain, hf="hf" in engines)
     openai = _mapping(bench.get("openai"))
-    if openai.get("serves") not in (None, "baseline"):
+    if openai.get("serves") not in (None, BASELINE):
         faults += _chain_fault("bench.openai.serves", openai["serves"], hf=False)
     if bench.get("enabled") and "openai" in engines and not openai.get("endpoint"):
         faults.append(
             "bench.openai.endpoint: bench.engines has openai; give the endpoint's base URL "
             "(e.g. http://host:8000/v1)"
         )
-    if tuning.get("chain") not in (None, "baseline"):
+    if tuning.get("chain") not in (None, BASELINE):
         faults += _chain_fault("sglang.tuning.chain", tuning["chain"], hf=False)
 
     if _mapping(config.get("generate")).get("backend") == "openai" and not sglang.get("endpoint"):

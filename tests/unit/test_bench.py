@@ -40,7 +40,7 @@ MT_BENCH = {
     "format": "turns",
     "id_key": "question_id",
 }
-STUB_SERVER = ServerOptions(launcher=LAUNCHER, startup_timeout_s=20)
+STUB_SERVER = ServerOptions(launcher=LAUNCHER, startup_timeout_s=60)
 
 
 @pytest.fixture(scope="module")

@@ -257,7 +257,7 @@ def test_vocab_align_and_disk_tables(tmp_path, monkeypatch):
     stats = tmp_path / "vocab_stats.json"
     write_json(
         stats,
-        {"draft_vocab_size": 4, "masked_tokens": 10, "coverage": 0.9, "filler_ids": [7],
+        {"draft_vocab_size": 4, "masked_tokens": 10, "coverage": 0.9, "filler_ids": 1,
          "coverage_at": {"2": 0.5}},
     )  # fmt: skip
     v = pipeline.build_vocab(stats).set_index("quantity")["value"]

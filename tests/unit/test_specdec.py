@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ from specbuild.bench.hf import (
     load_drafter,
 )
 from specbuild.bench.metrics import acceptance_length
-from specbuild.bench.rows import ROW_KEYS, Clock, Completion, check_rows, run_requests
+from specbuild.bench.rows import ROW_KEYS, Completion, check_rows, run_requests
 from specbuild.bench.sets import BenchPrompt, read_bench_prompts, render_prompt
 
 REPO = Path(__file__).resolve().parents[2]
@@ -418,7 +419,7 @@ def test_second_turn_prompt_carries_the_models_own_first_answer(tokenizer):
             tokenizer=tokenizer,
             set_name="mt",
             max_new_tokens=8,
-            clock=Clock(),
+            t0=time.monotonic(),
         )
     )
     assert [r["turn"] for r in rows] == [1, 2]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -44,9 +44,9 @@ __all__ = [
     "ROW_KEYS",
     "Completion",
     "BenchEngine",
-    "Clock",
     "make_row",
     "check_rows",
+    "bench_engine",
     "run_requests",
     "sweep_concurrency",
 ]
@@ -74,6 +74,8 @@ ROW_KEYS = (
 
 log = logging.getLogger("specbuild")
 
+WARMUP_TOKENS = 16  # one unrecorded request first: one-off allocations, kernels, CUDA graphs
+
 
 @dataclass
 class Completion:
@@ -98,16 +100,6 @@ class BenchEngine(Protocol):
     def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
         """Greedy-decode up to max_new_tokens after prompt_ids (stopping at end of turn)."""
         ...
-
-
-class Clock:
-    """Seconds since the job's first request: the rows' `start_s`."""
-
-    def __init__(self) -> None:
-        self.t0 = time.monotonic()
-
-    def __call__(self) -> float:
-        return time.monotonic() - self.t0
 
 
 def make_row(
@@ -159,6 +151,30 @@ def check_rows(rows: Sequence[dict], source: str = "rows") -> None:
         )
 
 
+def bench_engine(
+    engine: BenchEngine,
+    prompt_sets: Mapping[str, Sequence[BenchPrompt]],
+    *,
+    tokenizer,
+    max_new_tokens: int,
+    concurrency: Sequence[int] = (),
+    min_requests: int = 16,
+) -> list[dict]:
+    """Every row of one engine: a warm-up request (unrecorded), every set one request at a
+    time (phase bench), then the sweep of the first set's first turns (phase sweep)."""
+    engine.complete(render_prompt(tokenizer, [{"role": "user", "content": "Hi"}]), WARMUP_TOKENS)
+    common = {"engine": engine, "tokenizer": tokenizer, "max_new_tokens": max_new_tokens}
+    t0, rows = time.monotonic(), []
+    for name, prompts in prompt_sets.items():
+        rows += run_requests(prompts, set_name=name, t0=t0, **common)
+    if concurrency:
+        name, prompts = next(iter(prompt_sets.items()))
+        rows += sweep_concurrency(
+            prompts, set_name=name, levels=concurrency, min_requests=min_requests, t0=t0, **common
+        )
+    return rows
+
+
 def run_requests(
     prompts: Sequence[BenchPrompt],
     *,
@@ -166,15 +182,15 @@ def run_requests(
     tokenizer,
     set_name: str,
     max_new_tokens: int,
-    clock: Clock,
+    t0: float,
 ) -> Iterator[dict]:
     """Phase bench: one row per (prompt, turn), one request at a time; each later turn
-    carries the target's own earlier answers."""
+    carries the target's own earlier answers. `start_s` counts from monotonic time `t0`."""
     for p in prompts:
         messages: list[dict] = []
         for turn, user in enumerate(p.turns, 1):
             messages.append({"role": "user", "content": user})
-            start = clock()
+            start = time.monotonic() - t0
             c = engine.complete(render_prompt(tokenizer, messages), max_new_tokens)
             row = make_row(
                 c, engine=engine, set_name=set_name, prompt_id=p.id, turn=turn, start_s=start
@@ -204,7 +220,7 @@ def sweep_concurrency(
     levels: Sequence[int],
     min_requests: int,
     max_new_tokens: int,
-    clock: Clock,
+    t0: float,
 ) -> list[dict]:
     """Phase sweep: per level c, max(c, min_requests) first-turn requests (prompts reused
     round-robin) with c in flight; one row per request."""
@@ -216,7 +232,7 @@ def sweep_concurrency(
         batch = [firsts[i % len(firsts)] for i in range(max(level, min_requests))]
 
         def one(item: tuple[str, list[int]], level: int = level) -> dict:
-            start = clock()
+            start = time.monotonic() - t0
             c = engine.complete(item[1], max_new_tokens)
             return make_row(
                 c,

@@ -8,7 +8,6 @@ Engines (config `bench.engines`), chosen here at construction and nothing else:
   sglang  an SGLang server this job starts for the config, with the `sglang.*` flags and env
   openai  an existing OpenAI-compatible endpoint (`bench.openai`): vLLM, another deployment
 
-Each engine answers one unrecorded warm-up request first (kernel setup, CUDA graphs).
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from importlib import import_module
 from typing import Any
 
-from specbuild.bench.rows import Clock, check_rows, run_requests, sweep_concurrency
-from specbuild.bench.sets import read_bench_set, render_prompt
+from specbuild.bench.rows import bench_engine, check_rows
+from specbuild.bench.sets import read_bench_set
 from specbuild.io import write_jsonl
 
 __all__ = ["ENGINES", "run_bench"]
@@ -33,7 +32,6 @@ ENGINES = {
     "sglang": "specbuild.bench.served:open_sglang",
     "openai": "specbuild.bench.served:open_openai",
 }
-WARMUP_TOKENS = 16
 
 
 def _opener(engine: str):
@@ -57,7 +55,7 @@ def run_bench(
     out: str | os.PathLike,
     options: Mapping[str, Any],
     drafter_dir: str | None = None,
-    drafter_name: str = "none",
+    drafter_name: str = "drafter",
     max_new_tokens: int = 64,
     prompt_limit: int | None = None,
     concurrency: Sequence[int] = (),
@@ -65,7 +63,8 @@ def run_bench(
 ) -> list[dict]:
     """Bench every set (its config entry: path, format, key, id_key, limit, turns; at most
     `prompt_limit` prompts each), sweep `concurrency` on the first set's first turns, write
-    the rows. `options` are the engine's own (see each opener)."""
+    the rows. `options` are the engine's own (see each opener); `drafter_name` names the
+    drafter in the rows of a chain (a baseline's say "none")."""
     from specbuild.target import load_tokenizer
 
     tokenizer = load_tokenizer(target_dir)
@@ -81,32 +80,14 @@ def run_bench(
         options=options,
     ) as eng:
         log.info("bench %s / %s on %s: sets %s", engine, config, eng.device, list(prompt_sets))
-        eng.complete(render_prompt(tokenizer, [{"role": "user", "content": "Hi"}]), WARMUP_TOKENS)
-        clock = Clock()
-        rows = [
-            row
-            for name, prompts in prompt_sets.items()
-            for row in run_requests(
-                prompts,
-                engine=eng,
-                tokenizer=tokenizer,
-                set_name=name,
-                max_new_tokens=max_new_tokens,
-                clock=clock,
-            )
-        ]
-        if concurrency:
-            name, prompts = next(iter(prompt_sets.items()))
-            rows += sweep_concurrency(
-                prompts,
-                engine=eng,
-                tokenizer=tokenizer,
-                set_name=name,
-                levels=concurrency,
-                min_requests=sweep_min_requests,
-                max_new_tokens=max_new_tokens,
-                clock=clock,
-            )
+        rows = bench_engine(
+            eng,
+            prompt_sets,
+            tokenizer=tokenizer,
+            max_new_tokens=max_new_tokens,
+            concurrency=concurrency,
+            min_requests=sweep_min_requests,
+        )
     check_rows(rows, source=str(out))
     write_jsonl(out, rows)
     return rows

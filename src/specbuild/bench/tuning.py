@@ -33,7 +33,7 @@ from specbuild.backends.server import (
 )
 from specbuild.bench.chain import BASELINE, Chain
 from specbuild.bench.metrics import output_throughput, summarize
-from specbuild.bench.rows import Clock, run_requests, sweep_concurrency
+from specbuild.bench.rows import bench_engine
 from specbuild.bench.served import SGLangEngine
 from specbuild.bench.sets import BenchPrompt, read_bench_set
 from specbuild.io import atomic_open, write_json
@@ -214,20 +214,18 @@ def run_tuning_point(
 
 def _measure(engine, prompts, *, tokenizer, max_new_tokens, concurrency, min_requests) -> dict:
     """Single-stream rows on the prompts, then the sweep; the point's numbers (`metrics`)."""
-    from specbuild.bench.sets import render_prompt
-
-    engine.complete(render_prompt(tokenizer, [{"role": "user", "content": "Hi"}]), 16)
-    common = {"engine": engine, "tokenizer": tokenizer, "set_name": "tuning", "clock": Clock()}
-    single = summarize(list(run_requests(prompts, max_new_tokens=max_new_tokens, **common)))
-    sweep = sweep_concurrency(
-        prompts,
-        levels=concurrency,
-        min_requests=min_requests,
+    rows = bench_engine(
+        engine,
+        {"tuning": prompts},
+        tokenizer=tokenizer,
         max_new_tokens=max_new_tokens,
-        **common,
+        concurrency=concurrency,
+        min_requests=min_requests,
     )
+    single = summarize([r for r in rows if r["phase"] == "bench"])
     peak = {
-        c: output_throughput([r for r in sweep if r["concurrency"] == c]) or 0.0
+        c: output_throughput([r for r in rows if r["concurrency"] == c and r["phase"] == "sweep"])
+        or 0.0
         for c in concurrency
     }
     best = max(peak, key=peak.get)

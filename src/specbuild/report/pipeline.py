@@ -92,7 +92,6 @@ def build_vocab(stats_path: str | os.PathLike) -> pd.DataFrame:
     """The vocab stats as quantity / value lines (coverage by the K most frequent tokens too)."""
     stats = read_json(stats_path)
     lines = [(k, v) for k, v in stats.items() if not isinstance(v, (dict, list))]
-    lines += [("filler_ids", len(stats.get("filler_ids") or []))]
     lines += [(f"coverage_top_{k}", v) for k, v in (stats.get("coverage_at") or {}).items()]
     return pd.DataFrame([(k, format_cell(v)) for k, v in lines], columns=["quantity", "value"])
 
