@@ -231,6 +231,23 @@ def _status(url: str, payload: dict | None = None, key: str | None = None) -> in
         return err.code
 
 
+def test_a_port_taken_before_the_server_binds_it_is_replaced_by_another(model_dir, monkeypatch):
+    import socket
+
+    import specbuild.backends.server as server_mod
+
+    with socket.socket() as taken:  # another process got "our" free port first
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        picks = iter([busy])
+        real = server_mod.free_port
+        monkeypatch.setattr(server_mod, "free_port", lambda host: next(picks, None) or real(host))
+        with SGLangServer(spec_for(model_dir)) as srv:
+            assert srv.port != busy
+            assert srv.get_json("/server_info")["port"] == srv.port
+
+
 def test_stub_given_a_key_answers_401_without_it_except_health(model_dir):
     key = new_api_key()
     with SGLangServer(spec_for(model_dir, launcher=(*LAUNCHER, "--api-key", key))) as srv:

@@ -73,6 +73,11 @@ MASK = "***"
 # Values scrubbed from output lines are at least this long: TOKENIZERS_PARALLELISM=false
 # names a "TOKEN" too, and masking every "false" would garble the server's log.
 MIN_MASKED_CHARS = 8
+# free_port() only finds a port free at that moment: another process (a parallel job, another
+# user's server) may bind it before this server does. A server that fails so is restarted on
+# another free port, this many times in all.
+PORT_ATTEMPTS = 3
+PORT_TAKEN = "Address already in use"
 
 
 class ServerStartError(RuntimeError):
@@ -290,6 +295,23 @@ class SGLangServer:
             log.info("[%s] %s", self.name, line)
 
     def start(self) -> SGLangServer:
+        """Start and wait until healthy; a port taken meanwhile is replaced (PORT_ATTEMPTS)."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self._start_once()
+            except ServerStartError as err:
+                if self.spec.port is not None or PORT_TAKEN not in str(err):
+                    raise
+                if attempt == PORT_ATTEMPTS:
+                    raise
+                log.warning(
+                    "%s: port %d was taken before it bound; next port", self.name, self.port
+                )
+                self.port = free_port(self.spec.host)
+                self._tail.clear()
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> SGLangServer:
         cmd = self.command()
         env_note = " ".join(f"{k}={v}" for k, v in sorted(mask_env(self.spec.env).items()))
         note = self.mask(f"{env_note} {' '.join(cmd)}".strip())
