@@ -28,7 +28,7 @@ from specbuild.bench.metrics import (
 )
 from specbuild.bench.rows import ROW_KEYS
 from specbuild.bench.run import run_bench
-from specbuild.bench.served import SGLangEngine, stream_generate
+from specbuild.bench.served import sglang_engine, stream_generate
 from specbuild.bench.tuning import TUNING_KEYS, env_faults, ignored_flags, run_tuning_point
 from specbuild.io import read_json, read_jsonl
 
@@ -154,16 +154,17 @@ def test_sglang_rows_use_spec_verify_ct(target_dir, drafter):
     server = ServerOptions(launcher=LAUNCHER, env={"SGLANG_STUB_ACCEPT": "3"})
     spec = server.spec(target_dir, extra_args=Chain.parse("3-1-4").server_args(drafter))
     with SGLangServer(spec) as srv:
-        engine = SGLangEngine(srv, config="3-1-4", drafter="ours", timeout=30)
+        engine = sglang_engine(srv, config="3-1-4", drafter="ours", timeout=30)
         c = engine.complete([10, 20, 30], max_new_tokens=13)
     assert c.completion_tokens == len(c.token_ids) and c.ttft_s <= c.wall_s
     assert c.verify_steps == math.ceil((c.completion_tokens - 1) / 3)  # 3 tokens per verify
     assert engine.device == "cpu (stub)"  # the server's own word; + the GPU's name on CUDA
+    assert "api_key" not in repr(engine)
 
 
 def test_a_chain_server_without_a_drafter_fails_instead_of_scoring_one(target_dir):
     with SGLangServer(STUB_SERVER.spec(target_dir)) as srv:
-        engine = SGLangEngine(srv, config="3-1-4", drafter="ours", timeout=30)
+        engine = sglang_engine(srv, config="3-1-4", drafter="ours", timeout=30)
         with pytest.raises(RuntimeError, match="no spec_verify_ct"):
             engine.complete([1, 2, 3], 8)
 

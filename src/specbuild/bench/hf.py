@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from specbuild.bench.chain import BASELINE, Chain
-from specbuild.bench.rows import Completion
+from specbuild.bench.rows import Completion, device_label
 from specbuild.io import read_json
 
 log = logging.getLogger("specbuild")
@@ -40,19 +40,10 @@ __all__ = [
     "open_engine",
     "load_drafter",
     "eos_token_ids",
-    "device_label",
     "crop_cache",
     "cache_kwarg",
     "cached_forward",
 ]
-
-
-def device_label(device: torch.device | str) -> str:
-    """What ran a bench, for the rows: "cpu", or "cuda (<GPU name>)"."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return device.type
-    return f"cuda ({torch.cuda.get_device_name(device)})"
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
@@ -169,7 +160,7 @@ class HFBaseline:
     def __init__(self, target, *, eos_ids: set[int]):
         self.target = target
         self.eos_ids = eos_ids
-        self.device = device_label(target.device)
+        self.device = device_label(str(target.device))
 
     @torch.inference_mode()
     def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
@@ -213,7 +204,7 @@ class HFSpecDecoder:
         if not chain.is_chain:
             raise ValueError(f"chain {chain.name}: the hf engine drafts chains only (topk 1)")
         self.target = target
-        self.device = device_label(target.device)
+        self.device = device_label(str(target.device))
         self.drafter_model = drafter
         self.layer_ids = list(layer_ids)
         self.chain = chain

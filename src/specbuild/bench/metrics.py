@@ -23,7 +23,6 @@ speedup             tokens/s over the baseline's on the same engine and set.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -96,17 +95,9 @@ def position_rates(accepted: Iterable[Sequence[int]], verify_steps: int) -> list
     return [sum(a[k] for a in lists if k < len(a)) / verify_steps for k in range(width)]
 
 
-def _finite(values: Iterable[Any]) -> list[float]:
-    out = []
-    for v in values:
-        if v is not None and not (isinstance(v, float) and math.isnan(v)):
-            out.append(float(v))
-    return out
-
-
 def latency_stats(values: Iterable[float | None], name: str) -> dict[str, float | None]:
     """`{name}_mean`, `{name}_p50`, `_p90`, `_p99` over the known values (None without any)."""
-    xs = _finite(values)
+    xs = [float(v) for v in values if v is not None and v == v]  # NaN != NaN
     stats = {f"{name}_mean": float(np.mean(xs)) if xs else None}
     for p in PERCENTILES:
         stats[f"{name}_p{p}"] = float(np.percentile(xs, p)) if xs else None

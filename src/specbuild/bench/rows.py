@@ -44,6 +44,7 @@ __all__ = [
     "ROW_KEYS",
     "Completion",
     "BenchEngine",
+    "device_label",
     "make_row",
     "check_rows",
     "bench_engine",
@@ -51,25 +52,11 @@ __all__ = [
     "sweep_concurrency",
 ]
 
+# In the order of the schema above: what was asked, what ran it, the counts, the times.
 ROW_KEYS = (
-    "set",
-    "prompt_id",
-    "turn",
-    "phase",
-    "concurrency",
-    "engine",
-    "device",
-    "config",
-    "drafter",
-    "completion_tokens",
-    "verify_steps",
-    "accept_length",
-    "accepted_per_position",
-    "start_s",
-    "wall_s",
-    "ttft_s",
-    "itl_s",
-    "tokens_per_s",
+    ("set", "prompt_id", "turn", "phase", "concurrency", "engine", "device", "config", "drafter")
+    + ("completion_tokens", "verify_steps", "accept_length", "accepted_per_position")
+    + ("start_s", "wall_s", "ttft_s", "itl_s", "tokens_per_s")
 )
 
 log = logging.getLogger("specbuild")
@@ -100,6 +87,16 @@ class BenchEngine(Protocol):
     def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
         """Greedy-decode up to max_new_tokens after prompt_ids (stopping at end of turn)."""
         ...
+
+
+def device_label(device: str) -> str:
+    """What ran a bench, for the rows: the device as named, with the GPU's name on CUDA (the
+    job's pinned GPU, which its servers see too)."""
+    if not str(device).startswith("cuda"):
+        return str(device)
+    import torch
+
+    return f"cuda ({torch.cuda.get_device_name(torch.device(device))})"
 
 
 def make_row(

@@ -24,21 +24,23 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
 from specbuild.backends.openai import api_key_from_env, get_json, iter_sse
 from specbuild.backends.server import ServerOptions, SGLangServer
 from specbuild.bench.chain import BASELINE, Chain
-from specbuild.bench.rows import Completion
+from specbuild.bench.rows import Completion, device_label
 
 __all__ = [
-    "SGLangEngine",
-    "OpenAIEngine",
+    "ServedEngine",
     "stream_generate",
     "stream_completions",
+    "sglang_engine",
     "open_sglang",
     "open_openai",
 ]
@@ -53,8 +55,10 @@ def stream_generate(
     *,
     api_key: str | None,
     timeout: float,
+    drafted: bool = False,
 ) -> Completion:
-    """One greedy streaming SGLang `/generate`; TTFT is the first chunk carrying a token."""
+    """One greedy streaming SGLang `/generate`; TTFT is the first chunk carrying a token.
+    `drafted`: the server runs a drafter, so its count of verify steps must be there."""
     sampling = {"max_new_tokens": max_new_tokens, "temperature": 0.0}
     payload = {"input_ids": prompt_ids, "sampling_params": sampling, "stream": True}
     t0, ttft, last = time.monotonic(), None, {}
@@ -69,6 +73,11 @@ def stream_generate(
         raise RuntimeError(f"{base_url}/generate: stream ended without a finished chunk")
     ids = list(last.get("output_ids") or [])
     verify = meta.get("spec_verify_ct")
+    if drafted and verify is None:
+        raise RuntimeError(
+            f"{base_url} reports no spec_verify_ct: the drafter is not loaded (check "
+            "--speculative-algorithm in the job log)"
+        )
     return Completion(
         int(meta.get("completion_tokens", len(ids))),
         verify_steps=int(verify) if verify is not None else None,
@@ -120,75 +129,30 @@ def stream_completions(
     )
 
 
-class SGLangEngine:
-    """`bench.rows.BenchEngine` over a server this job started (with a drafter or without)."""
+@dataclass
+class ServedEngine:
+    """`bench.rows.BenchEngine` over HTTP: `stream` is one of the requests above, bound to its
+    endpoint and key (kept out of repr and logs)."""
 
-    name = "sglang"
-
-    def __init__(self, server: SGLangServer, *, config: str, drafter: str, timeout: float):
-        self.server, self.config, self.timeout = server, config, timeout
-        self.drafter = drafter if config != BASELINE else "none"
-        info = server.get_json("/server_info")
-        self.device = str(info.get("device", "unknown device")) + _gpu_suffix()
-
-    def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
-        c = stream_generate(
-            self.server.base_url,
-            prompt_ids,
-            max_new_tokens,
-            api_key=self.server.api_key,
-            timeout=self.timeout,
-        )
-        if self.config != BASELINE and c.verify_steps is None:
-            raise RuntimeError(
-                f"server for chain {self.config} reports no spec_verify_ct: the drafter is not "
-                "loaded (check --speculative-algorithm in the job log)"
-            )
-        return c
-
-
-class OpenAIEngine:
-    """`bench.rows.BenchEngine` over an existing endpoint, as it is configured: `config` says
-    what it serves (a chain or the baseline), for the tables only."""
-
-    def __init__(
-        self,
-        *,
-        base_url: str,
-        model: str,
-        name: str,
-        config: str,
-        drafter: str,
-        api_key: str | None,
-        timeout: float,
-    ):
-        self.base_url, self.model, self.name, self.config = base_url, model, name, config
-        self.drafter = drafter if config != BASELINE else "none"
-        self.device = f"endpoint {urlsplit(base_url).hostname}:{urlsplit(base_url).port}"
-        self._api_key, self.timeout = api_key, timeout
-
-    def __repr__(self) -> str:  # never shows the key
-        return f"OpenAIEngine(base_url={self.base_url!r}, model={self.model!r})"
+    name: str
+    device: str
+    config: str
+    drafter: str
+    stream: Callable[[list[int], int], Completion] = field(repr=False)
 
     def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
-        return stream_completions(
-            self.base_url,
-            self.model,
-            prompt_ids,
-            max_new_tokens,
-            api_key=self._api_key,
-            timeout=self.timeout,
-        )
+        return self.stream(prompt_ids, max_new_tokens)
 
 
-def _gpu_suffix() -> str:
-    """The GPU this job pinned (its servers see only that one), when torch sees CUDA."""
-    try:
-        import torch
-
-        return f" ({torch.cuda.get_device_name(0)})" if torch.cuda.is_available() else ""
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return ""
+def sglang_engine(srv: SGLangServer, *, config: str, drafter: str, timeout: float):
+    """The engine over a running server of this job (with a drafter at chain `config`, or the
+    baseline without one); the device is the server's own, with the pinned GPU's name."""
+    drafted = config != BASELINE
+    stream = partial(
+        stream_generate, srv.base_url, api_key=srv.api_key, timeout=timeout, drafted=drafted
+    )
+    device = device_label(srv.get_json("/server_info").get("device", "unknown"))
+    return ServedEngine("sglang", device, config, drafter if drafted else "none", stream)
 
 
 @contextmanager
@@ -199,7 +163,7 @@ def open_sglang(
     drafter_dir: str | None,
     drafter_name: str,
     options: Mapping[str, Any],
-) -> Iterator[SGLangEngine]:
+) -> Iterator[ServedEngine]:
     """A server of the target at chain `config` (drafter flags added) or the baseline, stopped
     on exit. `options`: {"server": ServerOptions fields} (config `sglang.*`)."""
     server = ServerOptions(**options["server"])
@@ -208,9 +172,8 @@ def open_sglang(
         if not drafter_dir:
             raise ValueError(f"chain {config!r} needs a drafter folder (stage export)")
         extra = Chain.parse(config).server_args(drafter_dir)
-    spec = server.spec(target_dir, extra_args=extra)
-    with SGLangServer(spec, name=f"sglang-bench-{config}") as srv:
-        yield SGLangEngine(
+    with SGLangServer(server.spec(target_dir, extra_args=extra), name=f"sglang-{config}") as srv:
+        yield sglang_engine(
             srv, config=config, drafter=drafter_name, timeout=server.request_timeout_s
         )
 
@@ -223,7 +186,7 @@ def open_openai(
     drafter_dir: str | None,
     drafter_name: str,
     options: Mapping[str, Any],
-) -> Iterator[OpenAIEngine]:
+) -> Iterator[ServedEngine]:
     """The endpoint of config `bench.openai`: its URL, the name of the variable holding its key,
     its served model (None: the only one it lists), its name in the tables, the timeout."""
     base_url = options["endpoint"].rstrip("/").removesuffix("/v1")
@@ -235,12 +198,10 @@ def open_openai(
             raise ValueError(f"{base_url}/v1/models lists {listed}; set bench.openai.served_model")
         model = listed[0]
     log.info("bench endpoint %s, model %s, serving %s", base_url, model, config)
-    yield OpenAIEngine(
-        base_url=base_url,
-        model=model,
-        name=options["name"],
-        config=config,
-        drafter=drafter_name,
-        api_key=key,
-        timeout=options["request_timeout_s"],
+    url = urlsplit(base_url)
+    timeout = options["request_timeout_s"]
+    stream = partial(stream_completions, base_url, model, api_key=key, timeout=timeout)
+    drafter = drafter_name if config != BASELINE else "none"
+    yield ServedEngine(
+        options["name"], f"endpoint {url.hostname}:{url.port}", config, drafter, stream
     )

@@ -34,7 +34,7 @@ from specbuild.backends.server import (
 from specbuild.bench.chain import BASELINE, Chain
 from specbuild.bench.metrics import output_throughput, summarize
 from specbuild.bench.rows import bench_engine
-from specbuild.bench.served import SGLangEngine
+from specbuild.bench.served import sglang_engine
 from specbuild.bench.sets import BenchPrompt, read_bench_set
 from specbuild.io import atomic_open, write_json
 
@@ -49,20 +49,9 @@ __all__ = [
 log = logging.getLogger("specbuild")
 
 TUNING_KEYS = (
-    "point",
-    "status",
-    "detail",
-    "notes",
-    "server_args",
-    "env",
-    "single_stream_tokens_per_s",
-    "ttft_s_p50",
-    "ttft_s_p99",
-    "itl_s_p50",
-    "itl_s_p99",
-    "peak_output_tokens_per_s",
-    "peak_concurrency",
-    "accept_length",
+    ("point", "status", "detail", "notes", "server_args", "env", "single_stream_tokens_per_s")
+    + ("ttft_s_p50", "ttft_s_p99", "itl_s_p50", "itl_s_p99")
+    + ("peak_output_tokens_per_s", "peak_concurrency", "accept_length")
 )
 
 # Values NCCL documents for the variables a sweep is likely to touch (NCCL 2.2x).
@@ -181,7 +170,7 @@ def run_tuning_point(
         firsts = [BenchPrompt(p.id, p.turns[:1]) for p in read_bench_set(prompt_set, limit=prompts)]
         try:
             with SGLangServer(spec, name=f"sglang-tune-{point}") as srv:
-                engine = SGLangEngine(
+                engine = sglang_engine(
                     srv, config=chain, drafter="drafter", timeout=server.request_timeout_s
                 )
                 metrics = _measure(
