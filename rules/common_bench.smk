@@ -240,5 +240,7 @@ def train_curves_dir():
 
 
 def report_outputs():
-    """Everything the HTML report shows."""
-    return bench_report_files() + pipeline_report_files() + tuning_report_files()
+    """Everything the HTML report shows, as plain paths: an input flagged report() would take
+    its caption relative to the including file (the Snakefile, for `all`), not to rules/."""
+    files = bench_report_files() + pipeline_report_files() + tuning_report_files()
+    return [str(f) for f in files]

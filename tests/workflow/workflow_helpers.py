@@ -286,11 +286,16 @@ def results_state(workdir: Path, stage: str) -> dict[str, tuple[int, str]]:
 
 
 # Not compared: the target folder is linked from the test cache; train/state/ is resume state
-# keyed by the job's absolute paths; speedup.png plots timings only.
-NOT_COMPARED = ("results/target/", "results/train/state/", "results/plots/speedup.png")
-# Keys and columns that measure time on this machine at that moment: wall/ttft/itl seconds,
-# tokens/s, and speedup (a ratio of two timings).
-_TIMING = re.compile(r"(_s|_ms|per_s)$|^speedup$")
+# keyed by the job's absolute paths, and the disk table sums it; speedup.png plots timings only.
+NOT_COMPARED = (
+    "results/target/",
+    "results/train/state/",
+    "results/plots/speedup.png",
+    "results/tables/disk.",
+)
+# Keys and columns that measure time on this machine at that moment: wall/ttft/itl seconds
+# (and their mean and percentiles), tokens/s, and speedup (a ratio of two timings).
+_TIMING = re.compile(r"(_s|_ms|per_s)(_mean|_p[0-9]+)?$|^speedup$")
 
 
 def results_files(workdir: Path) -> list[str]:

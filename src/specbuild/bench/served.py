@@ -144,7 +144,7 @@ class ServedEngine:
         return self.stream(prompt_ids, max_new_tokens)
 
 
-def sglang_engine(srv: SGLangServer, *, config: str, drafter: str, timeout: float):
+def sglang_engine(srv: SGLangServer, *, config: str, drafter: str, timeout: float) -> ServedEngine:
     """The engine over a running server of this job (with a drafter at chain `config`, or the
     baseline without one); the device is the server's own, with the pinned GPU's name."""
     drafted = config != BASELINE

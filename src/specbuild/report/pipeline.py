@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from specbuild.align import ALIGN_KEYS
 from specbuild.io import read_json, read_jsonl
 from specbuild.report.plots import plot_train
 from specbuild.report.tables import check_written, format_cell, output_folders, write_table
@@ -92,14 +93,15 @@ def build_vocab(stats_path: str | os.PathLike) -> pd.DataFrame:
     """The vocab stats as quantity / value lines (coverage by the K most frequent tokens too)."""
     stats = read_json(stats_path)
     lines = [(k, v) for k, v in stats.items() if not isinstance(v, (dict, list))]
-    lines += [(f"coverage_top_{k}", v) for k, v in (stats.get("coverage_at") or {}).items()]
+    top = sorted((stats.get("coverage_at") or {}).items(), key=lambda kv: int(kv[0]))
+    lines += [(f"coverage_top_{k}", v) for k, v in top]
     return pd.DataFrame([(k, format_cell(v)) for k, v in lines], columns=["quantity", "value"])
 
 
 def build_align(report_path: str | os.PathLike) -> pd.DataFrame:
     """Per layer: agreement of the training features with the serving engine's."""
     report = read_json(report_path)
-    layers = pd.DataFrame(report["layers"])
+    layers = pd.DataFrame(report["layers"], columns=list(ALIGN_KEYS))
     layers.insert(0, "training_features", ", ".join(report["shard_backends"]))
     layers.insert(1, "serving_engine", report["serving_backend"])
     return layers

@@ -93,7 +93,7 @@ def _bars(ax, table: pd.DataFrame, value: str, *, lo: str | None = None, hi: str
                     ha="center",
                     va="bottom",
                     fontsize=7,
-                    xytext=(0, 2),
+                    xytext=(0, 4),
                     textcoords="offset points",
                 )
     ax.set_xticks(range(len(sets)), sets)
@@ -132,8 +132,8 @@ def plot_acceptance(bench: pd.DataFrame, path: str | os.PathLike) -> None:
     for ax in axes:
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set(xlabel="benchmark set")
-    axes[0].set_ylabel("acceptance length (Σ tokens / Σ verify steps)")
-    fig.suptitle("Acceptance length (whiskers: 95% bootstrap interval where n ≥ 5; dashed: 1.0)")
+    axes[0].set_ylabel("Σ tokens / Σ verify steps")
+    fig.suptitle("Acceptance length (95% interval where n ≥ 5)")
     _save(fig, path)
 
 
@@ -178,7 +178,7 @@ def plot_speedup(bench: pd.DataFrame, path: str | os.PathLike) -> None:
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set(xlabel="benchmark set")
     axes[0].set_ylabel("speedup (tokens/s vs the baseline)")
-    fig.suptitle("Single-stream speedup over decoding without a drafter (dashed: 1.0)")
+    fig.suptitle("Speedup over the same engine without a drafter")
     _save(fig, path)
 
 

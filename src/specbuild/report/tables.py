@@ -39,6 +39,7 @@ __all__ = [
     "best_train_row",
     "simulated_accept_length",
     "build_train_vs_bench",
+    "format_number",
     "format_cell",
     "to_markdown",
     "write_table",
@@ -172,12 +173,27 @@ def build_train_vs_bench(bench: pd.DataFrame, train_row: dict) -> pd.DataFrame:
     return out
 
 
+def format_number(x: float) -> str:
+    """4 significant digits; no exponent below 10^9 (1.806e+04 tokens reads badly)."""
+    return format(x, ".4g") if abs(x) < 1e4 or abs(x) >= 1e9 else format(x, ".0f")
+
+
 def format_cell(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, float):
-        return format(value, ".4g")
+        return format_number(value)
     return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _whole(df: pd.DataFrame) -> pd.DataFrame:
+    """Float columns of whole numbers only (counts beside missing values) as integers."""
+    out = df.copy()
+    for c in out.columns:
+        col = out[c]
+        if pd.api.types.is_float_dtype(col) and col.notna().any() and (col.dropna() % 1 == 0).all():
+            out[c] = col.astype("Int64")
+    return out
 
 
 def to_markdown(df: pd.DataFrame) -> str:
@@ -193,13 +209,13 @@ def to_markdown(df: pd.DataFrame) -> str:
 
 def write_table(df: pd.DataFrame, stem: str | os.PathLike) -> None:
     """`df` as <stem>.csv, .md and .html, each written atomically."""
-    stem = Path(stem)
+    stem, df = Path(stem), _whole(df)
     with atomic_open(stem.with_suffix(".csv")) as fh:
         df.to_csv(fh, index=False, float_format="%.6g")
     with atomic_open(stem.with_suffix(".md")) as fh:
         fh.write(to_markdown(df))
     with atomic_open(stem.with_suffix(".html")) as fh:
-        fh.write(df.to_html(index=False, float_format=lambda x: format(x, ".4g"), na_rep=""))
+        fh.write(df.to_html(index=False, float_format=format_number, na_rep=""))
 
 
 def output_folders(outputs: Sequence[str | os.PathLike]) -> tuple[Path, Path | None]:
