@@ -11,7 +11,7 @@ rule align:
     log:
         "logs/align/align.log",
     conda:
-        "../envs/specbuild.yaml"
+        engine_env(config["align"]["backend"])
     threads: 2
     resources:
         gpu=align_gpus(),

@@ -3,6 +3,7 @@
 import os
 
 from specbuild.config_check import ConfigError, check_config
+from specbuild.rejects import check_rejected_share
 from specbuild.samples import record_digests
 
 
@@ -66,10 +67,6 @@ def synthesize_sampling(wildcards):
     }
 
 
-def synthesize_max_rejected(wildcards):
-    return dataset_config(wildcards.dataset)["synthesize"]["max_rejected_fraction"]
-
-
 def dataset_param(key):
     """An input function returning one key of the dataset's config (schema fills defaults)."""
 
@@ -93,6 +90,13 @@ def train_gpus():
 def train_hparams():
     """Every training hyper-parameter (schema defaults filled in), as one plain dict."""
     return dict(config["train"])
+
+
+def engine_env(backend):
+    """The conda environment (--sdm conda) of a job running `backend`: SGLang pins its own
+    torch and transformers, so its jobs get envs/sglang.yaml, every other job the default.
+    """
+    return "../envs/sglang.yaml" if backend == "sglang" else "../envs/specbuild.yaml"
 
 
 def train_init_files():
@@ -147,7 +151,9 @@ def _shard_digests(dataset):
     if is_synthetic(dataset):
         size = cfg["shard_size"]
         return [f"synthetic {a}-{min(a + size, limit)}" for a in range(0, limit, size)]
-    return record_digests(cfg["path"], shard_size=cfg["shard_size"], limit=limit)
+    return record_digests(
+        cfg["path"], shard_size=cfg["shard_size"], limit=limit, id_key=cfg["id_key"]
+    )
 
 
 def _all_digests():
@@ -193,6 +199,41 @@ def per_shard(pattern):
         pattern.format(dataset=d, shard=s)
         for d in config["datasets"]
         for s in shard_ids(d)
+    ]
+
+
+# Results folders whose shards carry rejected rows, and the config section of each limit.
+REJECT_STAGES = {"samples": "samples", "generated": "generate", "tokenized": "tokenize"}
+
+
+def reject_limit(stage, dataset):
+    """The rejected-share limit of one stage's shards of a dataset and the key that sets it."""
+    if stage == "samples" and is_synthetic(dataset):
+        return {
+            "limit": dataset_config(dataset)["synthesize"]["max_rejected_fraction"],
+            "setting": f"datasets.{dataset}.synthesize.max_rejected_fraction",
+        }
+    section = REJECT_STAGES[stage]
+    return {
+        "limit": config[section]["max_rejected_fraction"],
+        "setting": f"{section}.max_rejected_fraction",
+    }
+
+
+def reject_limits():
+    """Every limit, by "{stage}/{dataset}": the params of the reject table."""
+    return {
+        f"{stage}/{dataset}": reject_limit(stage, dataset)
+        for stage in REJECT_STAGES
+        for dataset in config["datasets"]
+    }
+
+
+def reject_counts_files():
+    return [
+        f
+        for stage in REJECT_STAGES
+        for f in per_shard(f"results/{stage}/{{dataset}}/{{shard}}.counts.json")
     ]
 
 
@@ -274,6 +315,7 @@ def all_outputs():
     return (
         per_shard("results/hidden/{dataset}/{shard}.safetensors")
         + ["results/vocab/vocab.safetensors", "results/align/report.json"]
+        + ["results/tables/rejects.md"]
         + ["results/drafter/config.json", "results/drafter/model.safetensors"]
         + report_outputs()
         + ["results/serve.sh"]

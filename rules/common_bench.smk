@@ -221,8 +221,8 @@ def bench_report_inputs(wildcards):
 
 def pipeline_report_inputs(wildcards):
     inputs = {
-        "samples": per_shard("results/samples/{dataset}/{shard}.jsonl"),
-        "generated": per_shard("results/generated/{dataset}/{shard}.jsonl"),
+        "samples": per_shard("results/samples/{dataset}/{shard}.counts.json"),
+        "generated": per_shard("results/generated/{dataset}/{shard}.counts.json"),
         "tokenized": per_shard("results/tokenized/{dataset}/{shard}.meta.json"),
         "hidden": per_shard("results/hidden/{dataset}/{shard}.safetensors"),
         "vocab": "results/vocab/vocab_stats.json",
@@ -241,6 +241,7 @@ def train_curves_dir():
 
 def report_outputs():
     """Everything the HTML report shows, as plain paths: an input flagged report() would take
-    its caption relative to the including file (the Snakefile, for `all`), not to rules/."""
+    its caption relative to the including file (the Snakefile, for `all`), not to rules/.
+    """
     files = bench_report_files() + pipeline_report_files() + tuning_report_files()
     return [str(f) for f in files]

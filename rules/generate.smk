@@ -3,13 +3,16 @@ rule generate:
     input:
         samples="results/samples/{dataset}/{shard}.jsonl",
         fp=target_file("fingerprint.json"),
+        # the samples shard passed its rejected-row check (rules/rejects.smk)
+        checked="results/checks/samples/{dataset}/{shard}.json",
     output:
         generated="results/generated/{dataset}/{shard}.jsonl",
         rejected="results/generated/{dataset}/{shard}.rejected.jsonl",
+        counts="results/generated/{dataset}/{shard}.counts.json",
     log:
         "logs/generate/{dataset}/{shard}.log",
     conda:
-        "../envs/specbuild.yaml"
+        engine_env(config["generate"]["backend"])
     threads: 2
     resources:
         gpu=generate_gpus(),
@@ -21,6 +24,5 @@ rule generate:
         mode=config["generate"]["mode"],
         sampling=sampling_params,
         batch_size=config["generate"]["batch_size"],
-        max_rejected_fraction=config["generate"]["max_rejected_fraction"],
     script:
         "../scripts/generate.py"

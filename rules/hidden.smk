@@ -4,13 +4,15 @@ rule hidden:
         tokens="results/tokenized/{dataset}/{shard}.jsonl",
         meta="results/tokenized/{dataset}/{shard}.meta.json",
         fp=target_file("fingerprint.json"),
+        # the shard's reject check: no GPU time on a shard over its limit
+        checked="results/checks/tokenized/{dataset}/{shard}.json",
     output:
         # never temp(): hidden states are the expensive part of the build
         "results/hidden/{dataset}/{shard}.safetensors",
     log:
         "logs/hidden/{dataset}/{shard}.log",
     conda:
-        "../envs/specbuild.yaml"
+        engine_env(config["hidden"]["backend"])
     # torch's intra-op threads; Snakemake scales this down to --cores
     threads: 4
     resources:

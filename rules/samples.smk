@@ -4,9 +4,15 @@ rule samples:
         # ancient(): appending records must not make every shard stale; each shard's own
         # content digest (params.digest) decides instead.
         raw=ancient(raw_dataset_path),
+        # The target's tokenizer and chat template count each prompt's tokens exactly, so a
+        # prompt over max_prompt_tokens is rejected here with its file and line, before
+        # `generate` tries to allocate for it. (A character bound without the tokenizer would
+        # have to be loose to be safe and re-checked later; this way the shard is final.)
+        fp=target_file("fingerprint.json"),
     output:
         samples="results/samples/{dataset}/{shard}.jsonl",
         rejected="results/samples/{dataset}/{shard}.rejected.jsonl",
+        counts="results/samples/{dataset}/{shard}.counts.json",
     log:
         "logs/samples/{dataset}/{shard}.log",
     wildcard_constraints:
@@ -18,7 +24,8 @@ rule samples:
         span=shard_range,
         fmt=dataset_param("format"),
         prompt_key=dataset_param("prompt_key"),
-        max_rejected_fraction=config["samples"]["max_rejected_fraction"],
+        id_key=dataset_param("id_key"),
+        max_prompt_tokens=dataset_param("max_prompt_tokens"),
     script:
         "../scripts/samples.py"
 
@@ -30,12 +37,13 @@ rule synthesize:
     output:
         samples="results/samples/{dataset}/{shard}.jsonl",
         rejected="results/samples/{dataset}/{shard}.rejected.jsonl",
+        counts="results/samples/{dataset}/{shard}.counts.json",
     log:
         "logs/synthesize/{dataset}/{shard}.log",
     wildcard_constraints:
         dataset=datasets_regex(synthetic=True),
     conda:
-        "../envs/specbuild.yaml"
+        engine_env(config["generate"]["backend"])
     threads: 2
     resources:
         gpu=generate_gpus(),
@@ -47,6 +55,5 @@ rule synthesize:
         backend_args=generate_backend_args(),
         sampling=synthesize_sampling,
         batch_size=config["generate"]["batch_size"],
-        max_rejected_fraction=synthesize_max_rejected,
     script:
         "../scripts/synthesize.py"

@@ -3,10 +3,13 @@ rule tokenize:
     input:
         generated="results/generated/{dataset}/{shard}.jsonl",
         fp=target_file("fingerprint.json"),
+        # the generated shard passed its rejected-row check (rules/rejects.smk)
+        checked="results/checks/generated/{dataset}/{shard}.json",
     output:
         tokens="results/tokenized/{dataset}/{shard}.jsonl",
         meta="results/tokenized/{dataset}/{shard}.meta.json",
         rejected="results/tokenized/{dataset}/{shard}.rejected.jsonl",
+        counts="results/tokenized/{dataset}/{shard}.counts.json",
     log:
         "logs/tokenize/{dataset}/{shard}.log",
     conda:
@@ -14,6 +17,5 @@ rule tokenize:
     params:
         max_length=config["tokenize"]["max_length"],
         overlong=config["tokenize"]["overlong"],
-        max_rejected_fraction=config["tokenize"]["max_rejected_fraction"],
     script:
         "../scripts/tokenize.py"

@@ -4,6 +4,8 @@ rule vocab:
         tokens=per_shard("results/tokenized/{dataset}/{shard}.jsonl"),
         metas=per_shard("results/tokenized/{dataset}/{shard}.meta.json"),
         fp=target_file("fingerprint.json"),
+        # every tokenized shard passed its rejected-row check (rules/rejects.smk)
+        checked=per_shard("results/checks/tokenized/{dataset}/{shard}.json"),
     output:
         vocab="results/vocab/vocab.safetensors",
         stats="results/vocab/vocab_stats.json",

@@ -2,9 +2,9 @@ from pathlib import Path
 
 from specbuild.align import check_alignment
 from specbuild.gpus import pin_gpus
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 check_alignment(
     shards=list(snakemake.input.shards),

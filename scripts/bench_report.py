@@ -1,7 +1,7 @@
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 from specbuild.report.bench import write_bench_report
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 write_bench_report(
     rows=list(snakemake.input.rows),
     train_metrics=snakemake.input.get("train"),

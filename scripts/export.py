@@ -1,9 +1,9 @@
 from pathlib import Path
 
 from specbuild.export import export_for_sglang
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 export_for_sglang(
     checkpoint=snakemake.input.best,
     out_dir=Path(snakemake.output.config).parent,

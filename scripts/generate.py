@@ -3,18 +3,18 @@ from functools import partial
 from specbuild.backends import SamplingParams, make_backend
 from specbuild.generate import generate_shard
 from specbuild.gpus import pin_gpus
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 generate_shard(
     samples=snakemake.input.samples,
     fingerprint=snakemake.input.fp,
     out=snakemake.output.generated,
     rejected=snakemake.output.rejected,
+    counts=snakemake.output.counts,
     backend=partial(make_backend, snakemake.params.backend, **snakemake.params.backend_args),
     mode=snakemake.params.mode,
     sampling=SamplingParams(**snakemake.params.sampling),
     batch_size=snakemake.params.batch_size,
-    max_rejected_fraction=snakemake.params.max_rejected_fraction,
 )

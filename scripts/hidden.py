@@ -1,8 +1,8 @@
 from specbuild.gpus import pin_gpus
 from specbuild.hidden.extract import extract_shard
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 extract_shard(
     tokens=snakemake.input.tokens,

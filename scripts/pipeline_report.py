@@ -1,7 +1,7 @@
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 from specbuild.report.pipeline import write_pipeline_report
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 write_pipeline_report(
     datasets=snakemake.params.datasets,
     samples=list(snakemake.input.samples),

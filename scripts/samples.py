@@ -1,15 +1,20 @@
-from specbuild.io import setup_logging
+from pathlib import Path
+
+from specbuild.joblog import start_job_log
 from specbuild.samples import write_sample_shard
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 write_sample_shard(
     raw=snakemake.input.raw,
     out=snakemake.output.samples,
     rejected=snakemake.output.rejected,
+    counts=snakemake.output.counts,
     dataset=snakemake.wildcards.dataset,
     start=snakemake.params.span[0],
     stop=snakemake.params.span[1],
     fmt=snakemake.params.fmt,
     prompt_key=snakemake.params.prompt_key,
-    max_rejected_fraction=snakemake.params.max_rejected_fraction,
+    id_key=snakemake.params.id_key,
+    target_dir=Path(snakemake.input.fp).parent,
+    max_prompt_tokens=snakemake.params.max_prompt_tokens,
 )

@@ -1,8 +1,8 @@
 from specbuild.backends.server import ServerOptions
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 from specbuild.serve import pick_chain, serve_command, write_serve_script
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 server = ServerOptions(**snakemake.params.server)
 chain, why = pick_chain(snakemake.params.chains, list(snakemake.input.rows))
 write_serve_script(

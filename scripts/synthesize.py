@@ -3,21 +3,21 @@ from pathlib import Path
 
 from specbuild.backends import SamplingParams, make_backend
 from specbuild.gpus import pin_gpus
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 from specbuild.synthesize import synthesize_shard
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 synthesize_shard(
     target_dir=Path(snakemake.input.fp).parent,
     fingerprint=snakemake.input.fp,
     out=snakemake.output.samples,
     rejected=snakemake.output.rejected,
+    counts=snakemake.output.counts,
     dataset=snakemake.wildcards.dataset,
     start=snakemake.params.span[0],
     stop=snakemake.params.span[1],
     backend=partial(make_backend, snakemake.params.backend, **snakemake.params.backend_args),
     sampling=SamplingParams(**snakemake.params.sampling),
     batch_size=snakemake.params.batch_size,
-    max_rejected_fraction=snakemake.params.max_rejected_fraction,
 )

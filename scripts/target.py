@@ -1,9 +1,9 @@
 from pathlib import Path
 
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 from specbuild.target import materialize_target
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 materialize_target(
     source=snakemake.params.source,
     name=snakemake.params.name,

@@ -1,8 +1,8 @@
 from specbuild.drafter.train import TrainConfig, train_drafter
 from specbuild.gpus import pin_gpus
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 train_drafter(
     shards=list(snakemake.input.shards),

@@ -1,7 +1,7 @@
-from specbuild.io import setup_logging
+from specbuild.joblog import start_job_log
 from specbuild.vocab import build_vocab
 
-setup_logging(snakemake.log[0])
+start_job_log(snakemake.log[0])
 build_vocab(
     tokens=list(snakemake.input.tokens),
     metas=list(snakemake.input.metas),

@@ -4,6 +4,9 @@ The drafter learns to predict the target's own output, so responses come from th
 target (any backend). Every row records finish_reason, reasoning, usage and which backend,
 model and target fingerprint produced it; `keep` mode reuses assistant turns already in the
 samples (earlier inference from the same target) and marks where each response came from.
+
+No single record takes a shard down: when the backend raises on a batch, each of its requests
+is tried alone, and one that still fails is rejected with the error as its reason.
 """
 
 from __future__ import annotations
@@ -15,22 +18,54 @@ from collections.abc import Callable
 
 import torch
 
-from specbuild.backends.base import GenerationBackend, GenerationRequest, SamplingParams
+from specbuild.backends.base import (
+    Generation,
+    GenerationBackend,
+    GenerationRequest,
+    SamplingParams,
+)
 from specbuild.io import read_jsonl
 from specbuild.rejects import publish_shard
+from specbuild.samples import split_prompt
 from specbuild.target import read_target_info
 
-__all__ = ["generate_shard", "split_prompt"]
+__all__ = ["generate_shard", "generate_each", "split_prompt"]
 
 MODES = ("regenerate", "keep")
+ERROR_CHARS = 500  # of an exception's text kept as a reject reason
 log = logging.getLogger("specbuild")
 
 
-def split_prompt(messages: list[dict]) -> tuple[list[dict], dict | None]:
-    """(prompt up to the last user turn, trailing assistant turn or None)."""
-    if messages[-1]["role"] == "assistant":
-        return messages[:-1], messages[-1]
-    return messages, None
+def _raised(err: Exception) -> str:
+    text = str(err)
+    text = text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
+    return f"backend raised {type(err).__name__}: {text}"
+
+
+def generate_each(
+    engine: GenerationBackend, batch: list[GenerationRequest], sampling: SamplingParams
+) -> list[Generation | str]:
+    """One Generation per request of `batch`, or, for a request the backend raised on even
+    alone, the reason. A whole batch is tried first; only a failing one is split."""
+    try:
+        return list(engine.generate(batch, sampling))
+    except Exception as err:  # a record's failure must not take the shard down
+        if len(batch) == 1:
+            log.warning("request %s failed: %s", batch[0].id, _raised(err))
+            return [_raised(err)]
+        log.warning("a batch of %d failed (%s); trying each request alone", len(batch), err)
+    _free_accelerator_memory()
+    out: list[Generation | str] = []
+    for req in batch:
+        out += generate_each(engine, [req], sampling)
+        _free_accelerator_memory()
+    return out
+
+
+def _free_accelerator_memory() -> None:
+    # What a failed allocation left cached would fail the next request too.
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def generate_shard(
@@ -39,13 +74,14 @@ def generate_shard(
     fingerprint: str | os.PathLike,
     out: str | os.PathLike,
     rejected: str | os.PathLike,
+    counts: str | os.PathLike,
     backend: Callable[[], GenerationBackend],
     mode: str,
     sampling: SamplingParams,
     batch_size: int,
-    max_rejected_fraction: float,
 ) -> tuple[int, int]:
-    """Write one generated row per sample of `samples`; failures go to `rejected`.
+    """Write one generated row per sample of `samples`; failures go to `rejected`, the numbers
+    to `counts`.
 
     `backend` is a constructor, called only if some sample needs the model (keep mode may not).
     """
@@ -83,7 +119,10 @@ def generate_shard(
             t0, n_tok = time.perf_counter(), 0
             for b in range(0, len(todo), batch_size):
                 batch = todo[b : b + batch_size]
-                for req, gen in zip(batch, engine.generate(batch, sampling), strict=True):
+                for req, gen in zip(batch, generate_each(engine, batch, sampling), strict=True):
+                    if isinstance(gen, str):
+                        bad.append({"id": req.id, "reason": gen})
+                        continue
                     if gen.finish_reason not in ("stop", "length"):
                         bad.append(
                             {
@@ -136,9 +175,9 @@ def generate_shard(
         out=out,
         rows=rows_out(),
         rejected=rejected,
+        counts=counts,
         bad=bad,
         n_in=len(rows),
-        max_rejected_fraction=max_rejected_fraction,
         label=f"generate {samples}",
     )
     return n, len(bad)

@@ -1,11 +1,13 @@
 """Stage `samples`: raw chat records (plain prompts, OpenAI `messages`, ShareGPT
-`conversations`; JSONL or a JSON list) to normalized shards with a stable id per sample.
+`conversations`; a `.jsonl` file or a `.json` list) to normalized shards with a stable id each.
 
 Shards are fixed-size slices of the raw records in input order, so appending records adds
 shards and leaves earlier ones untouched; `record_digests` gives each slice a content hash that
-the workflow passes as a param, so a shard reruns exactly when its own records change.
+the workflow passes as a param, so a shard reruns exactly when its own records change (or, with
+`id_key`, the ids before it, which decide what counts as a duplicate).
 Bad records are never dropped silently: each goes to the rejected file with file, line and
-reason, and the counts always add up (in = kept + rejected).
+reason (malformed, empty, unknown role, duplicate id, a prompt longer than `max_prompt_tokens`
+of the target's tokenizer), and the counts always add up (in = kept + rejected).
 """
 
 from __future__ import annotations
@@ -23,14 +25,18 @@ from specbuild.rejects import publish_shard
 __all__ = [
     "RawRecord",
     "SampleError",
+    "PromptLength",
     "iter_raw_records",
     "record_digests",
+    "record_id",
     "normalize_sample",
     "write_sample_shard",
 ]
 
 FORMATS = ("auto", "prompt", "messages", "sharegpt")
-ROLES = ("system", "user", "assistant")
+# `tool` turns (a function's result) pass through to the target's chat template like any other
+# non-assistant turn: part of the prompt, never of the loss.
+ROLES = ("system", "user", "assistant", "tool")
 # ShareGPT speaker names seen in the wild, mapped to OpenAI roles.
 SHAREGPT_ROLES = {
     "human": "user",
@@ -39,6 +45,9 @@ SHAREGPT_ROLES = {
     "assistant": "assistant",
     "chatgpt": "assistant",
     "system": "system",
+    "tool": "tool",
+    "function_response": "tool",
+    "observation": "tool",
 }
 
 log = logging.getLogger("specbuild")
@@ -55,23 +64,42 @@ class RawRecord:
     raw: bytes  # exact bytes, hashed for the shard digest
 
 
-def _is_json_list(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        head = fh.read(4096).lstrip()
-    return head.startswith(b"[")
+# The file's name decides how it is read, never its first bytes: a JSONL file whose first
+# record happens to be a JSON array is still JSONL (that record is rejected, the rest kept).
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+JSON_LIST_SUFFIXES = (".json",)
+
+
+def _read_json_list(path: Path) -> list:
+    try:
+        items = json.loads(path.read_bytes())
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 (byte {err.start}); fix the file") from err
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno}); a .json "
+            "dataset is one JSON list, so one bad record fails it all: fix it, or write the "
+            "records one a line to a .jsonl file (bad lines are then rejected, the rest kept)"
+        ) from err
+    if not isinstance(items, list):
+        raise ValueError(
+            f"{path}:1: a .json dataset must hold a JSON list of records, not a "
+            f"{type(items).__name__}; for one record a line, name the file .jsonl"
+        )
+    return items
 
 
 def iter_raw_records(path: str | os.PathLike) -> Iterator[RawRecord]:
-    """Every record of a JSONL file (non-blank lines) or of a JSON list, as raw bytes."""
+    """Every record of a `.jsonl` file (non-blank lines) or of a `.json` list, as raw bytes."""
     path = Path(path)
-    if _is_json_list(path):
-        try:
-            items = json.loads(path.read_bytes())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(
-                f"{path}: not a valid JSON list ({err}); use JSONL to keep good rows"
-            ) from err
-        for i, item in enumerate(items):
+    suffix = path.suffix.lower()
+    if suffix not in JSONL_SUFFIXES + JSON_LIST_SUFFIXES:
+        raise ValueError(
+            f"{path}: cannot tell by the name whether this is JSONL or a JSON list; name it "
+            f"{' or '.join(JSONL_SUFFIXES)} (one JSON object a line) or .json (a JSON list)"
+        )
+    if suffix in JSON_LIST_SUFFIXES:
+        for i, item in enumerate(_read_json_list(path)):
             yield RawRecord(i, i + 1, json.dumps(item, sort_keys=True, ensure_ascii=False).encode())
         return
     index = 0
@@ -85,11 +113,20 @@ def iter_raw_records(path: str | os.PathLike) -> Iterator[RawRecord]:
 
 
 def record_digests(
-    path: str | os.PathLike, *, shard_size: int, limit: int | None = None
+    path: str | os.PathLike,
+    *,
+    shard_size: int,
+    limit: int | None = None,
+    id_key: str | None = None,
 ) -> list[str]:
-    """sha256 of each shard's raw slice, in shard order (the last shard may be partial)."""
+    """sha256 of each shard's raw slice, in shard order (the last shard may be partial).
+
+    With `id_key`, a shard's digest also covers the ids of every record before it: they decide
+    which of its records are duplicates. Appending records still changes no earlier digest.
+    """
     digests: list[str] = []
     h = None
+    ids_before = hashlib.sha256()
     for rec in iter_raw_records(path):
         if limit is not None and rec.index >= limit:
             break
@@ -97,10 +134,44 @@ def record_digests(
             if h is not None:
                 digests.append(h.hexdigest())
             h = hashlib.sha256()
+            if id_key is not None:
+                h.update(b"ids before: " + ids_before.hexdigest().encode() + b"\n")
         h.update(rec.raw + b"\n")
+        if id_key is not None:
+            ids_before.update(repr(_peek_id(rec, dataset="", id_key=id_key)).encode() + b"\n")
     if h is not None:
         digests.append(h.hexdigest())
     return digests
+
+
+def record_id(obj, *, dataset: str, index: int, id_key: str | None) -> str:
+    """`<dataset>-<id_key value>` with `id_key`, else `<dataset>-<record index>` (7 digits)."""
+    if id_key is None:
+        return f"{dataset}-{index:07d}"
+    if not isinstance(obj, dict):
+        raise SampleError(f"record is {type(obj).__name__}, expected a JSON object")
+    if id_key not in obj:
+        raise SampleError(f"missing id field `{id_key}`")
+    value = obj[id_key]
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise SampleError(
+            f"id field `{id_key}` is {type(value).__name__}: expected a string or integer"
+        )
+    if isinstance(value, str) and not value.strip():
+        raise SampleError(f"id field `{id_key}` is empty")
+    return f"{dataset}-{value}"
+
+
+def _peek_id(rec: RawRecord, *, dataset: str, id_key: str) -> str | None:
+    """The id of a raw record, or None where it has none (it is rejected in its own shard)."""
+    try:
+        obj = json.loads(rec.raw)
+    except ValueError:  # not JSON, or not UTF-8
+        return None
+    try:
+        return record_id(obj, dataset=dataset, index=rec.index, id_key=id_key)
+    except SampleError:
+        return None
 
 
 def _text(value, where: str) -> str:
@@ -118,7 +189,9 @@ def _from_messages(turns, key: str) -> list[dict]:
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
             raise SampleError(f"{key}[{i}] is not an object")
-        if key == "conversations":
+        # `conversations` holds ShareGPT turns (from/value) or, as SpecForge writes them,
+        # OpenAI turns (role/content): told apart per turn by its keys
+        if key == "conversations" and "role" not in turn:
             speaker = turn.get("from")
             role = SHAREGPT_ROLES.get(str(speaker).lower()) if speaker is not None else None
             if role is None:
@@ -198,40 +271,105 @@ def _parse(rec: RawRecord):
         raise SampleError(f"malformed JSON: {err.msg} at column {err.colno}") from None
 
 
+def split_prompt(messages: list[dict]) -> tuple[list[dict], dict | None]:
+    """(prompt up to the last user turn, trailing assistant turn or None): what `generate`
+    sends the target and what it replaces."""
+    if messages[-1]["role"] == "assistant":
+        return messages[:-1], messages[-1]
+    return messages, None
+
+
+class PromptLength:
+    """Tokens of the prompt `generate` sends for a conversation, counted as the hf backend does
+    (the target's tokenizer and chat template, generation prompt added).
+
+    A prompt the target cannot take must be refused here, with its file and line: `generate`
+    would try to allocate for it (a 5 MB line asked for 623 GB) and take its shard down.
+    """
+
+    def __init__(self, target_dir: str | os.PathLike, max_tokens: int) -> None:
+        from specbuild.target import load_tokenizer  # transformers: not at workflow parse time
+
+        self.tok = load_tokenizer(target_dir)
+        self.max_tokens = max_tokens
+        # No token stands for more characters than its vocabulary entry has (byte-level BPE
+        # spells each byte as one character, SentencePiece each character as itself), so a text
+        # longer than max_tokens * the longest entry cannot fit: refused without tokenizing it
+        # (tokenizing 5 MB takes seconds).
+        self.max_chars = max_tokens * max(len(t) for t in self.tok.get_vocab())
+
+    def check(self, messages: list[dict]) -> int:
+        """The prompt's token count, or SampleError when it is over `max_tokens`."""
+        prompt, _ = split_prompt(messages)
+        text = self.tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        if len(text) > self.max_chars:
+            raise SampleError(
+                f"prompt too long: {len(text):,} characters cannot fit in max_prompt_tokens "
+                f"{self.max_tokens}"
+            )
+        n = len(self.tok(text, add_special_tokens=False)["input_ids"])  # the template has them
+        if n > self.max_tokens:
+            raise SampleError(
+                f"prompt too long: {n:,} tokens > max_prompt_tokens {self.max_tokens}"
+            )
+        return n
+
+
 def write_sample_shard(
     *,
     raw: str | os.PathLike,
     out: str | os.PathLike,
     rejected: str | os.PathLike,
+    counts: str | os.PathLike,
     dataset: str,
     start: int,
     stop: int,
     fmt: str = "auto",
     prompt_key: str = "prompt",
-    max_rejected_fraction: float = 0.05,
+    id_key: str | None = None,
+    target_dir: str | os.PathLike | None = None,
+    max_prompt_tokens: int | None = None,
 ) -> tuple[int, int]:
-    """Normalize records [start, stop) of `raw` into `out`; rejects go to `rejected`.
+    """Normalize records [start, stop) of `raw` into `out`; rejects go to `rejected`, the
+    numbers to `counts`. Returns (kept, rejected).
 
-    Returns (kept, rejected). Ids are `<dataset>-<record index>`: stable when records are appended.
+    Ids are `<dataset>-<record index>` (stable when records are appended), or
+    `<dataset>-<value of id_key>`; a record whose id an earlier record of the file already has
+    is rejected (so with `id_key` the records before `start` are read for their ids).
+    `max_prompt_tokens` (with `target_dir`, the target's folder) rejects longer prompts.
     """
+    if (target_dir is None) != (max_prompt_tokens is None):
+        raise ValueError("give both max_prompt_tokens and target_dir (its tokenizer), or neither")
+    length = None if max_prompt_tokens is None else PromptLength(target_dir, max_prompt_tokens)
     kept, bad = [], []
+    first_line: dict[str, int] = {}  # id -> line of the first record with it
     for rec in iter_raw_records(raw):
-        if rec.index < start:
-            continue
         if rec.index >= stop:
             break
+        if rec.index < start:
+            if id_key is not None:
+                rid = _peek_id(rec, dataset=dataset, id_key=id_key)
+                if rid is not None:
+                    first_line.setdefault(rid, rec.line)
+            continue
         where = {"file": str(raw), "line": rec.line}
-        sid = f"{dataset}-{rec.index:07d}"
+        sid = f"{dataset}-{rec.index:07d}"  # until the record's own id is known
         try:
             obj = _parse(rec)
+            sid = record_id(obj, dataset=dataset, index=rec.index, id_key=id_key)
+            if sid in first_line:
+                raise SampleError(f"duplicate id {sid!r} (first at line {first_line[sid]})")
+            first_line[sid] = rec.line
             messages = normalize_sample(obj, fmt=fmt, prompt_key=prompt_key)
+            if length is not None:
+                length.check(messages)
         except SampleError as err:
             bad.append(
                 {
                     "id": sid,
                     **where,
                     "reason": str(err),
-                    "raw": rec.raw.decode("utf-8", "replace")[:2000],
+                    "raw": rec.raw[:2000].decode("utf-8", "replace"),
                 }
             )
             log.warning("rejected %s:%d: %s", raw, rec.line, err)
@@ -244,9 +382,9 @@ def write_sample_shard(
         out=out,
         rows=kept,
         rejected=rejected,
+        counts=counts,
         bad=bad,
         n_in=n_in,
-        max_rejected_fraction=max_rejected_fraction,
         label=f"samples {dataset} [{start}, {stop})",
         log_rejects=False,  # logged above with file and line
     )

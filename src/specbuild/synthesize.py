@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable
 
 from specbuild.backends.base import GenerationBackend, GenerationRequest, SamplingParams
+from specbuild.generate import generate_each
 from specbuild.rejects import publish_shard
 from specbuild.target import load_tokenizer, read_target_info
 
@@ -49,13 +50,13 @@ def synthesize_shard(
     fingerprint: str | os.PathLike,
     out: str | os.PathLike,
     rejected: str | os.PathLike,
+    counts: str | os.PathLike,
     dataset: str,
     start: int,
     stop: int,
     backend: Callable[[], GenerationBackend],
     sampling: SamplingParams,
     batch_size: int,
-    max_rejected_fraction: float,
 ) -> tuple[int, int]:
     """Write the self-written prompts [start, stop) of `dataset` as a samples shard.
 
@@ -89,7 +90,10 @@ def synthesize_shard(
     try:
         for b in range(0, len(requests), batch_size):
             batch = requests[b : b + batch_size]
-            for req, gen in zip(batch, engine.generate(batch, sampling), strict=True):
+            for req, gen in zip(batch, generate_each(engine, batch, sampling), strict=True):
+                if isinstance(gen, str):  # the backend raised on this request alone
+                    bad.append({"id": req.id, "reason": gen, "text": ""})
+                    continue
                 text = gen.content.strip()
                 if gen.finish_reason == "length":
                     reason = f"prompt not finished within {sampling.max_new_tokens} tokens"
@@ -124,9 +128,9 @@ def synthesize_shard(
         out=out,
         rows=kept,
         rejected=rejected,
+        counts=counts,
         bad=bad,
         n_in=len(requests),
-        max_rejected_fraction=max_rejected_fraction,
         label=f"synthesize {out}",
     )
     return len(kept), len(bad)

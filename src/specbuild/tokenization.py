@@ -149,9 +149,9 @@ def tokenize_shard(
     out: str | os.PathLike,
     meta: str | os.PathLike,
     rejected: str | os.PathLike,
+    counts: str | os.PathLike,
     max_length: int,
     overlong: str,
-    max_rejected_fraction: float,
 ) -> dict:
     """Tokenize one generated shard with the target's tokenizer; returns the meta record."""
     from specbuild.target import load_tokenizer
@@ -207,9 +207,9 @@ def tokenize_shard(
         out=out,
         rows=rows,
         rejected=rejected,
+        counts=counts,
         bad=bad,
         n_in=n_in,
-        max_rejected_fraction=max_rejected_fraction,
         label=f"tokenize {generated}",
         detail=f" ({n_trunc} truncated, {record['tokens']} tokens)",
     )

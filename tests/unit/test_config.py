@@ -219,8 +219,8 @@ def test_snakemake_prints_a_short_error_naming_the_key(edit, named, tmp_path):
 @pytest.mark.parametrize(
     ("content", "named"),
     [
-        ("", "datasets.gsm8k.path: 'prompts.json' holds no records"),
-        ('[{"question": "1+1?"},', "datasets.gsm8k.path: prompts.json: not a valid JSON list"),
+        ("", "datasets.gsm8k.path: prompts.json:1: not valid JSON"),
+        ('[{"question": "1+1?"},', "datasets.gsm8k.path: prompts.json:1: not valid JSON"),
     ],
     ids=["empty", "broken-json"],
 )

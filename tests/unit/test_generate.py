@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specbuild.backends import SamplingParams, make_backend
-from specbuild.backends.base import GenerationRequest
+from specbuild.backends.base import Generation, GenerationRequest
 from specbuild.backends.hf import split_reasoning
 from specbuild.generate import generate_shard
 from specbuild.io import read_json, read_jsonl
@@ -56,11 +56,11 @@ def test_keep_mode_reuses_dataset_answers_without_loading_a_model(tmp_path, targ
         fingerprint=target_dir / "fingerprint.json",
         out=out,
         rejected=tmp_path / "r.jsonl",
+        counts=tmp_path / "c.json",
         backend=no_model,
         mode="keep",
         sampling=SamplingParams(),
         batch_size=4,
-        max_rejected_fraction=0.0,
     )
     (row,) = read_jsonl(out)
     assert row["messages"][-1]["content"] == "Red." and row["response_source"] == "dataset"
@@ -77,11 +77,11 @@ def test_regenerate_replaces_answers_and_records_provenance(tmp_path, target_dir
         fingerprint=target_dir / "fingerprint.json",
         out=out,
         rejected=tmp_path / "r.jsonl",
+        counts=tmp_path / "c.json",
         backend=lambda: hf,
         mode="regenerate",
         sampling=SamplingParams(max_new_tokens=8),
         batch_size=4,
-        max_rejected_fraction=0.0,
     )
     got = list(read_jsonl(out))
     fp = read_json(target_dir / "fingerprint.json")["fingerprint"]
@@ -91,3 +91,60 @@ def test_regenerate_replaces_answers_and_records_provenance(tmp_path, target_dir
     assert {r["backend"] for r in got} == {"hf"} and {r["target_fingerprint"] for r in got} == {fp}
     assert all(r["usage"]["completion_tokens"] <= 8 + 1 for r in got)
     assert all(r["finish_reason"] in ("stop", "length") for r in got)
+
+
+class RaisesOnHuge:
+    """A backend that, like hf on a 5 MB prompt, raises for any batch holding a huge prompt."""
+
+    name = model = "raises-on-huge"
+
+    def __init__(self):
+        self.calls: list[list[str]] = []
+
+    def generate(self, requests, sampling):
+        self.calls.append([r.id for r in requests])
+        if any(len(r.messages[-1]["content"]) > 1000 for r in requests):
+            raise RuntimeError(
+                "DefaultCPUAllocator: not enough memory: you tried to allocate 623GB"
+            )
+        return [Generation(r.id, "ok", "stop", 3, 1) for r in requests]
+
+    def close(self):
+        pass
+
+
+def test_a_record_the_backend_raises_on_is_rejected_and_the_rest_of_its_batch_kept(
+    tmp_path, target_dir
+):
+    rows = [
+        {"id": f"d-{i}", "messages": [{"role": "user", "content": "x" * (5000 if i == 2 else 5)}]}
+        for i in range(6)
+    ]
+    engine = RaisesOnHuge()
+    out, rej, counts = tmp_path / "g.jsonl", tmp_path / "r.jsonl", tmp_path / "c.json"
+    kept, bad = generate_shard(
+        samples=_samples(tmp_path / "s.jsonl", rows),
+        fingerprint=target_dir / "fingerprint.json",
+        out=out,
+        rejected=rej,
+        counts=counts,
+        backend=lambda: engine,
+        mode="regenerate",
+        sampling=SamplingParams(max_new_tokens=4),
+        batch_size=4,
+    )
+    assert (kept, bad) == (5, 1)
+    assert [r["id"] for r in read_jsonl(out)] == ["d-0", "d-1", "d-3", "d-4", "d-5"]
+    (reject,) = read_jsonl(rej)
+    assert reject["id"] == "d-2"
+    assert reject["reason"].startswith("backend raised RuntimeError: DefaultCPUAllocator")
+    # the failing batch was retried one request at a time; the next batch went whole
+    assert engine.calls == [
+        ["d-0", "d-1", "d-2", "d-3"],
+        ["d-0"],
+        ["d-1"],
+        ["d-2"],
+        ["d-3"],
+        ["d-4", "d-5"],
+    ]
+    assert read_json(counts)["in"] == 6

@@ -208,28 +208,24 @@ def test_positions_plot_ticks_whole_positions(drawn):
 # --- the pipeline's tables -------------------------------------------------------------------
 
 
-def _jsonl(path, n):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(n)))
-    return path
-
-
 def test_data_table_counts_kept_and_rejected_records_per_stage(tmp_path):
-    s = _jsonl(tmp_path / "samples/d/00000.jsonl", 9)
-    _jsonl(tmp_path / "samples/d/00000.rejected.jsonl", 1)
-    g = _jsonl(tmp_path / "generated/d/00000.jsonl", 8)
-    _jsonl(tmp_path / "generated/d/00000.rejected.jsonl", 1)
-    meta = tmp_path / "tokenized/d/00000.meta.json"
-    meta.parent.mkdir(parents=True)
-    counts = {"in": 8, "rows": 7, "rejected": 1, "truncated": 2, "tokens": 700}
-    write_json(meta, counts | {"response_tokens": 300})
-    t = pipeline.build_data(["d"], samples=[s], generated=[g], tokenized=[meta])
-    assert t[["stage", "in", "kept", "rejected"]].values.tolist() == [
+    def counts(path, **values):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, values)
+        return path
+
+    s = counts(tmp_path / "samples/d/00000.counts.json", **{"in": 10, "kept": 9, "rejected": 1})
+    g = counts(tmp_path / "generated/d/00000.counts.json", **{"in": 9, "kept": 8, "rejected": 1})
+    meta = {"in": 8, "rows": 7, "rejected": 1, "truncated": 2, "tokens": 700}
+    t = counts(tmp_path / "tokenized/d/00000.meta.json", **meta, response_tokens=300)
+    table = pipeline.build_data(["d"], samples=[s], generated=[g], tokenized=[t])
+    assert table[["stage", "in", "kept", "rejected"]].values.tolist() == [
         ["samples", 10, 9, 1],
         ["generate", 9, 8, 1],
         ["tokenize", 8, 7, 1],
     ]
-    assert t.iloc[2]["response_tokens"] == 300 and t.iloc[0]["rejected_share"] == 0.1
+    assert table.iloc[2]["response_tokens"] == 300 and table.iloc[0]["rejected_share"] == 0.1
+    assert pd.isna(table.iloc[0]["tokens"])
 
 
 def test_train_table_and_curves_read_metrics_and_tensorboard_events(tmp_path):

@@ -344,3 +344,15 @@ def test_make_backend_sglang_launches_generates_and_stops_its_server(model_dir):
     finally:
         backend.close()
     assert backend.server.proc.poll() is not None
+
+
+def test_api_keys_never_look_like_a_flag_to_the_servers_argparse():
+    # a key starting with "-" made `--api-key <key>` fail one server start in 32
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--api-key")
+    for _ in range(2000):
+        key = new_api_key()
+        assert not key.startswith("-")
+        assert parser.parse_args(["--api-key", key]).api_key == key

@@ -10,6 +10,7 @@ import pytest
 from specbuild.backends import make_backend
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
 from specbuild.io import read_jsonl
+from specbuild.rejects import check_rejected_share
 from specbuild.synthesize import open_user_turn, synthesize_shard
 
 STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
@@ -38,20 +39,20 @@ def test_a_request_has_exactly_one_of_messages_and_prompt():
         GenerationRequest("a", [{"role": "user", "content": "x"}], prompt="x")
 
 
-def _synth(tmp_path, target_dir, backend, *, start=0, stop=6, max_tokens=24, limit=1.0):
+def _synth(tmp_path, target_dir, backend, *, start=0, stop=6, max_tokens=24):
     out, rej = tmp_path / f"s{start}.jsonl", tmp_path / f"s{start}.rejected.jsonl"
     kept, bad = synthesize_shard(
         target_dir=target_dir,
         fingerprint=target_dir / "fingerprint.json",
         out=out,
         rejected=rej,
+        counts=tmp_path / f"s{start}.counts.json",
         dataset="chat",
         start=start,
         stop=stop,
         backend=backend,
         sampling=SamplingParams(max_new_tokens=max_tokens, temperature=1.0, seed=7),
         batch_size=4,
-        max_rejected_fraction=limit,
     )
     return kept, bad, list(read_jsonl(out)), list(read_jsonl(rej))
 
@@ -100,15 +101,25 @@ def test_the_backend_gets_the_open_user_turn_as_token_ids(tmp_path, target_dir, 
     assert (kept, bad) == (3, 0) and rows[0]["messages"][0]["content"] == "Question 7?"
 
 
-def test_too_many_unfinished_prompts_fail_the_shard_after_writing_the_rejects(tmp_path, target_dir):
+def test_too_many_unfinished_prompts_fail_the_shards_check_and_the_rejects_stay(
+    tmp_path, target_dir
+):
     def hf():
         return make_backend("hf", target_dir=str(target_dir), device="cpu", batch_size=4)
 
-    with pytest.raises(RuntimeError, match="max_rejected_fraction"):
-        _synth(tmp_path, target_dir, hf, stop=4, max_tokens=1, limit=0.5)
-    rejects = list(read_jsonl(tmp_path / "s0.rejected.jsonl"))
-    assert len(rejects) == 4
+    kept, bad, _, rejects = _synth(tmp_path, target_dir, hf, stop=4, max_tokens=1)
+    assert (kept, bad) == (0, 4)
     assert {r["reason"] for r in rejects} == {"prompt not finished within 1 tokens"}
+    with pytest.raises(
+        RuntimeError, match="4 of 4 rows rejected .*synthesize.max_rejected_fraction"
+    ):
+        check_rejected_share(
+            counts=tmp_path / "s0.counts.json",
+            out=tmp_path / "ok.json",
+            limit=0.5,
+            setting="datasets.chat.synthesize.max_rejected_fraction",
+        )
+    assert len(list(read_jsonl(tmp_path / "s0.rejected.jsonl"))) == 4
 
 
 def test_sglang_writes_prompts_through_completions_with_a_seed_per_request(tmp_path, target_dir):

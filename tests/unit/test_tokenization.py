@@ -88,12 +88,13 @@ def test_tokenize_shard_writes_rows_meta_and_rejects(tmp_path, target_dir, token
         out=out,
         meta=meta,
         rejected=rej,
+        counts=tmp_path / "t.counts.json",
         max_length=512,
         overlong="truncate",
-        max_rejected_fraction=1.0,
     )
     assert [r["id"] for r in read_jsonl(out)] == ["a"]
     reasons = {r["id"]: r["reason"] for r in read_jsonl(rej)}
     assert "another target fingerprint" in reasons["b"] and "no assistant turn" in reasons["c"]
     assert record["in"] == record["rows"] + record["rejected"] == 3
+    assert read_json(tmp_path / "t.counts.json")["rejected"] == record["rejected"] == 2
     assert read_json(meta)["tokenizer_fingerprint"] == fp["tokenizer_fingerprint"]

@@ -10,6 +10,8 @@ What the stages after the shards read (so what a change must rerun):
   bench    a drafter chain: export; baseline: only the target and the prompts
   bench_report      every bench row file and train's metrics
   pipeline_report   every samples, generated, tokenized and hidden shard, vocab, align, train
+  check_rejects  one shard's counts (the next stage waits for it)
+  reject_table   every shard's counts and every max_rejected_fraction (read by `all` only)
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from workflow_helpers import (
     write_config,
 )
 
+from specbuild.io import read_jsonl
+
 pytestmark = pytest.mark.workflow
 
 # Per-shard stages in DAG order, and the results folder each writes.
@@ -38,6 +42,10 @@ SHARD_STAGES = {
     "tokenize": "tokenized",
     "hidden": "hidden",
 }
+# Stages whose shards pass a rejected-row check (rules/rejects.smk), and its `stage` wildcard.
+CHECKED = {"samples": "samples", "generate": "generated", "tokenize": "tokenized"}
+# Jobs about rejected rows: a check per checked shard, and the one reject table over them all.
+REJECT_RULES = {"check_rejects", "reject_table"}
 SHARDS = [f"{i:05d}" for i in range(-(-N_RECORDS // SHARD_SIZE))]
 
 
@@ -68,16 +76,31 @@ def reads_all_shards(job: tuple[str, str]) -> bool:
     return job[0] == "vocab" or is_drafter_dependent(job)
 
 
+def check_jobs(stages, shards, dataset: str = DATASET) -> list[tuple[str, str]]:
+    """The rejected-row checks of these stages' shards, and the reject table when there are any
+    (it reads every shard's counts)."""
+    jobs = [
+        ("check_rejects", f"stage={CHECKED[stage]}, dataset={dataset}, shard={shard}")
+        for stage in stages
+        if stage in CHECKED
+        for shard in shards
+    ]
+    return jobs + [("reject_table", "")] if jobs else []
+
+
 def expected_jobs(built, first_shard_stage: str | None, shards, also) -> list[tuple[str, str]]:
-    """Per-shard jobs from `first_shard_stage` on for `shards`, plus the jobs of the built run
-    (with their wildcards) that `also(job)` selects; stages the workflow lacks drop out."""
+    """Per-shard jobs from `first_shard_stage` on for `shards` (with their checks), plus the jobs
+    of the built run (with their wildcards) that `also(job)` selects; stages the workflow lacks
+    drop out."""
     rules = {rule for rule, _ in built.jobs}
     jobs = []
     if first_shard_stage is not None:
         names = list(SHARD_STAGES)
         stages = [r for r in names[names.index(first_shard_stage) :] if r in rules]
-        jobs = shard_jobs(stages, shards)
-    jobs += [j for j in built.jobs if j[0] not in SHARD_STAGES and also(j)]
+        jobs = shard_jobs(stages, shards) + check_jobs(stages, shards)
+    jobs += [
+        j for j in built.jobs if j[0] not in SHARD_STAGES and j[0] not in REJECT_RULES and also(j)
+    ]
     return sorted(jobs)
 
 
@@ -171,8 +194,76 @@ def test_a_synthetic_dataset_adds_only_its_own_shards_written_by_the_target(
     config = write_config(tmp_path, changed, name="synthetic.yaml")
     jobs = planned_jobs(built_workflow.workdir, "--configfile", str(config))
     stages = ["synthesize", "generate", "tokenize", "hidden"]
-    new = [(r, f"dataset=chat, shard={s}") for r in stages for s in ("00000", "00001", "00002")]
+    shards = ("00000", "00001", "00002")
+    new = [(r, f"dataset=chat, shard={s}") for r in stages for s in shards]
     rules = {rule for rule, _ in built_workflow.jobs}
     new = [j for j in new if j[0] in rules | {"synthesize"}]
-    after = [j for j in built_workflow.jobs if j[0] not in SHARD_STAGES and reads_tokens(j)]
-    assert jobs == sorted(new + after)
+    checks = check_jobs(["samples", "generate", "tokenize"], shards, dataset="chat")
+    after = [
+        j
+        for j in built_workflow.jobs
+        if j[0] not in SHARD_STAGES and j[0] not in REJECT_RULES and reads_tokens(j)
+    ]
+    assert jobs == sorted(new + checks + after)
+
+
+def test_reject_limits_are_checks_changing_them_reruns_only_the_reject_table(
+    built_workflow, tmp_path
+):
+    # No shard, no feature and no training reruns: the outputs cannot depend on a limit.
+    limits = {"max_rejected_fraction": 0.5}
+    jobs = dry_run_with(built_workflow, tmp_path, samples=limits, generate=limits, tokenize=limits)
+    assert jobs == [("reject_table", "")]
+
+
+def test_a_new_limit_given_with_a_new_temperature_still_reruns_from_generate(
+    built_workflow, tmp_path
+):
+    # Guards the trap rules/rejects.smk avoids: a job downstream of a rerun job (by an
+    # ancient() input) is not checked for its own changes, so the temperature would be lost.
+    jobs = dry_run_with(
+        built_workflow, tmp_path, generate={"temperature": 0.7, "max_rejected_fraction": 0.5}
+    )
+    assert jobs == expected_jobs(built_workflow, "generate", SHARDS, reads_tokens)
+
+
+def test_a_shard_over_its_limit_stops_before_generate_and_a_raised_limit_reruns_no_shard(
+    built_workflow, tmp_path
+):
+    # Shard 00001 grows from 2 records to 4: a good one (record 6) and a broken line (7).
+    # (A broken line alone would leave the kept rows as they were: nothing after the check
+    # would need a rerun, the reject table alone would fail.)
+    workdir = copy_workdir(built_workflow.workdir, tmp_path / "wf")
+    append_records(workdir, N_RECORDS + 1)
+    with open(workdir / "raw" / f"{DATASET}.jsonl", "a") as fh:
+        fh.write("not json\n")
+    target = f"results/tokenized/{DATASET}/00001.jsonl"
+    generated_before = results_state(workdir, "generated")
+    proc = snakemake(workdir, "--cores", "2", target, check=False)
+    out = proc.stdout + proc.stderr
+    rejected = f"results/samples/{DATASET}/00001.rejected.jsonl"
+    copy = f"logs/checks/samples/{DATASET}/00001.rejected.jsonl"
+    assert proc.returncode != 0
+    assert "1 of 4 rows rejected (25.0% > samples.max_rejected_fraction 5.0%)" in out
+    assert rejected in out and copy in out
+    for path in (rejected, copy):  # the rejects the message names are there, with the line
+        (row,) = read_jsonl(workdir / path)
+        assert row["line"] == 8 and row["reason"].startswith("malformed JSON")
+    # the check stopped the shard before generate
+    assert results_state(workdir, "generated") == generated_before
+    samples_before = results_state(workdir, "samples")
+
+    raised = tiny_config(samples={"max_rejected_fraction": 0.5})
+    raised = write_config(tmp_path, raised, name="raised.yaml")
+    # the target first: --configfile takes every word after it as a config file
+    then = planned_jobs(workdir, target, "--configfile", str(raised))
+    assert then == sorted(
+        shard_jobs(["generate", "tokenize"], ["00001"])
+        + [
+            ("check_rejects", f"stage=samples, dataset={DATASET}, shard=00001"),
+            ("check_rejects", f"stage=generated, dataset={DATASET}, shard=00001"),
+        ]
+    )
+    snakemake(workdir, target, "--cores", "2", "--configfile", str(raised))
+    assert results_state(workdir, "samples") == samples_before  # the samples shard was kept
+    assert (workdir / target).exists()

@@ -287,9 +287,12 @@ def results_state(workdir: Path, stage: str) -> dict[str, tuple[int, str]]:
 
 # Not compared: the target folder is linked from the test cache; train/state/ is resume state
 # keyed by the job's absolute paths, and the disk table sums it; speedup.png plots timings only.
+# The training state and the TensorBoard event files (named by time, host and pid, holding
+# tokens/s) are logs of how a run went, not results; metrics.jsonl carries the curves' values.
 NOT_COMPARED = (
     "results/target/",
     "results/train/state/",
+    "results/train/tensorboard/",
     "results/plots/speedup.png",
     "results/tables/disk.",
 )

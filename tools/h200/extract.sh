@@ -6,11 +6,7 @@
 #   bash tools/h200/extract.sh bench   # the SGLang mode of make bench-extract on one GPU:
 #                                      # SmolLM2 (real weights) and a Llama-3.1-8B shape (random)
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/specbuild-out}
-mkdir -p "$OUT"
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source "$(dirname "$0")/env.sh"
 [ -d /tmp/site/sglang ] || { echo "specbuild: /tmp/site has no sglang: run the kit's staging first"; exit 2; }
 T=results/target/smollm2-135m-instruct
 if [ ! -f "$T/fingerprint.json" ]; then

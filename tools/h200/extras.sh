@@ -3,11 +3,7 @@
 # the GPU-marked tests and extraction tokens/s. Logs come back in $OUT. (Training on two GPUs
 # is the pipeline's own train job: SPECBUILD_TRAIN_NPROC=2 bash tools/h200/run.sh.)
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/specbuild-out}
-mkdir -p "$OUT"
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name --format=csv,noheader
 
 cp logs/train/train.log "$OUT/train.log" 2>/dev/null

@@ -85,8 +85,12 @@ class ServerStartError(RuntimeError):
 
 
 def new_api_key() -> str:
-    """A fresh random API key for one server (from `secrets`, never logged)."""
-    return secrets.token_urlsafe(API_KEY_BYTES)
+    """A fresh random API key for one server (from `secrets`, never logged).
+
+    Hex, not URL-safe base64: a key starting with `-` is read by the server's argparse as
+    another flag (`--api-key: expected one argument`), one server start in 32.
+    """
+    return secrets.token_hex(API_KEY_BYTES)
 
 
 def is_secret_name(name: str) -> bool:

@@ -352,46 +352,41 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--scratch", help="folder for the shards written while timing")
     args = ap.parse_args(argv)
     target_dir = args.target_dir
+    # the same synthetic batches for either engine
+    batches = {k: getattr(args, k) for k in ("batch_tokens", "samples", "min_len", "max_len")}
     if args.engine == "sglang":
         result = run_sglang_extract_bench(
             target_dir=target_dir,
             preset=args.preset,
             tokenizer_dir=args.tokenizer_dir,
             mem_fraction_static=args.mem_fraction_static,
-            batch_tokens=args.batch_tokens,
-            samples=args.samples,
-            min_len=args.min_len,
-            max_len=args.max_len,
             repeats=args.repeats,
             scratch=args.scratch,
+            **batches,
         )
-        write_json(args.out, result)
-        print(json.dumps(result))
-        print(_sglang_markdown(result))
-        return result
-    if target_dir is None:
-        found = sorted(Path("results/target").glob("*/fingerprint.json"))
-        if len(found) != 1:
-            ap.error(
-                f"found {len(found)} materialized targets under results/target/; pass "
-                "--target-dir (build one with `snakemake target`)"
-            )
-        target_dir = found[0].parent
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    result = run_extract_bench(
-        target_dir=target_dir,
-        device=args.device,
-        dtype=args.dtype,
-        batch_tokens=args.batch_tokens,
-        samples=args.samples,
-        min_len=args.min_len,
-        max_len=args.max_len,
-        repeats=args.repeats,
-    )
+        table = _sglang_markdown(result)
+    else:
+        if target_dir is None:
+            found = sorted(Path("results/target").glob("*/fingerprint.json"))
+            if len(found) != 1:
+                ap.error(
+                    f"found {len(found)} materialized targets under results/target/; pass "
+                    "--target-dir (build one with `snakemake target`)"
+                )
+            target_dir = found[0].parent
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        result = run_extract_bench(
+            target_dir=target_dir,
+            device=args.device,
+            dtype=args.dtype,
+            repeats=args.repeats,
+            **batches,
+        )
+        table = _markdown(result)
     write_json(args.out, result)
     print(json.dumps({k: v for k, v in result.items() if k != "layer_ids"}, indent=None))
-    print(_markdown(result))
+    print(table)
     return result
 
 

@@ -37,18 +37,6 @@ __all__ = [
 log = logging.getLogger("specbuild")
 
 
-def _lines(path: Path) -> int:
-    if not path.exists():
-        return 0
-    with open(path, "rb") as fh:
-        return sum(1 for line in fh if line.strip())
-
-
-def _rejected(path: str | os.PathLike) -> Path:
-    p = Path(path)
-    return p.with_name(p.name.removesuffix(".jsonl") + ".rejected.jsonl")
-
-
 def build_data(
     datasets: Sequence[str],
     *,
@@ -56,34 +44,24 @@ def build_data(
     generated: Sequence[str | os.PathLike],
     tokenized: Sequence[str | os.PathLike],
 ) -> pd.DataFrame:
-    """One line per dataset and stage; `in = kept + rejected` holds by construction upstream."""
+    """One line per dataset and stage from the shards' counts (`samples`, `generated`: their
+    .counts.json; `tokenized`: their .meta.json, which adds truncation and tokens)."""
     out = []
     for d in datasets:
-        mine = {
-            name: [p for p in paths if Path(p).parent.name == d]
-            for name, paths in (("samples", samples), ("generate", generated))
-        }
-        for stage, paths in mine.items():
-            kept = sum(_lines(Path(p)) for p in paths)
-            rejected = sum(_lines(_rejected(p)) for p in paths)
-            out.append(
-                {
-                    "dataset": d,
-                    "stage": stage,
-                    "shards": len(paths),
-                    "in": kept + rejected,
-                    "kept": kept,
-                    "rejected": rejected,
-                }
-            )
-        metas = [read_json(p) for p in tokenized if Path(p).parent.name == d]
-        out.append({
-            "dataset": d, "stage": "tokenize", "shards": len(metas),
-            **{k: sum(m[src] for m in metas) for k, src in (
-                ("in", "in"), ("kept", "rows"), ("rejected", "rejected"),
-                ("truncated", "truncated"), ("tokens", "tokens"),
-                ("response_tokens", "response_tokens"))},
-        })  # fmt: skip
+        for stage, paths in (
+            ("samples", samples),
+            ("generate", generated),
+            ("tokenize", tokenized),
+        ):
+            counts = [read_json(p) for p in paths if Path(p).parent.name == d]
+            line = {"dataset": d, "stage": stage, "shards": len(counts)}
+            for key in ("in", "kept", "rejected", "truncated", "tokens", "response_tokens"):
+                # tokenize's meta names the kept rows `rows`
+                values = [
+                    c.get(key, c.get("rows")) if key == "kept" else c.get(key) for c in counts
+                ]
+                line[key] = sum(values) if counts and None not in values else None
+            out.append(line)
     table = pd.DataFrame(out)
     table.insert(6, "rejected_share", table["rejected"] / table["in"].where(table["in"] > 0))
     return table
