@@ -16,7 +16,7 @@ rule bench:
         engine="hf|sglang|openai",
         chain=CONFIG_PATTERN,
     conda:
-        "../envs/specbuild.yaml"
+        bench_env
     threads: bench_threads
     resources:
         gpu=bench_gpus,

@@ -100,6 +100,11 @@ def bench_concurrency(wildcards):
     return list(config["bench"]["concurrency"]) if served else []
 
 
+def bench_env(wildcards):
+    """A sglang job starts its servers with the job's Python: it needs SGLang's env."""
+    return engine_env(wildcards.engine)
+
+
 def bench_gpus(wildcards):
     if wildcards.engine == "hf":
         return device_gpus(config["bench"]["hf"]["device"])

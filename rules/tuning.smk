@@ -10,7 +10,7 @@ rule sglang_help:
     log:
         "logs/tuning/help.log",
     conda:
-        "../envs/specbuild.yaml"
+        engine_env("sglang")
     params:
         launcher=config["sglang"]["launcher"],
     script:
@@ -26,7 +26,7 @@ rule tuning_point:
     log:
         "logs/tuning/{point}.log",
     conda:
-        "../envs/specbuild.yaml"
+        engine_env("sglang")
     resources:
         gpu=sglang_gpus(),
         mem_mb=8000,
