@@ -188,8 +188,9 @@ def bench_report_files():
         return []
     out = table("bench", "Benchmark", "Acceptance")
     out += plot("acceptance", "Benchmark", "Acceptance")
-    out += table("positions", "Benchmark", "Acceptance")
-    out += plot("positions", "Benchmark", "Acceptance")
+    if "hf" in bench_engines() and config["bench"]["chains"]:  # the engine reporting them
+        out += table("positions", "Benchmark", "Acceptance")
+        out += plot("positions", "Benchmark", "Acceptance")
     if config["report"]["train_metrics"]:
         out += table("train_vs_bench", "Benchmark", "Acceptance")
     out += table("latency", "Benchmark", "Speed")

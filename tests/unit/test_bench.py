@@ -2,7 +2,7 @@
 (sglang, openai) and the tuning sweep against the loopback stub (a real subprocess on
 127.0.0.1). The stub commits SGLANG_STUB_ACCEPT tokens per verify step with a drafter loaded,
 so acceptance numbers here are known in advance; timings are never asserted. The PyTorch
-engine's losslessness: test_specdec.py."""
+engine's losslessness: test_bench_hf.py."""
 
 from __future__ import annotations
 

@@ -177,6 +177,15 @@ def test_bench_report_writes_every_table_and_plot_and_the_sweep_only_with_sweep_
         write_bench_report(rows=[rows], set_order=[], outputs=[*outputs, tmp_path / "p/sweep.png"])
 
 
+def test_per_position_acceptance_is_written_only_where_the_rule_declares_it(tmp_path):
+    rows = write_rows(tmp_path / "rows.jsonl", synthetic_rows())
+    outputs = [tmp_path / "t" / f"{n}.{e}" for n in ("bench", "latency") for e in ("html", "csv")]
+    outputs += [tmp_path / "p" / f"{name}.png" for name in ("acceptance", "speedup")]
+    out = write_bench_report(rows=[rows], set_order=[], outputs=outputs)
+    assert set(out) == {"bench", "latency"}
+    assert not (tmp_path / "p" / "positions.png").exists()
+
+
 @pytest.fixture
 def drawn(monkeypatch):
     """The figures the plot functions draw, kept open instead of saved."""

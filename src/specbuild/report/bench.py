@@ -1,6 +1,6 @@
 """The bench's part of the report: its tables (`report.tables`) and plots (`report.plots`)
-from every bench row file; the sweep's only where a served engine swept, training's estimate
-only where training's metrics are given."""
+from every bench row file; the sweep's only where a served engine swept, per-position
+acceptance where declared (the hf engine), training's estimate where its metrics are given."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ def write_bench_report(
         "bench": tables.build_bench(df, set_order),
         "latency": tables.build_latency(df, set_order),
     }
-    out["positions"] = tables.build_positions(out["bench"])
+    declared = {Path(p).stem for p in outputs}
+    if "positions" in declared:  # only the hf engine reports acceptance per position
+        out["positions"] = tables.build_positions(out["bench"])
     if (df["phase"] == "sweep").any():
         out["sweep"] = tables.build_sweep(df)
     if train_metrics:
@@ -38,7 +40,8 @@ def write_bench_report(
         tables.write_table(table, Path(tables_dir) / name)
     figures = Path(plots_dir)
     plots.plot_acceptance(out["bench"], figures / "acceptance.png")
-    plots.plot_positions(out["positions"], out["bench"], figures / "positions.png")
+    if "positions" in out:
+        plots.plot_positions(out["positions"], out["bench"], figures / "positions.png")
     plots.plot_speedup(out["bench"], figures / "speedup.png")
     if "sweep" in out:
         plots.plot_sweep(out["sweep"], figures / "sweep.png")
