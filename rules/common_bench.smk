@@ -188,7 +188,8 @@ def bench_report_files():
         return []
     out = table("bench", "Benchmark", "Acceptance")
     out += plot("acceptance", "Benchmark", "Acceptance")
-    if "hf" in bench_engines() and config["bench"]["chains"]:  # the engine reporting them
+    # acceptance per draft position: the hf engine reports it
+    if "hf" in bench_engines() and config["bench"]["chains"]:
         out += table("positions", "Benchmark", "Acceptance")
         out += plot("positions", "Benchmark", "Acceptance")
     if config["report"]["train_metrics"]:
