@@ -17,8 +17,6 @@ __all__ = [
     "user_file_mode",
     "atomic_path",
     "atomic_open",
-    "available_memory",
-    "ensure_free_memory",
     "write_json",
     "read_json",
     "write_jsonl",
@@ -128,30 +126,6 @@ def ensure_free_space(path: str | os.PathLike, nbytes: int, *, hint: str = "") -
         raise OSError(
             f"{path}: needs ~{nbytes / 1e9:.2f} GB, {folder} has {free / 1e9:.2f} GB free"
             + (f"; {hint}" if hint else "")
-        )
-
-
-def available_memory() -> int | None:
-    """Bytes of host memory the kernel says a new allocation can take (MemAvailable), or None
-    where /proc/meminfo does not exist."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def ensure_free_memory(nbytes: int, *, what: str, hint: str = "") -> None:
-    """Fail before the work when host memory cannot hold `nbytes` (with 10% to spare): being
-    killed by the OOM killer at the end of an extraction loses the extraction and says nothing."""
-    free = available_memory()
-    if free is not None and free < nbytes * 1.1:
-        raise MemoryError(
-            f"{what}: needs ~{nbytes / 1e9:.2f} GB of host memory, {free / 1e9:.2f} GB is "
-            f"available" + (f"; {hint}" if hint else "")
         )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbuild.hidden.extract import extract_features, plan_batches
+from specbuild.hidden.extract import plan_batches, write_features
 from specbuild.hidden.hf import HFFeatureBackend
 from specbuild.hidden.hostcopy import HostCopier
 from specbuild.hidden.sglang import (
@@ -25,6 +25,7 @@ from specbuild.hidden.sglang import (
     runner_server_args,
     worker_loop,
 )
+from specbuild.hidden.shards import read_shard
 from specbuild.hidden.tokens import TokenShard
 
 LAYER_IDS = [1, 14, 26]  # SmolLM2-135M: 30 layers
@@ -127,16 +128,35 @@ def test_a_sample_longer_than_the_kv_pool_is_refused_naming_the_keys_to_change()
 # --- extraction through a runner --------------------------------------------------------------
 
 
-def test_sglang_backend_states_land_in_shard_order_like_hf(target_model, fake_runner):
+def _extracted(path: Path, shard: TokenShard, backend, storage: str = "bf16", batch_tokens=64):
+    """(shard tensors as read back, batches run) of the stage's own writing path."""
+    meta = {
+        "layer_ids": json.dumps(LAYER_IDS),
+        "backend": backend.name,
+        "target_fingerprint": "t",
+        "tokenizer_fingerprint": "k",
+        "dtype": storage,
+        "specbuild_version": "test",
+    }
+    written = write_features(
+        path, shard, backend, meta, hidden_size=576, storage=storage, batch_tokens=batch_tokens
+    )
+    return read_shard(path)[0], written.batches
+
+
+def test_sglang_backend_states_land_in_shard_order_like_hf(target_model, fake_runner, tmp_path):
     # mixed lengths, batches sorted longest first and split again by a small runner: every
     # sample must still land on its own rows
     shard = _shard([7, 30, 12, 30, 5, 19, 2, 25])
     runner = fake_runner(target_model, LAYER_IDS, max_tokens=64, max_requests=3)
-    got, n_batches, _ = extract_features(
-        shard, SGLangFeatureBackend(runner), hidden_size=576, batch_tokens=96
+    got, n_batches = _extracted(
+        tmp_path / "sglang.safetensors", shard, SGLangFeatureBackend(runner), batch_tokens=96
     )
-    want, _, _ = extract_features(
-        shard, HFFeatureBackend(target_model, LAYER_IDS), hidden_size=576, batch_tokens=1
+    want, _ = _extracted(
+        tmp_path / "hf.safetensors",
+        shard,
+        HFFeatureBackend(target_model, LAYER_IDS),
+        batch_tokens=1,
     )
     assert n_batches == len(plan_batches([7, 30, 12, 30, 5, 19, 2, 25], 96))
     assert all(sum(c) <= 64 and len(c) <= 3 for c in runner.calls) and len(runner.calls) > 3
@@ -144,12 +164,12 @@ def test_sglang_backend_states_land_in_shard_order_like_hf(target_model, fake_ru
         torch.testing.assert_close(got[key].float(), want[key].float(), rtol=2**-7, atol=2e-2)
 
 
-def test_fp8_storage_through_a_runner_keeps_scales_per_token_and_layer(target_model, fake_runner):
+def test_fp8_storage_through_a_runner_keeps_scales_per_token_and_layer(
+    target_model, fake_runner, tmp_path
+):
     shard = _shard([9, 4, 6])
     runner = fake_runner(target_model, LAYER_IDS)
-    got, _, _ = extract_features(
-        shard, SGLangFeatureBackend(runner), hidden_size=576, storage="fp8", batch_tokens=64
-    )
+    got, _ = _extracted(tmp_path / "fp8.safetensors", shard, SGLangFeatureBackend(runner), "fp8")
     assert got["aux"].dtype == torch.float8_e4m3fn and got["aux_scale"].shape == (19, 3)
     assert bool((got["aux_scale"] > 0).all())
 

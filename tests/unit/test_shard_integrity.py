@@ -7,17 +7,18 @@ Shards here are tiny (5 samples, H=8) and written by the real writer.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from specbuild.drafter.data import check_verified, verify_shards
 from specbuild.hidden.fp8 import quantize_fp8
-from specbuild.hidden.integrity import CHECKSUM_KEY
+from specbuild.hidden.integrity import CHECKSUM_KEY, ST_DTYPES, TORCH_DTYPES
 from specbuild.hidden.shards import (
     SHARD_KEYS,
     ShardError,
@@ -27,6 +28,7 @@ from specbuild.hidden.shards import (
     verify_shard_file,
     write_shard,
 )
+from specbuild.hidden.writer import shard_writer
 
 H = 8
 META = {
@@ -83,7 +85,7 @@ def test_write_shard_records_a_checksum_of_every_tensor_and_a_sound_file_verifie
     path = _write(tmp_path / "d" / "00000.safetensors")
     meta = verify_shard_file(path, hidden_size=H)
     recorded = json.loads(meta[CHECKSUM_KEY])
-    assert recorded["algorithm"] == "sha256" and set(recorded["tensors"]) == set(SHARD_KEYS)
+    assert recorded["algorithm"] == "sha256-16MiB" and set(recorded["tensors"]) == set(SHARD_KEYS)
     assert shard_file_faults(path, hidden_size=H)[0] == []
 
 
@@ -230,3 +232,91 @@ def test_the_writer_reads_back_its_header_and_checksums(tmp_path):
     write_shard(again, tensors, meta)
     verify_shard_file(again, hidden_size=H)
     assert read_header(again)[1][CHECKSUM_KEY] != meta[CHECKSUM_KEY]
+
+
+def test_a_shard_of_specbuild_0_1_with_whole_tensor_sha256_still_verifies(tmp_path):
+    # the 0.1 format: one sha256 over each tensor's bytes; a flipped byte must still be found
+    tensors = _tensors()
+    layout = {k: [ST_DTYPES[v.dtype], list(v.shape)] for k, v in tensors.items()}
+    meta = META | {"dtype": "bf16"}
+    blob = json.dumps({"tensors": layout, "metadata": meta}, sort_keys=True)
+    recorded = {
+        "algorithm": "sha256",
+        "tensors": {
+            k: hashlib.sha256(v.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+            for k, v in tensors.items()
+        },
+        "layout": hashlib.sha256(blob.encode()).hexdigest(),
+    }
+    path = tmp_path / "00000.safetensors"
+    save_file(tensors, str(path), metadata=meta | {CHECKSUM_KEY: json.dumps(recorded)})
+    verify_shard_file(path, hidden_size=H)
+    read_shard(path)
+    _flip_low_bits(path, "last", nbytes=2)
+    with pytest.raises(ShardError, match="last: checksum mismatch"):
+        verify_shard_file(path, hidden_size=H)
+
+
+def test_a_byte_changed_in_a_later_16_mib_piece_of_a_tensor_is_found(tmp_path):
+    # aux of 3 pieces: each piece is hashed on its own, and all of them count
+    T = (40 << 20) // (3 * H * 2)
+    tensors = {
+        "input_ids": torch.zeros(T, dtype=torch.int32),
+        "loss_mask": torch.ones(T, dtype=torch.uint8),
+        "offsets": torch.tensor([0, T]),
+        "aux": torch.ones(T, 3 * H, dtype=torch.bfloat16),
+        "last": torch.ones(T, H, dtype=torch.bfloat16),
+    }
+    path = tmp_path / "00000.safetensors"
+    write_shard(path, tensors, META | {"dtype": "bf16"})
+    verify_shard_file(path, hidden_size=H)
+    begin, end = _data_span(path, "aux")
+    with open(path, "r+b") as fh:
+        fh.seek(begin + (33 << 20))  # the third piece
+        fh.write(b"\x01")
+    with pytest.raises(ShardError, match="aux: checksum mismatch"):
+        verify_shard_file(path, hidden_size=H)
+
+
+def test_the_writer_lays_tensors_out_aligned_and_safetensors_loads_them(tmp_path):
+    tensors = _tensors("fp8")
+    path = tmp_path / "00000.safetensors"
+    write_shard(path, tensors, META | {"dtype": "fp8"})
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    assert (8 + n) % 8 == 0  # the data section starts 8-byte aligned
+    header = json.loads(raw[8 : 8 + n])
+    for name, entry in header.items():
+        if name != "__metadata__":
+            assert entry["data_offsets"][0] % TORCH_DTYPES[entry["dtype"]].itemsize == 0
+    loaded = load_file(str(path))  # safetensors' own reader
+    assert loaded.keys() == tensors.keys()
+    for key, value in tensors.items():
+        assert torch.equal(loaded[key].view(torch.uint8), value.view(torch.uint8))
+
+
+@pytest.mark.parametrize("how", ["error", "unsealed"])
+def test_a_writer_block_that_fails_or_never_seals_leaves_no_file(tmp_path, how):
+    path = tmp_path / "00000.safetensors"
+    tensors = _tensors()
+    layout = {k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()}
+    with pytest.raises((RuntimeError, KeyError)):
+        with shard_writer(path, layout, META | {"dtype": "bf16"}) as w:
+            w.tensors["aux"].copy_(tensors["aux"])
+            if how == "error":
+                raise KeyError("a backend failed mid-shard")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_pieces_marked_as_they_land_hash_like_a_scan_of_the_whole_and_gaps_are_refused(tmp_path):
+    from specbuild.hidden.integrity import PieceScan, scan_tensors
+
+    data = torch.randint(0, 255, (3 * (16 << 20) + 5,), dtype=torch.uint8)
+    early = PieceScan({"x": data})
+    for start, stop in [(40 << 20, data.numel()), (0, 1), (1, 17 << 20), (17 << 20, 40 << 20)]:
+        early.landed("x", start, stop)  # out of order, across piece borders
+    assert early.result().digests == scan_tensors({"x": data}).digests
+    gap = PieceScan({"x": data})
+    gap.landed("x", 0, 100)
+    with pytest.raises(RuntimeError, match="x: some bytes written never"):
+        gap.result()

@@ -12,9 +12,10 @@ random weights (SGLang's load_format dummy; speed does not depend on weight valu
 from its config alone; otherwise the materialized target folder.
 
 The bare pass runs the target's base model (no lm_head, no hidden-state capture) on the batches
-`plan_batches` makes; extraction runs the full path: HF backend with aux capture, copies to CPU,
-bf16 (or fp8) conversion into the shard buffers. Their tokens/s ratio is the cost of extraction
-over the forward pass it cannot avoid (goal >= 0.9). Each variant runs `--repeats` times,
+`plan_batches` makes; extraction runs the stage's own full path (`write_features`): aux
+capture, bf16 (or fp8) conversion, copies into the shard file, checksums and checks, the file
+renamed into place. Their tokens/s ratio is the cost of extraction over the forward pass it
+cannot avoid (goal >= 0.9). Each variant runs `--repeats` times,
 interleaved, and the best time counts. On a shared machine wall time measures the neighbours
 too; the CPU time of this process (`--threads 1` keeps OpenMP spin-waits out of it) measures
 the work, so both are reported; on a GPU only wall time means anything.
@@ -35,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from specbuild.hidden.extract import extract_features, plan_batches, resolve_layer_ids
+import specbuild
+from specbuild.hidden.extract import plan_batches, resolve_layer_ids, write_features
 from specbuild.hidden.hf import HFFeatureBackend
-from specbuild.hidden.shards import write_shard
 from specbuild.hidden.tokens import TokenShard
 from specbuild.io import write_json
 from specbuild.target import read_target_info
@@ -67,6 +68,47 @@ def _timed(fn: Callable[[], object], wall: list[float], cpu: list[float]) -> Non
     fn()
     wall.append(time.perf_counter() - start)
     cpu.append(time.process_time() - start_cpu)
+
+
+def _extract_run(
+    shard: TokenShard,
+    backend,
+    hidden: int,
+    layer_ids: list[int],
+    storage: str,
+    batch_tokens: int,
+    folder: str | os.PathLike,
+    sizes: dict[str, float],
+    seals: dict[str, list[float]] | None = None,
+) -> Callable[[], None]:
+    """One timed extraction: the stage's whole path into a shard file under `folder`; its bytes
+    per token go to sizes[storage] and the seal time to seals[<backend>_<storage>]."""
+
+    def run() -> None:
+        path = Path(folder) / f"{backend.name}-{storage}.safetensors"
+        meta = {
+            "layer_ids": json.dumps(layer_ids),
+            "backend": backend.name,
+            "target_fingerprint": "bench",
+            "tokenizer_fingerprint": "bench",
+            "dtype": storage,
+            "specbuild_version": specbuild.__version__,
+        }
+        written = write_features(
+            path,
+            shard,
+            backend,
+            meta,
+            hidden_size=hidden,
+            storage=storage,
+            batch_tokens=batch_tokens,
+        )
+        if seals is not None:
+            seals.setdefault(f"{backend.name}_{storage}", []).append(written.seal_s)
+        sizes[storage] = os.path.getsize(path) / shard.num_tokens
+        path.unlink()
+
+    return run
 
 
 def run_extract_bench(
@@ -105,36 +147,22 @@ def run_extract_bench(
             )
             out.last_hidden_state.cpu()  # same device sync as extraction's copy back
 
-    kept: dict[str, dict] = {}
-
-    def extract(storage: str) -> Callable[[], None]:
-        def run() -> None:
-            kept[storage] = extract_features(
-                shard,
-                backend,
-                hidden_size=info.hidden_size,
-                storage=storage,
-                batch_tokens=batch_tokens,
-            )[0]
-
-        return run
-
-    bare()  # warm-up: first-call allocations and kernel selection are not throughput
-    runs = {"bare": bare, "bf16": extract("bf16"), "fp8": extract("fp8")}
-    wall: dict[str, list[float]] = {k: [] for k in runs}
-    cpu: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(repeats):
-        for k, fn in runs.items():
-            _timed(fn, wall[k], cpu[k])
+    sizes: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        bare()  # warm-up: first-call allocations and kernel selection are not throughput
+        runs = {"bare": bare}
+        for storage in ("bf16", "fp8"):
+            runs[storage] = _extract_run(
+                shard, backend, info.hidden_size, ids, storage, batch_tokens, tmp, sizes
+            )
+        wall: dict[str, list[float]] = {k: [] for k in runs}
+        cpu: dict[str, list[float]] = {k: [] for k in runs}
+        for _ in range(repeats):
+            for k, fn in runs.items():
+                _timed(fn, wall[k], cpu[k])
     tokens = shard.num_tokens
     tps = {k: tokens / min(v) for k, v in wall.items()}
     cpu_tps = {k: tokens / min(v) for k, v in cpu.items()}
-    sizes = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for storage, tensors in kept.items():
-            path = Path(tmp) / f"{storage}.safetensors"
-            write_shard(path, tensors, {"dtype": storage})
-            sizes[storage] = os.path.getsize(path) / tokens
     hidden = info.hidden_size
     return {
         "target": info.name,
@@ -239,23 +267,12 @@ def run_sglang_extract_bench(
             torch.cuda.synchronize()
 
         sizes: dict[str, float] = {}
-        writes: dict[str, list[float]] = {}
+        seals: dict[str, list[float]] = {}
 
         def extract(backend, storage: str) -> Callable[[], None]:
-            def run() -> None:
-                tensors = extract_features(
-                    shard, backend, hidden_size=hidden, storage=storage, batch_tokens=batch_tokens
-                )[0]
-                path = Path(tmp) / f"{backend.name}-{storage}.safetensors"
-                start = time.perf_counter()
-                write_shard(path, tensors, {"dtype": storage})
-                writes.setdefault(f"{backend.name}_{storage}", []).append(
-                    time.perf_counter() - start
-                )
-                sizes[storage] = os.path.getsize(path) / shard.num_tokens
-                path.unlink()
-
-            return run
+            return _extract_run(
+                shard, backend, hidden, ids, storage, batch_tokens, tmp, sizes, seals
+            )
 
         runs = {
             "sglang_bare": bare,
@@ -291,8 +308,9 @@ def run_sglang_extract_bench(
             k: round(tps[f"sglang_{k}"] / tps[f"hf_{k}"], 2) for k in ("bf16", "fp8")
         },
         "bytes_per_token": {k: round(v, 1) for k, v in sizes.items()},
-        # of the timed runs above: the shard write alone (safetensors, temp + rename)
-        "write_s_best": {k: round(min(v), 3) for k, v in writes.items()},
+        # of the timed runs: after the last batch, checksums, NaN/Inf counts and checks
+        "seal_s_best": {k: round(min(v), 3) for k, v in seals.items()},
+        "host_threads": os.cpu_count(),
         "seconds_best": {k: round(min(v), 3) for k, v in wall.items()},
         "repeats": repeats,
     }

@@ -3,15 +3,15 @@
     tokenized shard (.jsonl + .meta.json) + target fingerprint.json
       -> consistency gate (tokenizer, chat template, target fingerprint)
       -> batches by token budget -> FeatureBackend.extract (packed states on its device)
-      -> bf16 or fp8 on that device -> copied behind the compute into the host buffers
-      -> check_shard (shapes, dtypes, NaN/Inf, offsets and token ids vs the tokenized shard,
-         fingerprints) -> write_shard (atomic, header read back)
+      -> bf16 or fp8 on that device -> copied behind the compute into the shard file's own
+         pages (writer.py: the file is sized up front and mapped; no separate host buffers)
+      -> checksums and NaN/Inf counts on every core -> check_shard (shapes, dtypes, NaN/Inf,
+         offsets and token ids vs the tokenized shard, fingerprints) -> renamed into place
 
-Memory stays at a few batches of activations plus one shard's output buffers, which are
-allocated once at their final size (the token count is known from the tokenized rows), whatever
-the number of shards or samples. A shard whose
-buffers would not fit in host memory, or whose file would not fit on disk, is refused before
-any model loads.
+Memory stays at a few batches of activations on the device and a few pinned staging slots on
+the host, whatever the shard's size: the shard itself lives in the page cache, which the
+kernel writes back as it goes. A shard whose file would not fit on disk is refused before any
+model loads.
 
 A backend is chosen at construction (`hf` and `sglang`, each in its own module) and implements
 only the forward pass; batching, storage, copies, checks and writing are written once, here.
@@ -27,24 +27,25 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 import specbuild
 from specbuild.hidden.fp8 import quantize_fp8
-from specbuild.hidden.hostcopy import HostCopier
+from specbuild.hidden.hostcopy import HostCopier, Landed
 from specbuild.hidden.shards import (
     AUX_LAYERS,
     STORAGE_DTYPES,
     aux_nbytes_per_token,
     check_shard,
+    shard_layout,
     shard_nbytes,
-    write_shard,
 )
 from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
-from specbuild.io import ensure_free_memory, ensure_free_space
+from specbuild.hidden.writer import shard_writer
+from specbuild.io import ensure_free_space
 from specbuild.target import read_target_info
 
 __all__ = [
@@ -52,11 +53,13 @@ __all__ = [
     "Features",
     "BACKENDS",
     "ExtractStats",
+    "Written",
     "default_layer_ids",
     "resolve_layer_ids",
     "plan_batches",
     "open_backend",
     "extract_features",
+    "write_features",
     "extract_shard",
 ]
 
@@ -131,6 +134,14 @@ class ExtractStats:
         return self.file_bytes / max(self.tokens, 1)
 
 
+class Written(NamedTuple):
+    """What `write_features` did."""
+
+    batches: int
+    padded_tokens: int  # tokens computed, pads included
+    seal_s: float  # after the last batch: the checksums left, NaN/Inf counts, checks
+
+
 def default_layer_ids(num_layers: int) -> list[int]:
     """EAGLE-3's low/mid/high layer-output ids for a target with `num_layers` layers."""
     return [1, num_layers // 2 - 1, num_layers - 4]
@@ -199,16 +210,6 @@ def open_backend(
     )
 
 
-def _allocate(n_tok: int, hidden: int, storage: str) -> dict[str, Tensor]:
-    out = {
-        "aux": torch.empty(n_tok, AUX_LAYERS * hidden, dtype=STORAGE_DTYPES[storage]),
-        "last": torch.empty(n_tok, hidden, dtype=torch.bfloat16),
-    }
-    if storage == "fp8":
-        out["aux_scale"] = torch.empty(n_tok, AUX_LAYERS, dtype=torch.float32)
-    return out
-
-
 def _stored(features: Features, storage: str) -> dict[str, Tensor]:
     """The batch's tensors in their on-disk dtypes, converted where they are (the GPU halves
     or quarters what crosses to the host)."""
@@ -240,46 +241,90 @@ def extract_features(
     tokens: TokenShard,
     backend: FeatureBackend,
     *,
+    out: Mapping[str, Tensor],
     hidden_size: int,
     storage: str = "bf16",
     batch_tokens: int = 2048,
-) -> tuple[dict[str, Tensor], int, int]:
-    """All shard tensors for `tokens`: (tensors, batches run, padded tokens computed)."""
+    landed: Landed | None = None,
+) -> tuple[int, int]:
+    """Fill out["aux"], out["last"] (and out["aux_scale"] for fp8), host tensors of the shard's
+    layout, with `backend`'s states of every sample of `tokens`, telling `landed` (key, rows)
+    as rows are final: (batches run, padded tokens computed)."""
     if storage not in STORAGE_DTYPES:
         raise ValueError(f"hidden.storage {storage!r}: choose one of {sorted(STORAGE_DTYPES)}")
     offsets = tokens.offsets.tolist()
     lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
-    out = _allocate(tokens.num_tokens, hidden_size, storage)
-    copier = HostCopier(backend.device)
+    copier = HostCopier(backend.device, landed=landed)
     batches = plan_batches(lengths, batch_tokens)
     widths = {"aux": AUX_LAYERS * hidden_size, "last": hidden_size}
     padded = 0
-    for b, batch in enumerate(batches, 1):
-        want = [lengths[i] for i in batch]
-        features = backend.extract([tokens.sample(i) for i in batch])
-        padded += len(batch) * want[0]
-        got = {k: tuple(getattr(features, k).shape) for k in widths}
-        if list(features.lengths) != want or any(
-            got[k] != (sum(want), w) for k, w in widths.items()
-        ):
-            first = tokens.ids[batch[0]]
-            raise RuntimeError(
-                f"backend {backend.name!r}, batch of {len(batch)} samples from {first!r}: got "
-                f"lengths {list(features.lengths)[:8]}, aux {got['aux']}, last {got['last']}; "
-                f"expected lengths {want[:8]}, aux [{sum(want)}, {widths['aux']}], "
-                f"last [{sum(want)}, {widths['last']}]"
-            )
-        copier.copy(_stored(features, storage), _spans(batch, lengths, offsets), out)
-        if b % 20 == 0 or b == len(batches):
-            log.info("batch %d/%d done", b, len(batches))
-    copier.finish()
-    tensors = {
-        "input_ids": tokens.input_ids,
-        "loss_mask": tokens.loss_mask,
-        "offsets": tokens.offsets,
-        **out,
-    }
-    return tensors, len(batches), padded
+    try:
+        for b, batch in enumerate(batches, 1):
+            want = [lengths[i] for i in batch]
+            features = backend.extract([tokens.sample(i) for i in batch])
+            padded += len(batch) * want[0]
+            got = {k: tuple(getattr(features, k).shape) for k in widths}
+            if list(features.lengths) != want or any(
+                got[k] != (sum(want), w) for k, w in widths.items()
+            ):
+                first = tokens.ids[batch[0]]
+                raise RuntimeError(
+                    f"backend {backend.name!r}, batch of {len(batch)} samples from {first!r}: "
+                    f"got lengths {list(features.lengths)[:8]}, aux {got['aux']}, last "
+                    f"{got['last']}; expected lengths {want[:8]}, aux [{sum(want)}, "
+                    f"{widths['aux']}], last [{sum(want)}, {widths['last']}]"
+                )
+            copier.copy(_stored(features, storage), _spans(batch, lengths, offsets), out)
+            if b % 20 == 0 or b == len(batches):
+                log.info("batch %d/%d done", b, len(batches))
+    finally:
+        copier.finish()  # also on error: no copy may still write into a file being deleted
+    return len(batches), padded
+
+
+def write_features(
+    path: str | os.PathLike,
+    tokens: TokenShard,
+    backend: FeatureBackend,
+    meta: Mapping[str, str],
+    *,
+    hidden_size: int,
+    storage: str = "bf16",
+    batch_tokens: int = 2048,
+    expected_meta: Mapping[str, str] | None = None,
+) -> Written:
+    """Extract every sample of `tokens` straight into the shard file `path` (writer.py), check
+    it (check_shard) and publish it. A shard that fails the check raises ShardError and leaves
+    nothing at `path`."""
+    layout = shard_layout(
+        tokens=tokens.num_tokens, samples=len(tokens), hidden_size=hidden_size, storage=storage
+    )
+    with shard_writer(path, layout, meta) as shard:
+        for key in ("input_ids", "loss_mask", "offsets"):
+            shard.tensors[key].copy_(getattr(tokens, key))
+            shard.landed(key, slice(0, len(shard.tensors[key])))
+        n_batches, padded = extract_features(
+            tokens,
+            backend,
+            out=shard.tensors,
+            hidden_size=hidden_size,
+            storage=storage,
+            batch_tokens=batch_tokens,
+            landed=shard.landed,
+        )
+        sealing = time.perf_counter()
+        scan = shard.seal()
+        check_shard(
+            shard.tensors,
+            shard.meta,
+            name=path,
+            hidden_size=hidden_size,
+            tokens=tokens,
+            expected_meta=expected_meta,
+            nonfinite=scan.nonfinite,
+        )
+        seal_s = time.perf_counter() - sealing
+    return Written(n_batches, padded, seal_s)
 
 
 def extract_shard(
@@ -310,17 +355,19 @@ def extract_shard(
         hidden_size=target.hidden_size,
         storage=storage,
     )
-    smaller = (
-        "halve the aux states with hidden.storage: fp8"
-        if storage == "bf16"
-        else "use smaller shards (datasets.<name>.shard_size)"
+    ensure_free_space(
+        out,
+        nbytes,
+        hint="free space, or "
+        + (
+            "halve the aux states with hidden.storage: fp8"
+            if storage == "bf16"
+            else "use smaller shards (datasets.<name>.shard_size)"
+        ),
     )
-    ensure_free_space(out, nbytes, hint=f"free space, or {smaller}")
-    # the whole shard is held in host memory until it is checked and written
-    ensure_free_memory(nbytes, what=f"{out}'s host buffers", hint=smaller)
     log.info(
-        "%s: %d samples, %d tokens; backend %s, layer ids %s, storage %s (~%.2f GB on disk "
-        "and in memory), hf compute dtype %s",
+        "%s: %d samples, %d tokens; backend %s, layer ids %s, storage %s (~%.2f GB on disk), "
+        "hf compute dtype %s",
         tokens,
         len(shard),
         shard.num_tokens,
@@ -338,20 +385,6 @@ def extract_shard(
         device=device,
         options=backend_options,
     )
-    start = time.perf_counter()
-    try:
-        tensors, n_batches, padded = extract_features(
-            shard,
-            engine,
-            hidden_size=target.hidden_size,
-            storage=storage,
-            batch_tokens=batch_tokens,
-        )
-    finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
-    seconds = time.perf_counter() - start
     shard_meta = {
         "layer_ids": json.dumps(ids),
         "backend": engine.name,
@@ -362,32 +395,43 @@ def extract_shard(
         "compute_dtype": engine.dtype,
         "specbuild_version": specbuild.__version__,
     }
-    expected = {k: shard_meta[k] for k in ("target_fingerprint", "tokenizer_fingerprint")}
-    check_shard(
-        tensors,
-        shard_meta,
-        name=out,
-        hidden_size=target.hidden_size,
-        tokens=shard,
-        expected_meta=expected,
-    )
-    write_shard(out, tensors, shard_meta)
+    start = time.perf_counter()
+    try:
+        written = write_features(
+            out,
+            shard,
+            engine,
+            shard_meta,
+            hidden_size=target.hidden_size,
+            storage=storage,
+            batch_tokens=batch_tokens,
+            expected_meta={
+                k: shard_meta[k] for k in ("target_fingerprint", "tokenizer_fingerprint")
+            },
+        )
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+    seconds = time.perf_counter() - start
     stats = ExtractStats(
         samples=len(shard),
         tokens=shard.num_tokens,
-        padded_tokens=padded,
-        batches=n_batches,
+        padded_tokens=written.padded_tokens,
+        batches=written.batches,
         seconds=seconds,
         file_bytes=os.path.getsize(out),
     )
     log.info(
-        "wrote %s: %d tokens in %d batches (%.1f%% padding), %.1f tokens/s; "
-        "%.0f bytes/token on disk (aux %d + last %d; one-file-per-sample bf16 format: %d)",
+        "wrote %s: %d tokens in %d batches (%.1f%% padding), %.1f tokens/s (checksums and "
+        "checks %.2f s of it); %.0f bytes/token on disk (aux %d + last %d; "
+        "one-file-per-sample bf16 format: %d)",
         out,
         stats.tokens,
-        n_batches,
-        100 * (1 - stats.tokens / max(padded, 1)),
+        stats.batches,
+        100 * (1 - stats.tokens / max(stats.padded_tokens, 1)),
         stats.tokens_per_s,
+        written.seal_s,
         stats.bytes_per_token,
         aux_nbytes_per_token(target.hidden_size, storage),
         2 * target.hidden_size,

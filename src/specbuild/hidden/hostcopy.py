@@ -15,6 +15,7 @@ copied directly.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -24,13 +25,18 @@ __all__ = ["HostCopier"]
 
 # (rows of the packed batch, rows of the shard) for one run of samples
 Span = tuple[slice, slice]
+# told (key, shard rows) once those rows of out[key] hold their values
+Landed = Callable[[str, slice], None]
 
 
 class HostCopier:
     """Copies packed device tensors, span by span, into host tensors of the same keys."""
 
-    def __init__(self, device: torch.device | str, *, slots: int = 4) -> None:
+    def __init__(
+        self, device: torch.device | str, *, slots: int = 4, landed: Landed | None = None
+    ) -> None:
         self.device = torch.device(device)
+        self.landed = landed
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._slots: list[dict[str, Tensor]] = [{} for _ in range(slots)]
@@ -52,9 +58,7 @@ class HostCopier:
         """out[key][dst] = tensors[key][src] for every key and span; returns before the copies
         finish on a GPU (call `finish`)."""
         if not self.cuda:
-            for key, t in tensors.items():
-                for src, dst in spans:
-                    out[key][dst] = t[src]
+            self._scatter(tensors, spans, out)
             return
         if len(self._pending) == len(self._slots):  # the oldest batch still holds this slot
             self._pending.popleft().result()
@@ -74,11 +78,18 @@ class HostCopier:
 
         def scatter() -> None:
             done.synchronize()
-            for key, t in staged.items():
-                for src, dst in spans:
-                    out[key][dst] = t[src]
+            self._scatter(staged, spans, out)
 
         self._pending.append(self._pool.submit(scatter))
+
+    def _scatter(
+        self, tensors: dict[str, Tensor], spans: list[Span], out: dict[str, Tensor]
+    ) -> None:
+        for key, t in tensors.items():
+            for src, dst in spans:
+                out[key][dst] = t[src]
+                if self.landed is not None:
+                    self.landed(key, dst)
 
     def finish(self) -> None:
         """Wait until every queued batch has landed in the host tensors (re-raising errors)."""

@@ -23,28 +23,27 @@ passed.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 
 from specbuild.hidden.fp8 import FP8_DTYPE, dequantize_fp8
 from specbuild.hidden.integrity import (
     CHECKSUM_KEY,
-    ST_DTYPES,
     TORCH_DTYPES,
-    build_checksums,
     checksum_faults,
     count_nonfinite,
+    recorded_algorithm,
     scan_file,
     tensor_digests,
     tensor_layout,
 )
 from specbuild.hidden.tokens import TokenShard
-from specbuild.io import atomic_path
+from specbuild.hidden.writer import Layout, shard_writer
 
 __all__ = [
     "AUX_LAYERS",
@@ -53,6 +52,7 @@ __all__ = [
     "STORAGE_DTYPES",
     "ShardError",
     "aux_nbytes_per_token",
+    "shard_layout",
     "shard_nbytes",
     "write_shard",
     "read_shard",
@@ -94,11 +94,24 @@ def aux_nbytes_per_token(hidden_size: int, storage: str) -> int:
     return AUX_LAYERS * hidden_size * STORAGE_DTYPES[storage].itemsize + scales
 
 
+def shard_layout(*, tokens: int, samples: int, hidden_size: int, storage: str) -> Layout:
+    """{name: (dtype, shape)} of every tensor of a shard of `tokens` tokens in `samples`."""
+    layout = {
+        "input_ids": (FIXED_DTYPES["input_ids"], (tokens,)),
+        "loss_mask": (FIXED_DTYPES["loss_mask"], (tokens,)),
+        "offsets": (FIXED_DTYPES["offsets"], (samples + 1,)),
+        "aux": (STORAGE_DTYPES[storage], (tokens, AUX_LAYERS * hidden_size)),
+        "last": (FIXED_DTYPES["last"], (tokens, hidden_size)),
+    }
+    if storage == "fp8":
+        layout["aux_scale"] = (FIXED_DTYPES["aux_scale"], (tokens, AUX_LAYERS))
+    return layout
+
+
 def shard_nbytes(*, tokens: int, samples: int, hidden_size: int, storage: str) -> int:
     """Bytes a shard of `tokens` tokens in `samples` samples takes on disk (header excluded)."""
-    aux = aux_nbytes_per_token(hidden_size, storage)
-    per_token = aux + 2 * hidden_size + 4 + 1  # + last bf16, input_ids, loss_mask
-    return tokens * per_token + 8 * (samples + 1)
+    layout = shard_layout(tokens=tokens, samples=samples, hidden_size=hidden_size, storage=storage)
+    return sum(dtype.itemsize * math.prod(shape) for dtype, shape in layout.values())
 
 
 class ShardError(ValueError):
@@ -108,23 +121,17 @@ class ShardError(ValueError):
 def write_shard(
     path: str | os.PathLike, tensors: Mapping[str, Tensor], meta: Mapping[str, str]
 ) -> None:
-    """Write a shard atomically (temp + rename) after reading its header back.
+    """Write a shard atomically (temp + rename) with its `checksums` metadata (a digest of
+    every tensor's bytes and of the header, checked by `verify_shard_file` before training).
 
-    Adds the `checksums` metadata (a digest of every tensor's bytes and of the header), which
-    `verify_shard_file` checks before training. The read-back compares names, dtypes, shapes,
-    metadata and the file length with what was meant to be written, so a short write (full
-    disk, killed writer) never gets renamed into place. It reads only the header: memory stays
-    at the one shard already held.
+    Writes what it is given, sound or not (tests write faulty shards on purpose); the stage
+    `hidden` fills a `shard_writer` directly and checks before it publishes.
     """
-    tensors = {k: v.contiguous() for k, v in tensors.items()}
-    meta = {k: v for k, v in meta.items() if k != CHECKSUM_KEY}
-    meta[CHECKSUM_KEY] = build_checksums(tensors, meta)
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
-        header, file_meta = read_header(tmp)
-        want = {k: (ST_DTYPES[v.dtype], list(v.shape)) for k, v in tensors.items()}
-        if header != want or file_meta != meta:
-            raise ShardError(f"{path}: the written file does not read back as written; not kept")
+    layout = {k: (v.dtype, tuple(v.shape)) for k, v in tensors.items()}
+    with shard_writer(path, layout, meta) as writer:
+        for key, value in tensors.items():
+            writer.tensors[key].copy_(value)
+        writer.seal()  # scans every piece: none was marked landed
 
 
 def _fix(path: str | os.PathLike) -> str:
@@ -206,8 +213,9 @@ def read_shard(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, st
             f"{path}: not a readable safetensors file ({err}); it is truncated or corrupt. "
             f"{_fix(path)}"
         ) from err
-    if CHECKSUM_KEY in meta:  # hashing what is already in memory: ~1.5 GB/s
-        faults = checksum_faults(meta, tensor_layout(tensors), tensor_digests(tensors))
+    if CHECKSUM_KEY in meta:  # hashing what is already in memory, on every core
+        digests = tensor_digests(tensors, recorded_algorithm(meta))
+        faults = checksum_faults(meta, tensor_layout(tensors), digests)
         if faults:
             raise ShardError(
                 f"{path}: hidden-state shard changed since it was written:\n  - "
@@ -343,14 +351,19 @@ def shard_faults(
     hidden_size: int | None = None,
     tokens: TokenShard | None = None,
     expected_meta: Mapping[str, str] | None = None,
+    nonfinite: Mapping[str, int] | None = None,
 ) -> list[str]:
-    """Every reason this shard must not be used (empty when it is sound)."""
+    """Every reason this shard must not be used (empty when it is sound). `nonfinite`: NaN/Inf
+    counts per tensor already taken (a writer's scan); counted here when not given."""
     faults = _meta_faults(meta, expected_meta or {})
     structure = _structure_faults(tensors, meta, hidden_size)
     if structure:
         return faults + structure  # value checks on a malformed shard would only add noise
-    counts = {k: _count_nonfinite(tensors[k]) for k in ("aux", "last", "aux_scale") if k in tensors}
-    faults += _value_faults(tensors, counts)
+    if nonfinite is None:
+        nonfinite = {
+            k: _count_nonfinite(tensors[k]) for k in ("aux", "last", "aux_scale") if k in tensors
+        }
+    faults += _value_faults(tensors, nonfinite)
     if tokens is not None:
         faults += _token_faults(tensors, tokens)
     return faults
@@ -364,10 +377,16 @@ def check_shard(
     hidden_size: int | None = None,
     tokens: TokenShard | None = None,
     expected_meta: Mapping[str, str] | None = None,
+    nonfinite: Mapping[str, int] | None = None,
 ) -> None:
     """Raise ShardError naming `name` and listing every fault; return quietly when sound."""
     faults = shard_faults(
-        tensors, meta, hidden_size=hidden_size, tokens=tokens, expected_meta=expected_meta
+        tensors,
+        meta,
+        hidden_size=hidden_size,
+        tokens=tokens,
+        expected_meta=expected_meta,
+        nonfinite=nonfinite,
     )
     if faults:
         raise ShardError(
@@ -395,7 +414,9 @@ def shard_file_faults(
         entries, meta, data_start = _parse_header(path)
     except _HeaderFault as err:
         return [str(err)], {}
-    scan = scan_file(path, entries, data_start, keep=_SMALL_KEYS)
+    scan = scan_file(
+        path, entries, data_start, keep=_SMALL_KEYS, algorithm=recorded_algorithm(meta)
+    )
     faults = list(scan.faults)
     if CHECKSUM_KEY in meta:
         layout = {k: (e["dtype"], e["shape"]) for k, e in entries.items()}
