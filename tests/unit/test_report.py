@@ -205,6 +205,35 @@ def test_acceptance_plot_has_the_reference_line_request_counts_and_the_device(dr
     assert ax.get_title() == "hf on cpu"
 
 
+def test_a_chain_keeps_its_colour_in_every_engine_panel_under_one_legend(drawn):
+    served = [row("gsm8k", c, 32, 8, engine="sglang", device="cuda (H200)") for c in ("7-1-8",)]
+    bench = build_bench(pd.DataFrame(synthetic_rows() + served))
+    plots.plot_acceptance(bench, "unused.png")
+    hf, sglang = drawn[0].axes
+    assert (hf.get_title(), sglang.get_title()) == ("hf on cpu", "sglang on cuda (H200)")
+    # one palette over all panels: each panel's first chain is not simply the first colour
+    colour = {
+        b.get_label(): b.patches[0].get_facecolor() for ax in drawn[0].axes for b in ax.containers
+    }
+    assert colour["3-1-4"] != colour["7-1-8"]
+    assert hf.get_legend() is None
+    assert [t.get_text() for t in sglang.get_legend().get_texts()] == ["3-1-4", "7-1-8"]
+
+
+def test_sweep_and_tuning_plots_name_the_device_they_ran_on(drawn):
+    sweep = [
+        row("gsm8k", "baseline", 10, None, phase="sweep", concurrency=c, device="cuda (H200)")
+        for c in (1, 4)
+    ]
+    plots.plot_sweep(build_sweep(pd.DataFrame(sweep)), "unused.png")
+    assert "hf on cuda (H200)" in drawn[0]._suptitle.get_text()
+    point = {"point": "a", "status": "ok", "device": "cuda (H200)", "peak_concurrency": 4}
+    point |= {"single_stream_tokens_per_s": 10.0, "peak_output_tokens_per_s": 80.0}
+    plots.plot_tuning([point], "unused.png")
+    assert drawn[1]._suptitle.get_text() == "Server tuning points on cuda (H200)"
+    assert [t.get_text() for t in drawn[1].axes[1].texts] == ["c=4"]
+
+
 def test_positions_plot_ticks_whole_positions(drawn):
     bench = build_bench(pd.DataFrame(synthetic_rows()))
     plots.plot_positions(build_positions(bench), bench, "unused.png")

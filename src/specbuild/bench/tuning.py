@@ -49,7 +49,8 @@ __all__ = [
 log = logging.getLogger("specbuild")
 
 TUNING_KEYS = (
-    ("point", "status", "detail", "notes", "server_args", "env", "single_stream_tokens_per_s")
+    ("point", "status", "detail", "notes", "server_args", "env", "device")
+    + ("single_stream_tokens_per_s",)
     + ("ttft_s_p50", "ttft_s_p99", "itl_s_p50", "itl_s_p99")
     + ("peak_output_tokens_per_s", "peak_concurrency", "accept_length")
 )
@@ -219,6 +220,7 @@ def _measure(engine, prompts, *, tokenizer, max_new_tokens, concurrency, min_req
     }
     best = max(peak, key=peak.get)
     return {
+        "device": engine.device,
         "single_stream_tokens_per_s": single["tokens_per_s"],
         **{k: single[k] for k in ("ttft_s_p50", "ttft_s_p99", "itl_s_p50", "itl_s_p99")},
         "peak_output_tokens_per_s": peak[best],

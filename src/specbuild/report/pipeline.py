@@ -95,7 +95,7 @@ def build_disk(paths: Sequence[str | os.PathLike], tokens: int) -> pd.DataFrame:
         size = sum(f.stat().st_size for f in files)
         per = size / tokens if folder.name == "hidden" and tokens else None
         out.append({"folder": str(folder), "files": len(files), "bytes": size,
-                    "gib": size / 2**30, "bytes_per_token": per})  # fmt: skip
+                    "mib": size / 2**20, "bytes_per_token": per})  # fmt: skip
     return pd.DataFrame(out)
 
 

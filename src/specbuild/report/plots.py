@@ -9,8 +9,9 @@ sweep.png       output tokens/s and ITL p50 against concurrent streams, per engi
 tuning.png      single-stream and peak tokens/s per tuning point, its status in the label
 train.png       training loss, per-step accuracy and simulated acceptance length by step
 
-Every panel is titled with the engine and the device its rows name (the one actually used).
-Sets keep their configured order; configs the baseline first, then chains by size.
+Every panel (or the sweep's and tuning's title) names the engine and the device its rows name,
+the one actually used. Sets keep their configured order; configs the baseline first, then
+chains by size, each chain one colour in every panel under one legend beside the panels.
 """
 
 from __future__ import annotations
@@ -67,17 +68,44 @@ def _empty(ax, text: str) -> None:
     ax.set_xticks([])
 
 
-def _bars(ax, table: pd.DataFrame, value: str, *, lo: str | None = None, hi: str | None = None):
+def _colors(configs: pd.Series) -> dict[str, Any]:
+    """One colour per config, the same in every panel (configs in table order)."""
+    names = list(dict.fromkeys(configs))
+    return dict(zip(names, sns.color_palette(n_colors=len(names)), strict=True))
+
+
+def _legend(axes, title: str) -> None:
+    """One legend for all panels, right of the last one: never over a bar or its count."""
+    seen = {}
+    for ax in axes:
+        seen |= dict(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
+        if ax.get_legend():
+            ax.get_legend().remove()
+    if seen:
+        axes[-1].legend(seen.values(), seen.keys(), title=title, fontsize=8,
+                        loc="upper left", bbox_to_anchor=(1.01, 1.0))  # fmt: skip
+
+
+def _bars(
+    ax,
+    table: pd.DataFrame,
+    value: str,
+    colors: dict,
+    *,
+    lo: str | None = None,
+    hi: str | None = None,
+):
     """Grouped bars: sets on x (table order), one bar per config; request counts on top."""
     sets = list(dict.fromkeys(table["set"]))
     configs = list(dict.fromkeys(table["config"]))
     width = 0.8 / len(configs)
-    colors = sns.color_palette(n_colors=len(configs))
     for i, config in enumerate(configs):
         part = table[table["config"] == config].set_index("set")
         xs = [s + (i - (len(configs) - 1) / 2) * width for s in range(len(sets))]
         ys = [_num(part[value].get(s)) for s in sets]
-        ax.bar(xs, [0 if math.isnan(y) else y for y in ys], width, color=colors[i], label=config)
+        ax.bar(
+            xs, [0 if math.isnan(y) else y for y in ys], width, color=colors[config], label=config
+        )
         if lo and hi:
             for x, y, s in zip(xs, ys, sets, strict=True):
                 low, high = _num(part[lo].get(s)), _num(part[hi].get(s))
@@ -98,15 +126,14 @@ def _bars(ax, table: pd.DataFrame, value: str, *, lo: str | None = None, hi: str
                 )
     ax.set_xticks(range(len(sets)), sets)
     ax.grid(axis="x", visible=False)
-    ax.legend(title="chain", fontsize=8, loc="upper left", ncol=len(configs))
 
 
 def _headroom(axes, *columns: pd.Series) -> None:
-    """y from 0 to 1.3 x the highest value (at least 1.0): room for the counts and legend."""
+    """y from 0 to 1.15 x the highest value (at least 1.0): room for the request counts."""
     values = [_num(v) for col in columns for v in col]
     top = max([v for v in values if not math.isnan(v)] + [1.0])
     for ax in axes:
-        ax.set_ylim(0, 1.3 * top)
+        ax.set_ylim(0, 1.15 * top)
 
 
 def _num(v: Any) -> float:
@@ -117,14 +144,10 @@ def plot_acceptance(bench: pd.DataFrame, path: str | os.PathLike) -> None:
     spec = bench[(bench["config"] != BASELINE) & bench["accept_length"].notna()]
     engines = list(dict.fromkeys(spec["engine"]))
     fig, axes = _panels(len(engines))
+    colors = _colors(spec["config"])
     for ax, engine in zip(axes, engines, strict=False):
-        _bars(
-            ax,
-            spec[spec["engine"] == engine],
-            "accept_length",
-            lo="accept_length_lo",
-            hi="accept_length_hi",
-        )
+        part = spec[spec["engine"] == engine]
+        _bars(ax, part, "accept_length", colors, lo="accept_length_lo", hi="accept_length_hi")
         ax.set_title(_title(bench, engine), fontsize=10)
     if not engines:
         _empty(axes[0], "no engine reported verify steps of a drafted config")
@@ -132,6 +155,7 @@ def plot_acceptance(bench: pd.DataFrame, path: str | os.PathLike) -> None:
     for ax in axes:
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set(xlabel="benchmark set")
+    _legend(axes, "chain")
     axes[0].set_ylabel("Σ tokens / Σ verify steps")
     fig.suptitle("Acceptance length (95% interval where n ≥ 5)")
     _save(fig, path)
@@ -140,16 +164,21 @@ def plot_acceptance(bench: pd.DataFrame, path: str | os.PathLike) -> None:
 def plot_positions(positions: pd.DataFrame, bench: pd.DataFrame, path: str | os.PathLike) -> None:
     engines = list(dict.fromkeys(positions["engine"]))
     fig, axes = _panels(len(engines))
+    colors = _colors(positions["config"])
+    # each set with its request count, as in the bar plots
+    n = {(r.engine, r.set): r.requests for r in bench[bench["config"] != BASELINE].itertuples()}
     for ax, engine in zip(axes, engines, strict=False):
-        part = positions[positions["engine"] == engine]
+        part = positions[positions["engine"] == engine].rename(columns={"config": "chain"})
+        part["set"] = [f"{s} (n={n[engine, s]})" for s in part["set"]]
         sns.lineplot(
             data=part,
             x="position",
             y="rate",
-            hue="config",
+            hue="chain",
             style="set",
             markers=True,
-            hue_order=list(dict.fromkeys(part["config"])),
+            palette=colors,
+            hue_order=list(dict.fromkeys(part["chain"])),
             style_order=list(dict.fromkeys(part["set"])),
             ax=ax,
         )
@@ -159,6 +188,7 @@ def plot_positions(positions: pd.DataFrame, bench: pd.DataFrame, path: str | os.
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel="draft position", ylim=(-0.02, 1.02))
+    _legend(axes, "")
     axes[0].set_ylabel("accepted share of verify steps")
     fig.suptitle("Acceptance per draft position")
     _save(fig, path)
@@ -168,8 +198,9 @@ def plot_speedup(bench: pd.DataFrame, path: str | os.PathLike) -> None:
     spec = bench[(bench["config"] != BASELINE) & bench["speedup"].notna()]
     engines = list(dict.fromkeys(spec["engine"]))
     fig, axes = _panels(len(engines))
+    colors = _colors(spec["config"])
     for ax, engine in zip(axes, engines, strict=False):
-        _bars(ax, spec[spec["engine"] == engine], "speedup")
+        _bars(ax, spec[spec["engine"] == engine], "speedup", colors)
         ax.set_title(_title(bench, engine), fontsize=10)
     if not engines:
         _empty(axes[0], "no drafted config with a baseline on the same engine")
@@ -177,17 +208,20 @@ def plot_speedup(bench: pd.DataFrame, path: str | os.PathLike) -> None:
     for ax in axes:
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set(xlabel="benchmark set")
+    _legend(axes, "chain")
     axes[0].set_ylabel("speedup (tokens/s vs the baseline)")
     fig.suptitle("Speedup over the same engine without a drafter")
     _save(fig, path)
 
 
 def plot_sweep(sweep: pd.DataFrame, path: str | os.PathLike) -> None:
-    data = sweep.assign(line=sweep["engine"] + " " + sweep["config"])
+    data = sweep.assign(
+        line=sweep["engine"] + " " + sweep["config"], itl_ms=sweep["itl_s_p50"] * 1e3
+    )
     fig, axes = _panels(2, sharey=False)
     for ax, value, label in (
         (axes[0], "output_tokens_per_s", "output tokens/s"),
-        (axes[1], "itl_s_p50", "ITL p50 (s)"),
+        (axes[1], "itl_ms", "ITL p50 (ms)"),
     ):
         sns.lineplot(data=data, x="concurrency", y=value, hue="line", marker="o", ax=ax)
         ax.set_xscale("log", base=2)
@@ -196,20 +230,28 @@ def plot_sweep(sweep: pd.DataFrame, path: str | os.PathLike) -> None:
         ax.set(xlabel="concurrent streams", ylabel=label, ylim=(0, None))
         ax.legend(title="engine, config", fontsize=8)
     n = int(data["requests"].min())
-    fig.suptitle(f"Concurrency sweep ({n}+ requests per level)")
+    devices = ", ".join(f"{_title(data, e)}" for e in dict.fromkeys(data["engine"]))
+    fig.suptitle(f"Concurrency sweep, {devices} ({n}+ requests per level)")
     _save(fig, path)
 
 
 def plot_tuning(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
-    metrics = ("single_stream_tokens_per_s", "peak_output_tokens_per_s")
+    metrics = {
+        "single_stream_tokens_per_s": "single stream",
+        "peak_output_tokens_per_s": "peak output (at concurrency c)",
+    }
     labels = [r["point"] if r["status"] == "ok" else f"{r['point']} ({r['status']})" for r in rows]
     sns.set_theme(style="whitegrid")
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.5 * len(rows) + 2), squeeze=False)
-    for ax, metric in zip(axes[0], metrics, strict=True):
-        ax.barh(labels, [r[metric] or 0.0 for r in rows], color="#4c72b0")
+    for ax, (metric, title) in zip(axes[0], metrics.items(), strict=True):
+        bars = ax.barh(labels, [r[metric] or 0.0 for r in rows], color="#4c72b0")
+        if metric.startswith("peak"):
+            counts = [f"c={r['peak_concurrency']}" if r[metric] else "" for r in rows]
+            ax.bar_label(bars, counts, fontsize=8, padding=3)
         ax.invert_yaxis()
-        ax.set_title(metric.replace("_", " "))
-        ax.set_xlabel("tokens/s")
+        ax.set(title=title, xlabel="tokens/s")
+    devices = sorted({r["device"] for r in rows if r.get("device")})
+    fig.suptitle("Server tuning points" + (f" on {', '.join(devices)}" if devices else ""))
     _save(fig, path)
 
 

@@ -129,6 +129,7 @@ def build_sweep(rows: pd.DataFrame) -> pd.DataFrame:
         s = summarize(group)
         out.append(
             key
+            | {"device": group[0]["device"]}
             | {k: s[k] for k in ("requests", "completion_tokens")}
             | {"output_tokens_per_s": output_throughput(group), "accept_length": s["accept_length"]}
             | {k: s[k] for k in LATENCY_COLUMNS}
