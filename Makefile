@@ -10,7 +10,7 @@ ARGS   ?=
 SNAKEMAKE = $(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) $(ARGS)
 
 .PHONY: help setup run dry-run test lint format report clean clean-all slurm serve
-.PHONY: bench-extract bench-train
+.PHONY: bench-extract bench-train bench-workflow
 
 help:
 	@echo "make run      set up if needed, then build $(CONFIG) end to end (TARGET=$(TARGET))"
@@ -71,14 +71,29 @@ bench-extract: setup
 	$(SNAKEMAKE) target
 	$(BIN)/python -m specbuild.bench.extract $(BENCH_ARGS)
 
-# Stage train: drafter training tokens/s on synthetic shards of a target's shapes.
+# Stage train: drafter training tokens/s, TFLOP/s and MFU on synthetic shards of a target's
+# shapes -> results/bench-train/result.json (+ a BENCHMARKS.md row in the output).
 # On GPUs: make bench-train PRESET=llama8b NPROC=2 (torchrun, one process per GPU).
-PRESET ?= tiny
-NPROC  ?= 1
+# PROFILE=1: time shares of steps 4-6 of one epoch instead -> results/bench-train/profile.{json,txt}.
+PRESET  ?= tiny
+NPROC   ?= 1
+EPOCHS  ?= 3
+TOKEN_BUDGET ?= 8192
+PROFILE ?=
 bench-train: setup
-	$(BIN)/python -m specbuild.drafter.synthetic results/bench-train --preset $(PRESET) --nproc $(NPROC)
+	$(BIN)/python -m specbuild.drafter.synthetic results/bench-train --preset $(PRESET) \
+		--nproc $(NPROC) --token-budget $(TOKEN_BUDGET) \
+		$(if $(PROFILE),--epochs 1 --profile,--epochs $(EPOCHS))
 	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) -m specbuild.drafter.train \
 		results/bench-train/spec.json 2>&1 | grep -E "tokens/s|error|Error"
+	$(if $(PROFILE),@sed -n '1,/^total/p' results/bench-train/profile.txt)
+
+# Workflow overhead: `snakemake -n` and the no-op rerun on ~2,000 shards, against a bare Snakefile
+# of the same shape in the same run (scratch workdirs in $TMPDIR; a few minutes on 2 cores).
+SHARDS  ?= 2000
+REPEATS ?= 3
+bench-workflow: setup
+	$(BIN)/python -m specbuild.bench.workflow --shards $(SHARDS) --repeats $(REPEATS)
 
 # Every job through sbatch, with the profile's resources (README "Running on a cluster").
 # profiles/slurm needs its account/partition placeholders filled in first;

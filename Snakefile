@@ -10,7 +10,9 @@
 #   results/checks/{stage}/{dataset}/{shard}.json   a shard's rejected share passed its limit
 #   results/hidden/{dataset}/{shard}.safetensors    EAGLE-3 features from the target
 #   results/vocab/vocab.safetensors                 d2t / t2d draft vocabulary map
-#   results/train/checkpoints/, results/drafter/    training state, exported SGLang folder
+#   results/train/{variant}/, results/drafter/{variant}/   training (best, metrics, state),
+#                                                   exported SGLang folder; variant `base` is
+#                                                   the train recipe, others train.variants
 #   results/bench/, results/tables/, results/plots/ benchmark rows, tables, plots
 # Logs mirror results under logs/.
 
@@ -43,6 +45,7 @@ include: "rules/vocab.smk"
 include: "rules/align.smk"
 include: "rules/train.smk"
 include: "rules/export.smk"
+include: "rules/variants.smk"
 include: "rules/tuning.smk"
 include: "rules/bench.smk"
 include: "rules/report.smk"

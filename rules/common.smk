@@ -2,7 +2,7 @@
 
 import os
 
-from specbuild.config_check import ConfigError, check_config
+from specbuild.config_check import ConfigError, check_config, train_variants
 from specbuild.rejects import check_rejected_share
 from specbuild.samples import record_digests
 
@@ -27,6 +27,7 @@ except ConfigError as err:
 wildcard_constraints:
     dataset="[A-Za-z0-9_]+",
     shard="[0-9]{5}",
+    variant="[A-Za-z0-9_]+",
 
 
 TARGET = config["target"]["name"]
@@ -37,10 +38,19 @@ def target_file(name):
     return f"results/target/{TARGET}/{name}"
 
 
+# Work Snakemake repeats on every job of our thousands of shards, done once; neither changes a
+# decision (specbuild/snakemake_speedups.py, BENCHMARKS.md "Workflow overhead"): input and params
+# functions are marked @job_function, and each script path is parsed once.
+from specbuild.snakemake_speedups import job_function, memoize_source_paths
+
+memoize_source_paths()
+
+
 def dataset_config(dataset):
     return config["datasets"][dataset]
 
 
+@job_function
 def raw_dataset_path(wildcards):
     return dataset_config(wildcards.dataset)["path"]
 
@@ -56,6 +66,7 @@ def datasets_regex(synthetic):
     return "|".join(names) if names else "(?!)"  # (?!) matches nothing
 
 
+@job_function
 def synthesize_sampling(wildcards):
     """SamplingParams fields of the self-written prompts; request i is seeded seed + i."""
     cfg = dataset_config(wildcards.dataset)["synthesize"]
@@ -67,6 +78,24 @@ def synthesize_sampling(wildcards):
     }
 
 
+@job_function
+def conversation_turns(wildcards):
+    """Answers per conversation: `synthesize.turns` of a self-written dataset, else 1."""
+    if not is_synthetic(wildcards.dataset):
+        return 1
+    return dataset_config(wildcards.dataset)["synthesize"]["turns"]
+
+
+@job_function
+def follow_up_sampling(wildcards):
+    """SamplingParams fields of the follow-up user turns the target writes (turns > 1): the
+    dataset's synthesize settings. {} when there are none, so their changes rerun nothing.
+    """
+    if conversation_turns(wildcards) == 1:
+        return {}
+    return synthesize_sampling(wildcards)
+
+
 def dataset_param(key):
     """An input function returning one key of the dataset's config (schema fills defaults)."""
 
@@ -74,7 +103,7 @@ def dataset_param(key):
         return dataset_config(wildcards.dataset)[key]
 
     get.__name__ = f"dataset_{key}"
-    return get
+    return job_function(get)
 
 
 def device_gpus(device):
@@ -82,14 +111,25 @@ def device_gpus(device):
     return 1 if device == "cuda" else 0
 
 
-def train_gpus():
-    """GPUs of the train job: one per DDP process on CUDA (train.nproc)."""
-    return config["train"]["nproc"] * device_gpus(config["train"]["device"])
+# {variant: its whole train config}: `base` (train as given) and each of train.variants
+VARIANTS = train_variants(config)
 
 
-def train_hparams():
-    """Every training hyper-parameter (schema defaults filled in), as one plain dict."""
-    return dict(config["train"])
+def variant_train(wildcards):
+    return VARIANTS[wildcards.variant]
+
+
+def train_gpus(wildcards):
+    """GPUs of a train job: one per DDP process on CUDA (train.nproc of its variant)."""
+    train = variant_train(wildcards)
+    return train["nproc"] * device_gpus(train["device"])
+
+
+@job_function
+def train_hparams(wildcards):
+    """Every training hyper-parameter of the job's variant (schema defaults filled in), as one
+    plain dict: a variant's jobs rerun when its own keys or the base recipe's change."""
+    return dict(variant_train(wildcards))
 
 
 def engine_env(backend):
@@ -99,10 +139,19 @@ def engine_env(backend):
     return "../envs/sglang.yaml" if backend == "sglang" else "../envs/specbuild.yaml"
 
 
-def train_init_files():
-    """The drafter folder train.init_from warm-starts from: its files rerun train when changed."""
-    folder = config["train"]["init_from"].rstrip("/")
+@job_function
+def train_init_files(wildcards):
+    """The drafter folder init_from warm-starts from: its files rerun train when changed."""
+    folder = variant_train(wildcards)["init_from"].rstrip("/")
     return [f"{folder}/config.json", f"{folder}/model.safetensors"] if folder else []
+
+
+def drafter_files(variant):
+    """The exported drafter folder of a variant (what SGLang loads)."""
+    return [
+        f"results/drafter/{variant}/config.json",
+        f"results/drafter/{variant}/model.safetensors",
+    ]
 
 
 def generate_gpus():
@@ -126,6 +175,7 @@ def generate_backend_args():
     return sglang_backend_args(gen["backend"])
 
 
+@job_function
 def sampling_params(wildcards):
     """SamplingParams fields; the seed is offset per shard so shards sample independently."""
     gen = config["generate"]
@@ -181,10 +231,12 @@ def shard_ids(dataset):
     return [f"{i:05d}" for i in range(len(_DIGESTS[dataset]))]
 
 
+@job_function
 def shard_digest(wildcards):
     return _DIGESTS[wildcards.dataset][int(wildcards.shard)]
 
 
+@job_function
 def shard_range(wildcards):
     """[start, stop) record indices of a shard; the last shard stops at the dataset's limit."""
     size = dataset_config(wildcards.dataset)["shard_size"]
@@ -193,13 +245,37 @@ def shard_range(wildcards):
     return [start, start + size if limit is None else min(start + size, limit)]
 
 
-def per_shard(pattern):
-    """Expand a results pattern over every (dataset, shard)."""
+@job_function
+def earlier_samples(wildcards):
+    """The samples shards before this one of its dataset, which near-duplicate removal checks
+    this shard's prompts against ([] when it is off). Each shard reads only earlier ones, so
+    appending records never reruns a shard (the DAG holds k inputs for shard k)."""
+    if dataset_config(wildcards.dataset)["near_duplicate_threshold"] is None:
+        return []
+    before = shard_ids(wildcards.dataset)[: int(wildcards.shard)]
+    return [f"results/samples/{wildcards.dataset}/{s}.jsonl" for s in before]
+
+
+def per_shard(pattern, datasets=None):
+    """Expand a results pattern over every (dataset, shard) of `datasets` (default: all)."""
     return [
         pattern.format(dataset=d, shard=s)
-        for d in config["datasets"]
+        for d in (config["datasets"] if datasets is None else datasets)
         for s in shard_ids(d)
     ]
+
+
+def training_datasets():
+    """Every dataset but train.eval_set, which is held out: extracted, never trained on."""
+    return [d for d in config["datasets"] if d != config["train"]["eval_set"]]
+
+
+def eval_set_shards():
+    """Hidden shards of train.eval_set, whose simulated acceptance picks the best epoch."""
+    held_out = config["train"]["eval_set"]
+    if held_out is None:
+        return []
+    return per_shard("results/hidden/{dataset}/{shard}.safetensors", [held_out])
 
 
 # Results folders whose shards carry rejected rows, and the config section of each limit.
@@ -316,7 +392,8 @@ def all_outputs():
         per_shard("results/hidden/{dataset}/{shard}.safetensors")
         + ["results/vocab/vocab.safetensors", "results/align/report.json"]
         + ["results/tables/rejects.md"]
-        + ["results/drafter/config.json", "results/drafter/model.safetensors"]
+        + [f for variant in VARIANTS for f in drafter_files(variant)]
+        + ["results/tables/variants.md"]
         + report_outputs()
         + ["results/serve.sh"]
     )

@@ -63,6 +63,7 @@ def bench_drafter_files():
     return [f"{folder}/config.json", f"{folder}/model.safetensors"]
 
 
+@job_function
 def bench_inputs(wildcards):
     """Target fingerprint and every set's file; the drafter's files for a chain we serve."""
     inputs = {
@@ -79,6 +80,7 @@ def bench_sets():
     return {name: dict(spec) for name, spec in config["bench"]["sets"].items()}
 
 
+@job_function
 def bench_options(wildcards):
     """The engine's own settings (its opener's `options` in specbuild.bench)."""
     b = config["bench"]
@@ -90,10 +92,12 @@ def bench_options(wildcards):
     return {k: b["openai"][k] for k in keys}
 
 
+@job_function
 def bench_prompt_limit(wildcards):
     return config["bench"]["hf"]["limit"] if wildcards.engine == "hf" else None
 
 
+@job_function
 def bench_concurrency(wildcards):
     """Sweep levels of a served engine; the hf engine serves one request at a time."""
     served = wildcards.engine in SERVED_ENGINES
@@ -124,6 +128,7 @@ def bench_threads(wildcards):
 # Tuning (rules/tuning.smk) and `make serve` (rules/serve.smk).
 
 
+@job_function
 def tuning_inputs(wildcards):
     inputs = {
         "fp": target_file("fingerprint.json"),
@@ -134,12 +139,14 @@ def tuning_inputs(wildcards):
     return inputs
 
 
+@job_function
 def tuning_point_args(wildcards):
     return dict(
         config["sglang"]["tuning"]["points"][wildcards.point].get("server_args", {})
     )
 
 
+@job_function
 def tuning_point_env(wildcards):
     env = config["sglang"]["tuning"]["points"][wildcards.point].get("env", {})
     return {k: str(v) for k, v in env.items()}
@@ -219,6 +226,7 @@ def tuning_report_files():
     return table("tuning", "Tuning", "Points") + plot("tuning", "Tuning", "Points")
 
 
+@job_function
 def bench_report_inputs(wildcards):
     inputs = {"rows": bench_row_files()}
     if config["report"]["train_metrics"]:
@@ -226,6 +234,7 @@ def bench_report_inputs(wildcards):
     return inputs
 
 
+@job_function
 def pipeline_report_inputs(wildcards):
     inputs = {
         "samples": per_shard("results/samples/{dataset}/{shard}.counts.json"),

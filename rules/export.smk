@@ -1,12 +1,12 @@
 rule export:
-    """Write the best drafter as the folder SGLang loads, and check every key and shape."""
+    """Write a variant's best drafter as the folder SGLang loads, and check every key and shape."""
     input:
-        best="results/train/best.safetensors",
+        best="results/train/{variant}/best.safetensors",
     output:
-        config="results/drafter/config.json",
-        weights="results/drafter/model.safetensors",
+        config="results/drafter/{variant}/config.json",
+        weights="results/drafter/{variant}/model.safetensors",
     log:
-        "logs/export/export.log",
+        "logs/export/{variant}.log",
     conda:
         "../envs/specbuild.yaml"
     resources:

@@ -5,6 +5,8 @@ rule generate:
         fp=target_file("fingerprint.json"),
         # the samples shard passed its rejected-row check (rules/rejects.smk)
         checked="results/checks/samples/{dataset}/{shard}.json",
+        # prompts are checked against these for near-duplicates (none when that is off)
+        earlier=earlier_samples,
     output:
         generated="results/generated/{dataset}/{shard}.jsonl",
         rejected="results/generated/{dataset}/{shard}.rejected.jsonl",
@@ -24,5 +26,8 @@ rule generate:
         mode=config["generate"]["mode"],
         sampling=sampling_params,
         batch_size=config["generate"]["batch_size"],
+        turns=conversation_turns,
+        follow_up=follow_up_sampling,
+        near_duplicate_threshold=dataset_param("near_duplicate_threshold"),
     script:
         "../scripts/generate.py"

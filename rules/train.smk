@@ -1,32 +1,37 @@
 rule train:
-    """Train the EAGLE-3 drafter on every hidden-state shard; keep the best checkpoint."""
+    """Train one variant of the EAGLE-3 drafter on every hidden-state shard; keep its best
+    checkpoint."""
     input:
-        shards=per_shard("results/hidden/{dataset}/{shard}.safetensors"),
+        shards=per_shard(
+            "results/hidden/{dataset}/{shard}.safetensors", training_datasets()
+        ),
+        # the held-out train.eval_set: evaluated to pick the best epoch, never trained on
+        eval_shards=eval_set_shards(),
         vocab="results/vocab/vocab.safetensors",
         fp=target_file("fingerprint.json"),
         # the gate: train only on features that match the serving engine's
         align="results/align/report.json",
-        init=train_init_files(),
+        init=train_init_files,
     output:
-        best="results/train/best.safetensors",
-        metrics="results/train/metrics.jsonl",
+        best="results/train/{variant}/best.safetensors",
+        metrics="results/train/{variant}/metrics.jsonl",
     log:
-        "logs/train/train.log",
+        "logs/train/{variant}.log",
     conda:
         "../envs/specbuild.yaml"
     # torch's intra-op threads on CPU; Snakemake scales this down to --cores
     threads: 4
     resources:
-        gpu=train_gpus(),
+        gpu=train_gpus,
         # one batch of features + the target's lm_head and embedding; raise for large targets
         mem_mb=8000,
         runtime=720,
     params:
         # Resumable state is deliberately not an output: Snakemake deletes the outputs of a
         # failed job, and a killed job must find its checkpoints to resume.
-        state_dir="results/train/state",
-        # curves for `tensorboard --logdir`; kept across a resume like the state
-        tensorboard_dir="results/train/tensorboard",
-        hparams=train_hparams(),
+        state_dir="results/train/{variant}/state",
+        # curves for `tensorboard --logdir results/train`; kept across a resume like the state
+        tensorboard_dir="results/train/{variant}/tensorboard",
+        hparams=train_hparams,
     script:
         "../scripts/train.py"

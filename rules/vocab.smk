@@ -1,11 +1,18 @@
 rule vocab:
     """Count loss-masked target tokens over all tokenized shards; write the draft vocab map."""
     input:
-        tokens=per_shard("results/tokenized/{dataset}/{shard}.jsonl"),
-        metas=per_shard("results/tokenized/{dataset}/{shard}.meta.json"),
+        # training data only: the held-out train.eval_set must not shape the draft vocabulary
+        tokens=per_shard(
+            "results/tokenized/{dataset}/{shard}.jsonl", training_datasets()
+        ),
+        metas=per_shard(
+            "results/tokenized/{dataset}/{shard}.meta.json", training_datasets()
+        ),
         fp=target_file("fingerprint.json"),
         # every tokenized shard passed its rejected-row check (rules/rejects.smk)
-        checked=per_shard("results/checks/tokenized/{dataset}/{shard}.json"),
+        checked=per_shard(
+            "results/checks/tokenized/{dataset}/{shard}.json", training_datasets()
+        ),
     output:
         vocab="results/vocab/vocab.safetensors",
         stats="results/vocab/vocab_stats.json",

@@ -17,4 +17,8 @@ generate_shard(
     mode=snakemake.params.mode,
     sampling=SamplingParams(**snakemake.params.sampling),
     batch_size=snakemake.params.batch_size,
+    turns=snakemake.params.turns,
+    follow_up=SamplingParams(**snakemake.params.follow_up),
+    earlier=list(snakemake.input.earlier),
+    near_duplicate_threshold=snakemake.params.near_duplicate_threshold,
 )

@@ -6,6 +6,7 @@ start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 train_drafter(
     shards=list(snakemake.input.shards),
+    eval_shards=list(snakemake.input.eval_shards),
     vocab=snakemake.input.vocab,
     target_fingerprint=snakemake.input.fp,
     best_out=snakemake.output.best,

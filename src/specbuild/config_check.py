@@ -35,6 +35,8 @@ from jsonschema import Draft202012Validator, ValidationError, validators
 from specbuild.bench.chain import BASELINE, Chain
 
 __all__ = [
+    "VARIANT_FIXED",
+    "train_variants",
     "ConfigError",
     "check_config",
     "coerce_scalars",
@@ -82,9 +84,43 @@ class ConfigError(ValueError):
         super().__init__("\n".join(lines))
 
 
+# train keys a variant cannot change: the held-out set decides the shared vocabulary
+VARIANT_FIXED = ("eval_set", "variants")
+
+
 def load_schema(path: str | os.PathLike) -> dict:
     with open(path, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+        schema = yaml.safe_load(fh)
+    _add_variant_schema(schema)
+    return schema
+
+
+def _add_variant_schema(schema: dict) -> None:
+    """Each `train.variants.<name>` is checked against the train keys themselves (types, ranges,
+    choices), without their defaults: a variant holds only what it changes."""
+    train = schema.get("properties", {}).get("train", {}).get("properties", {})
+    if "variants" not in train:
+        return
+    keys = {
+        k: {f: v for f, v in spec.items() if f != "default"}
+        for k, spec in train.items()
+        if k not in VARIANT_FIXED
+    }
+    train["variants"]["additionalProperties"] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": keys,
+    }
+
+
+def train_variants(config: Mapping) -> dict[str, dict]:
+    """{variant: its full train config}: `base` is train as given, every other variant the same
+    with its own keys changed (`train.variants`)."""
+    train = {k: v for k, v in config["train"].items() if k != "variants"}
+    variants = {"base": train}
+    for name, changes in (config["train"].get("variants") or {}).items():
+        variants[name] = {**train, **changes}
+    return variants
 
 
 def check_config(
@@ -381,6 +417,27 @@ def _positive_int(value: Any) -> bool:
         return False
 
 
+def _eval_set_faults(config: Mapping) -> list[str]:
+    """train.eval_set names a dataset, leaves one to train on, and replaces eval_fraction."""
+    train, datasets = _mapping(config.get("train")), _mapping(config.get("datasets"))
+    name = train.get("eval_set")
+    if not isinstance(name, str):
+        return []
+    if name not in datasets:
+        return [
+            f"train.eval_set: {name!r} is no dataset (datasets: {', '.join(datasets)}); declare "
+            f"the held-out prompts under `datasets` and name them here{_suggest(name, datasets)}"
+        ]
+    if len(datasets) == 1:
+        return [f"train.eval_set: {name!r} is the only dataset; nothing would be trained on"]
+    if train.get("eval_fraction"):
+        return [
+            f"train.eval_fraction: must be 0 with train.eval_set {name!r} (the eval set is held "
+            "out instead; a fraction would hold out training samples that nothing evaluates)"
+        ]
+    return []
+
+
 def rule_faults(config: Mapping, workdir: Path) -> list[str]:
     """Faults across keys and on disk: input files that are missing, chains the engines
     cannot run, a backend without its endpoint, a tensor-parallel size that is no integer."""
@@ -389,6 +446,23 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
         spec = _mapping(spec)
         if "synthesize" not in spec:
             faults += _file_fault(f"datasets.{name}.path", spec.get("path"), workdir)
+
+    faults += _eval_set_faults(config)
+    train = _mapping(config.get("train"))
+    variants = _mapping(train.get("variants"))
+    if "base" in variants:
+        faults.append(
+            "train.variants.base: `base` is the recipe of `train` itself, always built; give "
+            "this variant another name"
+        )
+    for name, changes in {"": {}, **variants}.items():
+        merged = {**train, **_mapping(changes)}
+        key = f"train.variants.{name}" if name else "train"
+        if merged.get("init") not in (None, "random") and merged.get("init_from"):
+            faults.append(
+                f"{key}.init: {merged['init']!r} with {key}.init_from {merged['init_from']!r}: a "
+                "warm start replaces every weight; give one of them"
+            )
 
     bench = _mapping(config.get("bench"))
     engines = bench.get("engines") if isinstance(bench.get("engines"), list) else []

@@ -5,6 +5,9 @@ target (any backend). Every row records finish_reason, reasoning, usage and whic
 model and target fingerprint produced it; `keep` mode reuses assistant turns already in the
 samples (earlier inference from the same target) and marks where each response came from.
 
+Self-written conversations (`synthesize.turns` > 1) go on for more turns in the same job: the
+target writes each follow-up user turn itself and answers it (`generate_shard`).
+
 No single record takes a shard down: when the backend raises on a batch, each of its requests
 is tried alone, and one that still fails is rejected with the error as its reason.
 """
@@ -14,7 +17,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import torch
 
@@ -25,9 +30,11 @@ from specbuild.backends.base import (
     SamplingParams,
 )
 from specbuild.io import read_jsonl
+from specbuild.near_dup import find_near_duplicates
 from specbuild.rejects import publish_shard
 from specbuild.samples import split_prompt
-from specbuild.target import read_target_info
+from specbuild.target import load_tokenizer, read_target_info
+from specbuild.user_turn import follow_up_seed, open_user_turn, written_user_turn
 
 __all__ = ["generate_shard", "generate_each", "split_prompt"]
 
@@ -68,6 +75,74 @@ def _free_accelerator_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def _run(
+    engine: GenerationBackend,
+    requests: list[GenerationRequest],
+    sampling: SamplingParams,
+    batch_size: int,
+    what: str,
+) -> Iterator[tuple[GenerationRequest, Generation | str]]:
+    """Every request with its Generation (or failure reason), batch by batch, logging progress."""
+    t0, n_tok = time.perf_counter(), 0
+    for b in range(0, len(requests), batch_size):
+        batch = requests[b : b + batch_size]
+        for req, gen in zip(batch, generate_each(engine, batch, sampling), strict=True):
+            n_tok += 0 if isinstance(gen, str) else gen.completion_tokens
+            yield req, gen
+        log.info(
+            "%s: %d/%d done, %d tokens, %.1f tok/s",
+            what,
+            min(b + batch_size, len(requests)),
+            len(requests),
+            n_tok,
+            n_tok / max(time.perf_counter() - t0, 1e-9),
+        )
+
+
+def _answer_failure(gen: Generation | str) -> str | None:
+    if isinstance(gen, str):
+        return gen
+    if gen.finish_reason not in ("stop", "length"):
+        return "backend error: " + str(gen.extra.get("error", gen.finish_reason))
+    return None
+
+
+def _follow_ups(
+    engine: GenerationBackend,
+    tokenizer,
+    conversations: dict[str, list[dict]],
+    *,
+    turn: int,
+    sampling: SamplingParams,
+    batch_size: int,
+) -> tuple[list[GenerationRequest], Counter]:
+    """User turn `turn` of each conversation, written by the target (see specbuild.user_turn),
+    as the requests that answer it; and why the other conversations end here."""
+    requests = [
+        GenerationRequest(
+            id=cid,
+            # token ids, not text: a server would put its BOS before the template's own
+            prompt=tokenizer(open_user_turn(tokenizer, msgs), add_special_tokens=False)[
+                "input_ids"
+            ],
+            seed=follow_up_seed(sampling.seed, cid, turn),
+        )
+        for cid, msgs in conversations.items()
+    ]
+    answers: list[GenerationRequest] = []
+    ended: Counter = Counter()
+    for req, gen in _run(engine, requests, sampling, batch_size, f"user turn {turn}"):
+        text, reason = (
+            ("", gen) if isinstance(gen, str) else written_user_turn(gen, sampling.max_new_tokens)
+        )
+        if reason is not None:
+            ended[f"user turn {turn}: {reason}"] += 1
+            continue
+        user = {"role": "user", "content": text}
+        answers.append(GenerationRequest(id=req.id, messages=conversations[req.id] + [user]))
+    return answers, ended
+
+
 def generate_shard(
     *,
     samples: str | os.PathLike,
@@ -79,19 +154,55 @@ def generate_shard(
     mode: str,
     sampling: SamplingParams,
     batch_size: int,
+    turns: int = 1,
+    follow_up: SamplingParams | None = None,
+    earlier: Sequence[str | os.PathLike] = (),
+    near_duplicate_threshold: float | None = None,
 ) -> tuple[int, int]:
     """Write one generated row per sample of `samples`; failures go to `rejected`, the numbers
     to `counts`.
 
     `backend` is a constructor, called only if some sample needs the model (keep mode may not).
+
+    `turns` > 1 (self-written conversations, `synthesize.turns`): after the target answers, it
+    writes the next user turn itself with `follow_up` sampling (the open user turn of
+    `specbuild.user_turn`, continued on the conversation so far) and answers that, until each
+    generated conversation has `turns` answers, in this one job through the same backend. A
+    conversation ends early, keeping every turn it has, when an answer stops at max_new_tokens
+    (a follow-up would build on an answer the target never finished) or a follow-up is not
+    written (unfinished, empty, the backend failed); the log counts each reason. Only a failed
+    first answer rejects the sample. `finish_reason` is the last answer's, `usage` the sum.
+
+    `near_duplicate_threshold` (None: off) rejects, before any answer is generated, each sample
+    whose prompt is a near-duplicate of an earlier kept one of its dataset: in the `earlier`
+    samples shards (every shard before this one, in order) or earlier in this shard
+    (`specbuild.near_dup`).
     """
     if mode not in MODES:
         raise ValueError(f"generate.mode {mode!r}: allowed {', '.join(MODES)}")
+    if turns > 1 and follow_up is None:
+        raise ValueError(f"turns {turns} needs the follow-up sampling (synthesize settings)")
     target = read_target_info(fingerprint)
     rows = list(read_jsonl(samples))
+    bad: list[dict] = []
+    dups: dict[str, str] = {}
+    if near_duplicate_threshold is not None:
+        dups, n_earlier = find_near_duplicates(earlier, rows, near_duplicate_threshold)
+        bad += [{"id": row_id, "reason": reason} for row_id, reason in dups.items()]
+        log.info(
+            "near-duplicates: %d of %d prompts (Jaccard >= %g), against %d kept prompts of %d "
+            "earlier shard(s) and the shard itself",
+            len(dups),
+            len(rows),
+            near_duplicate_threshold,
+            n_earlier,
+            len(earlier),
+        )
     kept: dict[str, dict] = {}
     todo: list[GenerationRequest] = []
     for row in rows:
+        if row["id"] in dups:
+            continue
         prompt, answer = split_prompt(row["messages"])
         if mode == "keep" and answer is not None:
             kept[row["id"]] = {
@@ -103,61 +214,76 @@ def generate_shard(
         else:
             todo.append(GenerationRequest(id=row["id"], messages=prompt))
     log.info(
-        "generate %s: %d samples, %d kept from the dataset, %d to generate",
+        "generate %s: %d samples, %d kept from the dataset, %d to generate%s",
         samples,
         len(rows),
         len(kept),
         len(todo),
+        f", {turns} turns each" if turns > 1 else "",
     )
 
     made: dict[str, dict] = {}
-    bad: list[dict] = []
+    ended: Counter = Counter()
     if todo:
         torch.manual_seed(sampling.seed)
+        tokenizer = load_tokenizer(Path(fingerprint).parent) if turns > 1 else None
         engine = backend()
         try:
-            t0, n_tok = time.perf_counter(), 0
-            for b in range(0, len(todo), batch_size):
-                batch = todo[b : b + batch_size]
-                for req, gen in zip(batch, generate_each(engine, batch, sampling), strict=True):
-                    if isinstance(gen, str):
-                        bad.append({"id": req.id, "reason": gen})
-                        continue
-                    if gen.finish_reason not in ("stop", "length"):
-                        bad.append(
-                            {
-                                "id": req.id,
-                                "reason": "backend error: "
-                                + str(gen.extra.get("error", gen.finish_reason)),
-                            }
-                        )
+            pending = todo
+            for turn in range(1, turns + 1):
+                finished: dict[str, list[dict]] = {}  # answered at end of turn: may go on
+                what = "generate" if turns == 1 else f"generate turn {turn}/{turns}"
+                for req, gen in _run(engine, pending, sampling, batch_size, what):
+                    reason = _answer_failure(gen)
+                    if reason is not None:
+                        if turn == 1:
+                            bad.append({"id": req.id, "reason": reason})
+                        else:  # the conversation keeps its earlier turns
+                            ended[f"answer {turn}: {reason}"] += 1
                         continue
                     answer = {"role": "assistant", "content": gen.content}
                     if gen.reasoning:
                         answer["reasoning_content"] = gen.reasoning
+                    usage = (made.get(req.id) or {}).get("usage") or {}
                     made[req.id] = {
                         "messages": req.messages + [answer],
                         "finish_reason": gen.finish_reason,
                         "usage": {
-                            "prompt_tokens": gen.prompt_tokens,
-                            "completion_tokens": gen.completion_tokens,
+                            "prompt_tokens": usage.get("prompt_tokens", 0) + gen.prompt_tokens,
+                            "completion_tokens": usage.get("completion_tokens", 0)
+                            + gen.completion_tokens,
                         },
                         "response_source": "generated",
                     }
-                    n_tok += gen.completion_tokens
-                dt = time.perf_counter() - t0
-                log.info(
-                    "generate: %d/%d done, %d tokens, %.1f tok/s",
-                    min(b + batch_size, len(todo)),
-                    len(todo),
-                    n_tok,
-                    n_tok / max(dt, 1e-9),
+                    if gen.finish_reason == "stop":
+                        finished[req.id] = made[req.id]["messages"]
+                    elif turn < turns:
+                        ended[f"answer {turn}: stopped at max_new_tokens"] += 1
+                if turn == turns or not finished:
+                    break
+                pending, why = _follow_ups(
+                    engine,
+                    tokenizer,
+                    finished,
+                    turn=turn + 1,
+                    sampling=follow_up,
+                    batch_size=batch_size,
                 )
+                ended += why
             producer = {"backend": engine.name, "model": engine.model}
         finally:
             engine.close()
     else:
         producer = {"backend": None, "model": None}
+    if turns > 1:
+        answers = Counter(
+            sum(m["role"] == "assistant" for m in r["messages"]) for r in made.values()
+        )
+        log.info(
+            "conversations by answers: %s; ended early: %s",
+            ", ".join(f"{n} answers: {c}" for n, c in sorted(answers.items())) or "none",
+            ", ".join(f"{why}: {c}" for why, c in sorted(ended.items())) or "none",
+        )
 
     def rows_out():
         for row in rows:

@@ -1,6 +1,6 @@
 """`make serve`: the command that serves the built drafter with SGLang, written as a script.
 
-    results/serve.sh  <-  results/drafter/ + the sglang engine's bench rows (when built)
+    results/serve.sh  <-  bench.drafter (results/drafter/base/) + the sglang engine's bench rows
 
 The chain is the one the sglang engine measured fastest single-stream (the latency a
 speculative drafter is for: `bench.metrics` tokens/s over every set's requests); without

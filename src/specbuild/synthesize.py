@@ -24,24 +24,11 @@ from specbuild.backends.base import GenerationBackend, GenerationRequest, Sampli
 from specbuild.generate import generate_each
 from specbuild.rejects import publish_shard
 from specbuild.target import load_tokenizer, read_target_info
+from specbuild.user_turn import open_user_turn, written_user_turn
 
 __all__ = ["open_user_turn", "synthesize_shard"]
 
 log = logging.getLogger("specbuild")
-_SENTINEL = "\u2063specbuild-user-turn\u2063"  # invisible separators: no template emits them
-
-
-def open_user_turn(tokenizer) -> str:
-    """The chat template rendered up to where a user message's text starts."""
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=False
-    )
-    if text.count(_SENTINEL) != 1:
-        raise ValueError(
-            "the target's chat template does not put a user message's text verbatim into the "
-            "prompt exactly once; self-written prompts need a template that does"
-        )
-    return text[: text.index(_SENTINEL)]
 
 
 def synthesize_shard(
@@ -94,16 +81,10 @@ def synthesize_shard(
                 if isinstance(gen, str):  # the backend raised on this request alone
                     bad.append({"id": req.id, "reason": gen, "text": ""})
                     continue
-                text = gen.content.strip()
-                if gen.finish_reason == "length":
-                    reason = f"prompt not finished within {sampling.max_new_tokens} tokens"
-                elif gen.finish_reason != "stop":
-                    reason = "backend error: " + str(gen.extra.get("error", gen.finish_reason))
-                elif not text:
-                    reason = "empty prompt"
-                elif text in seen:
+                text, reason = written_user_turn(gen, sampling.max_new_tokens)
+                if reason is None and text in seen:
                     reason = f"repeats {seen[text]}"
-                else:
+                if reason is None:
                     seen[text] = req.id
                     source = {"synthesized_by": engine.name, "model": engine.model}
                     source.update(seed=req.seed, target_fingerprint=target.fingerprint)

@@ -169,6 +169,30 @@ def test_the_openai_engine_needs_its_endpoint():
     assert fault.startswith("bench.openai.endpoint: bench.engines has openai")
 
 
+@pytest.mark.parametrize(
+    ("eval_set", "fraction", "fault"),
+    [
+        ("mt_bench", 0.0, "train.eval_set: 'mt_bench' is no dataset (datasets: gsm8k, chat)"),
+        ("chat", 0.05, "train.eval_fraction: must be 0 with train.eval_set 'chat'"),
+    ],
+)
+def test_an_eval_set_must_be_a_dataset_held_out_instead_of_a_fraction(eval_set, fraction, fault):
+    cfg = _default()
+    cfg["train"].update(eval_set=eval_set, eval_fraction=fraction)
+    (got,) = _faults(cfg)
+    assert got.startswith(fault)
+    cfg["train"]["eval_fraction"] = 0.0
+    cfg["train"]["eval_set"] = "chat"
+    check_config(cfg, schema=SCHEMA, source="test.yaml", workdir=REPO)  # passes
+
+
+def test_a_target_layer_init_with_a_warm_start_is_refused():
+    cfg = _default()
+    cfg["train"].update(init="target_last_layer", init_from="results/drafter")
+    (fault,) = _faults(cfg)
+    assert fault.startswith("train.init: 'target_last_layer' with train.init_from")
+
+
 def test_every_fault_is_listed_once_and_long_lists_are_cut():
     cfg = _default()
     cfg["datasets"]["chat"]["path"] = "x.jsonl"  # both path and synthesize
@@ -274,3 +298,29 @@ def test_every_schema_key_has_a_description():
 
     walk(_load(SCHEMA), "config")
     assert not missing, missing
+
+
+def test_a_variant_changes_only_train_keys_each_checked_like_the_key_itself():
+    cfg = _default()
+    cfg["train"]["variants"] = {
+        "long": {"epochs": 12},
+        "bad": {"lr": "fast", "eval_set": "gsm8k", "ephocs": 3},
+        "base": {"epochs": 2},
+    }
+    faults = _faults(cfg)
+    assert any(f.startswith("train.variants.bad.lr: ") for f in faults)
+    assert "train.variants.bad.eval_set: unknown key" in faults  # shared: it decides the vocab
+    assert any("ephocs" in f and "epochs" in f for f in faults)  # unknown key, with a suggestion
+    assert any(f.startswith("train.variants.base: `base` is the recipe") for f in faults)
+    assert not any("long" in f for f in faults)
+
+
+def test_variants_keep_the_base_recipe_and_change_only_their_keys():
+    from specbuild.config_check import train_variants
+
+    cfg = _default()
+    cfg["train"]["variants"] = {"long": {"epochs": 12}}
+    variants = train_variants(cfg)
+    assert list(variants) == ["base", "long"]
+    assert variants["long"] == {**variants["base"], "epochs": 12}
+    assert "variants" not in variants["base"]

@@ -1,6 +1,8 @@
 """Stage `generate`: the hf backend on the real SmolLM2, keep vs regenerate, provenance."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +11,10 @@ from specbuild.backends.base import Generation, GenerationRequest
 from specbuild.backends.hf import split_reasoning
 from specbuild.generate import generate_shard
 from specbuild.io import read_json, read_jsonl
+from specbuild.tokenization import tokenize_conversation
+from specbuild.user_turn import follow_up_seed, open_user_turn
+
+STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
 
 ASK = [{"role": "user", "content": "Name one primary color."}]
 
@@ -148,3 +154,185 @@ def test_a_record_the_backend_raises_on_is_rejected_and_the_rest_of_its_batch_ke
         ["d-4", "d-5"],
     ]
     assert read_json(counts)["in"] == 6
+
+
+# Multi-turn self-written conversations (synthesize.turns > 1) --------------------------------
+
+FOLLOW_UP = SamplingParams(max_new_tokens=24, temperature=1.0, seed=5)
+
+
+class Scripted:
+    """Answers "answer <n>" to chat requests; writes follow-ups from raw prompts (token ids),
+    and plays out one failure per conversation id named in `fail`."""
+
+    name = model = "scripted"
+
+    def __init__(self, fail: dict[str, str] | None = None):
+        self.fail = fail or {}
+        self.follow_ups: list[GenerationRequest] = []
+
+    def generate(self, requests, sampling):
+        out = []
+        for r in requests:
+            if r.prompt is not None:
+                self.follow_ups.append(r)
+                finish = "length" if self.fail.get(r.id) == "follow-up" else "stop"
+                out.append(Generation(r.id, f" And then {r.seed % 97}? ", finish, len(r.prompt), 5))
+            else:
+                n = sum(m["role"] == "user" for m in r.messages)
+                fail = self.fail.get(r.id)
+                finish = {f"answer {n}": "length", f"error {n}": "error"}.get(fail, "stop")
+                out.append(Generation(r.id, f"answer {n}", finish, 10 * n, 3))
+        return out
+
+    def close(self):
+        pass
+
+
+def _turns(tmp_path, target_dir, engine, rows, *, turns, backend=None):
+    out = tmp_path / "g.jsonl"
+    generate_shard(
+        samples=_samples(tmp_path / "s.jsonl", rows),
+        fingerprint=target_dir / "fingerprint.json",
+        out=out,
+        rejected=tmp_path / "r.jsonl",
+        counts=tmp_path / "c.json",
+        backend=backend or (lambda: engine),
+        mode="regenerate",
+        sampling=SamplingParams(max_new_tokens=64),
+        batch_size=2,
+        turns=turns,
+        follow_up=FOLLOW_UP,
+    )
+    return {r["id"]: r for r in read_jsonl(out)}, list(read_jsonl(tmp_path / "r.jsonl"))
+
+
+def test_the_target_writes_each_follow_up_on_the_conversation_so_far(
+    tmp_path, target_dir, tokenizer
+):
+    rows = [
+        {"id": f"chat-{i}", "messages": [{"role": "user", "content": f"Q{i}"}]} for i in range(5)
+    ]
+    engine = Scripted(
+        {"chat-1": "answer 1", "chat-2": "follow-up", "chat-3": "answer 2", "chat-4": "error 2"}
+    )
+    got, rejects = _turns(tmp_path, target_dir, engine, rows, turns=3)
+    assert rejects == [] and sorted(got) == [r["id"] for r in rows]
+    roles = {cid: [m["role"] for m in r["messages"]] for cid, r in got.items()}
+    assert roles["chat-0"] == ["user", "assistant"] * 3
+    assert roles["chat-1"] == ["user", "assistant"]  # answer cut at max_new_tokens: no follow-up
+    assert roles["chat-2"] == ["user", "assistant"]  # its second user turn never finished
+    assert roles["chat-3"] == ["user", "assistant"] * 2  # kept as cut, like a first answer
+    assert roles["chat-4"] == ["user", "assistant"]  # a failed second answer: the first stays
+    full = got["chat-0"]
+    assert [m["content"] for m in full["messages"][1::2]] == ["answer 1", "answer 2", "answer 3"]
+    assert full["messages"][2]["content"] == full["messages"][2]["content"].strip()
+    assert full["usage"] == {"prompt_tokens": 10 + 20 + 30, "completion_tokens": 9}
+    assert got["chat-3"]["finish_reason"] == "length"  # the last answer's
+    assert got["chat-4"]["finish_reason"] == "stop"  # the failed answer left no trace
+    # each follow-up continues the open user turn after the conversation so far, as token ids,
+    # seeded by (seed, id, turn) alone
+    first = next(r for r in engine.follow_ups if r.id == "chat-0")
+    convo = full["messages"][:2]
+    ids = tokenizer(open_user_turn(tokenizer, convo), add_special_tokens=False)["input_ids"]
+    assert first.prompt == ids and tokenizer.decode(ids).endswith("<|im_start|>user\n")
+    assert first.seed == follow_up_seed(5, "chat-0", 2) != follow_up_seed(5, "chat-0", 3)
+    assert sorted((r.id, r.seed) for r in engine.follow_ups) == sorted(
+        [(f"chat-{i}", follow_up_seed(5, f"chat-{i}", 2)) for i in (0, 2, 3, 4)]
+        + [("chat-0", follow_up_seed(5, "chat-0", 3))]
+    )
+    # tokenize trains on every answer of the conversation, never on a user turn
+    row = tokenize_conversation(
+        tokenizer,
+        full["messages"],
+        row_id="x",
+        finish_reason="stop",
+        max_length=512,
+        overlong="truncate",
+    ).row
+    masked = tokenizer.decode(
+        [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
+    )
+    assert masked == "answer 1<|im_end|>answer 2<|im_end|>answer 3<|im_end|>"
+
+
+def test_one_turn_sends_no_follow_up(tmp_path, target_dir):
+    engine = Scripted()
+    got, _ = _turns(tmp_path, target_dir, engine, [{"id": "a", "messages": ASK}], turns=1)
+    assert engine.follow_ups == [] and len(got["a"]["messages"]) == 2
+
+
+def test_hf_answers_the_follow_ups_smollm2_writes(tmp_path, target_dir):
+    def hf():  # generate_shard closes the backend it built: a fresh one, not the fixture
+        return make_backend("hf", target_dir=str(target_dir), device="cpu", batch_size=4)
+
+    rows = [
+        {"id": "chat-0000000", "messages": ASK},
+        {"id": "chat-0000001", "messages": [{"role": "user", "content": "Say hi to Bob."}]},
+    ]
+    got, rejects = _turns(tmp_path, target_dir, None, rows, turns=2, backend=hf)
+    assert rejects == [] and len(got) == 2
+    for r in got.values():
+        roles = [m["role"] for m in r["messages"]]
+        assert roles in (["user", "assistant"], ["user", "assistant"] * 2)
+        assert all(m["content"].strip() and "<|im_" not in m["content"] for m in r["messages"])
+    assert any(len(r["messages"]) == 4 for r in got.values())  # seeded: the same every run
+
+
+def test_sglang_conversations_go_on_through_the_stub_server(tmp_path, target_dir):
+    def sglang():
+        return make_backend(
+            "sglang",
+            target_dir=str(target_dir),
+            launcher=(sys.executable, str(STUB)),
+            startup_timeout_s=20,
+        )
+
+    rows = [
+        {"id": f"chat-{i}", "messages": [{"role": "user", "content": f"Q {i}"}]} for i in range(3)
+    ]
+    got, rejects = _turns(tmp_path, target_dir, None, rows, turns=3, backend=sglang)
+    assert rejects == [] and len(got) == 3
+    for r in got.values():
+        assert [m["role"] for m in r["messages"]] == ["user", "assistant"] * 3
+        assert r["backend"] == "sglang"
+    follow_ups = [r["messages"][2]["content"] for r in got.values()]
+    assert len(set(follow_ups)) == 3  # each conversation its own seed
+
+
+def test_a_near_duplicate_of_an_earlier_shards_prompt_is_rejected_before_any_answer(
+    tmp_path, target_dir
+):
+    earlier = _samples(tmp_path / "00000.jsonl", [{"id": "d-0", "messages": ASK}])
+    rows = [
+        {"id": "d-1", "messages": [{"role": "user", "content": "NAME one primary color!"}]},
+        {"id": "d-2", "messages": [{"role": "user", "content": "Name two primary colors."}]},
+    ]
+    asked: list[str] = []
+
+    class Recording(Scripted):
+        def generate(self, requests, sampling):
+            asked.extend(r.id for r in requests)
+            return super().generate(requests, sampling)
+
+    out, rej, counts = tmp_path / "g.jsonl", tmp_path / "r.jsonl", tmp_path / "c.json"
+    kept, bad = generate_shard(
+        samples=_samples(tmp_path / "00001.jsonl", rows),
+        fingerprint=target_dir / "fingerprint.json",
+        out=out,
+        rejected=rej,
+        counts=counts,
+        backend=Recording,
+        mode="regenerate",
+        sampling=SamplingParams(max_new_tokens=8),
+        batch_size=4,
+        earlier=[earlier],
+        near_duplicate_threshold=0.8,
+    )
+    assert (kept, bad) == (1, 1) and asked == ["d-2"]
+    (reject,) = read_jsonl(rej)
+    assert reject == {
+        "id": "d-1",
+        "reason": "near-duplicate of d-0 (Jaccard 1.00 >= 0.8 over 5-word shingles)",
+    }
+    assert read_json(counts)["in"] == 2 and [r["id"] for r in read_jsonl(out)] == ["d-2"]

@@ -217,6 +217,27 @@ def test_host_copies_on_cpu_land_in_place():
     assert dst.tolist() == [[2, 3], [4, 5], [0, 0], [0, 1]]
 
 
+def test_scatter_tasks_cover_every_row_once_in_pieces_of_bounded_size(monkeypatch):
+    from specbuild.hidden import hostcopy
+
+    monkeypatch.setattr(hostcopy, "_TASK_BYTES", 64)
+    staged = {"aux": torch.randn(10, 6).bfloat16(), "scale": torch.randn(10, 3)}
+    spans = [(slice(0, 7), slice(3, 10)), (slice(7, 10), slice(0, 3))]
+    out = {k: torch.zeros_like(v) for k, v in staged.items()}
+    seen = {k: [] for k in staged}
+    tasks = hostcopy._tasks(staged, spans)
+    for task in tasks:
+        # a task stops once it holds 64 bytes: at most one row-range over that
+        assert sum((s.stop - s.start) * staged[k][0].nbytes for k, s, _ in task[:-1]) < 64
+        for key, src, dst in task:
+            hostcopy._copy_bytes(out[key][dst], staged[key][src])
+            seen[key] += range(dst.start, dst.stop)
+    assert all(sorted(rows) == list(range(10)) for rows in seen.values())
+    for key in staged:
+        assert torch.equal(out[key][3:10], staged[key][0:7])
+        assert torch.equal(out[key][0:3], staged[key][7:10])
+
+
 def test_samples_adjacent_in_the_batch_and_the_shard_copy_as_one_span():
     from specbuild.hidden.extract import _spans
 

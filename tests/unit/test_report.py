@@ -333,3 +333,36 @@ def test_tuning_report_keeps_every_point_with_its_status(tmp_path):
     header = (tmp_path / "t" / "tuning.csv").read_text().splitlines()[0]
     assert header.split(",") == list(TUNING_KEYS)
     assert (tmp_path / "p" / "tuning.png").stat().st_size > 1000
+
+
+def test_the_variants_table_takes_each_variants_best_eval_row_and_names_its_changes(tmp_path):
+    from specbuild.variants import write_variants
+
+    metrics = {}
+    for name, accs in {"base": [0.3, 0.5], "long": [0.6, 0.4]}.items():
+        rows = [
+            {
+                "step": 10 * i,
+                "epoch": i,
+                "tokens": 100 * i,
+                "acc": [a, a / 2],
+                "acceptance_length": 1 + a + a * a / 2,
+                "tokens_per_s": 50.0,
+            }
+            for i, a in enumerate(accs, 1)
+        ]
+        metrics[name] = tmp_path / f"{name}.jsonl"
+        metrics[name].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = write_variants(
+        metrics=metrics,
+        changes={"long": {"epochs": 12, "init": "target_last_layer"}},
+        table=tmp_path / "variants.md",
+        plot=tmp_path / "variants.png",
+    )
+    assert list(table["variant"]) == ["base", "long"]
+    assert list(table["best step"]) == [20, 10]  # each variant's own best row
+    assert table.loc[1, "changes"] == 'epochs=12, init="target_last_layer"'
+    assert table.loc[0, "changes"] == "(the train recipe)"
+    assert table.loc[1, "acc 1"] == 0.6 and table.loc[1, "acc 2"] == 0.3
+    assert (tmp_path / "variants.csv").exists() and (tmp_path / "variants.html").exists()
+    assert (tmp_path / "variants.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -14,7 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specbuild.drafter.data import ShardSet, plan_batches, split_samples
+from specbuild.drafter.data import (
+    ShardSet,
+    plan_batches,
+    split_held_out_shards,
+    split_samples,
+)
 from specbuild.drafter.metrics import acceptance_length
 from specbuild.drafter.objective import TTTObjective
 from specbuild.drafter.state import (
@@ -185,6 +190,8 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run_bit_for_bit(ws, tmp_pa
         [json.loads(line) for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
         for d in ("whole", "cut")
     ]
+    for row in rows[0] + rows[1]:
+        row.pop("tokens_per_s")  # a timing of that run, not a result
     assert rows[0] == rows[1] and len(rows[0]) == 3
 
 
@@ -318,6 +325,7 @@ def test_a_finished_job_run_again_trains_from_scratch_as_forcerun_means(ws, tmp_
     assert "starting fresh" in log and "a finished run of this job" in log
     assert "resuming" not in log
     assert _trained_tokens(tmp_path / "again.log") == _trained_tokens(tmp_path / "first.log") > 0
+    again.pop("tokens_per_s"), first.pop("tokens_per_s")  # timings of each run
     assert again == first  # seeded: the same run again
 
 
@@ -451,3 +459,130 @@ def test_a_non_finite_loss_stops_training_at_that_step_naming_the_batch_shards(w
 def test_cuda_bf16_autocast_run_overfits_like_the_cpu_one(ws, tmp_path):
     best = run(ws, tmp_path, epochs=12, device="cuda")
     assert best["acc"][0] > 0.9
+
+
+def test_an_eval_set_picks_the_best_epoch_and_is_never_trained_on(ws, tmp_path):
+    train_shard, held_shard = ws["shards"]
+    best = train_drafter(
+        shards=[train_shard],
+        eval_shards=[held_shard],
+        vocab=ws["vocab"],
+        target_fingerprint=ws["target_fingerprint"],
+        best_out=str(tmp_path / "best.safetensors"),
+        metrics_out=str(tmp_path / "metrics.jsonl"),
+        state_dir=str(tmp_path / "state"),
+        config=TrainConfig(
+            epochs=3, token_budget=96, max_length=24, eval_fraction=0, eval_set="held", lr=3e-3
+        ),
+        threads=1,
+    )
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # trained tokens: the 8 samples of the training shard only (23 inputs each, 3 epochs)
+    assert rows[-1]["tokens"] == 3 * 8 * 23
+    # evaluated: every sample of the held-out shard, and nothing else
+    held = ShardSet([held_shard], hidden_size=64)
+    assert rows[0]["eval_positions"][0] == sum(
+        int(held.batch([r], 24).valid.sum()) for r in held.refs
+    )
+    assert best["acceptance_length"] == max(r["acceptance_length"] for r in rows)
+    assert split_held_out_shards([0, 0, 1, 1, 0], {1}, "held") == ([0, 1, 4], [2, 3])
+    with pytest.raises(ValueError, match="eval set 'held' leaves 3 training and 0 held-out"):
+        split_held_out_shards([0, 0, 0], {1}, "held")
+    with pytest.raises(ValueError, match="eval_set 'held' is held out for evaluation"):
+        TrainConfig(eval_set="held", eval_fraction=0.05).check()
+
+
+def _target_with_layers(ws, folder, *, drop=None, seed=1):
+    """The workspace's target folder plus every decoder layer's weights (Llama names)."""
+    from specbuild.drafter.synthetic import SyntheticSpec, target_config
+
+    src = os.path.dirname(ws["target_fingerprint"])
+    shutil.copytree(src, folder)
+    cfg = target_config(SyntheticSpec())
+    H, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    shapes = {
+        "input_layernorm.weight": [H],
+        "self_attn.q_proj.weight": [q, H],
+        "self_attn.k_proj.weight": [kv, H],
+        "self_attn.v_proj.weight": [kv, H],
+        "self_attn.o_proj.weight": [H, q],
+        "post_attention_layernorm.weight": [H],
+        "mlp.gate_proj.weight": [inter, H],
+        "mlp.up_proj.weight": [inter, H],
+        "mlp.down_proj.weight": [H, inter],
+    }
+    g = torch.Generator().manual_seed(seed)
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    for layer in range(cfg["num_hidden_layers"]):
+        for name, shape in shapes.items():
+            if name != drop:
+                tensors[f"model.layers.{layer}.{name}"] = torch.randn(shape, generator=g)
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_target_last_layer_init_copies_the_last_layer_and_the_embedding_half_only(ws, tmp_path):
+    from specbuild.drafter.target_init import init_from_target_layer
+    from specbuild.drafter.train import _build
+
+    target = _target_with_layers(ws, tmp_path / "target")
+    model, _ = _build(TrainConfig(), target, ws["vocab"], 256)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    lines = init_from_target_layer(model, target)
+    theirs = load_file(target / "model.safetensors")
+    mid = model.midlayer
+    H = 64
+    assert torch.equal(
+        mid.self_attn.q_proj.weight[:, :H], theirs["model.layers.7.self_attn.q_proj.weight"]
+    )
+    assert torch.equal(mid.mlp.down_proj.weight, theirs["model.layers.7.mlp.down_proj.weight"])
+    assert torch.equal(mid.input_layernorm.weight, theirs["model.layers.7.input_layernorm.weight"])
+    after = model.state_dict()
+    # the hidden half, its norm, fc and the head are untouched
+    for k in ("midlayer.hidden_norm.weight", "fc.weight", "lm_head.weight", "norm.weight"):
+        assert torch.equal(after[k], before[k]), k
+    assert torch.equal(
+        mid.self_attn.k_proj.weight[:, H:], before["midlayer.self_attn.k_proj.weight"][:, H:]
+    )
+    assert len(lines) == 9 and lines[1] == (
+        "midlayer.self_attn.q_proj.weight[:, :H] <- model.layers.7.self_attn.q_proj.weight [64, 64]"
+    )
+
+
+def test_target_last_layer_init_refuses_a_layer_it_cannot_fully_copy(ws, tmp_path):
+    from specbuild.drafter.target_init import init_from_target_layer
+    from specbuild.drafter.train import _build
+
+    target = _target_with_layers(ws, tmp_path / "target", drop="mlp.up_proj.weight")
+    model, _ = _build(TrainConfig(), target, ws["vocab"], 256)
+    with pytest.raises(ValueError, match=r"lack \['model.layers.7.mlp.up_proj.weight'\]"):
+        init_from_target_layer(model, target)
+    with pytest.raises(ValueError, match="a warm start replaces every weight"):
+        TrainConfig(init="target_last_layer", init_from="x").check()
+
+
+def test_a_run_with_target_last_layer_init_logs_what_it_copied(ws, tmp_path):
+    target = _target_with_layers(ws, tmp_path / "target")
+    log = tmp_path / "train.log"
+    spec = dict(ws, target_fingerprint=str(target / "fingerprint.json"))
+    run(spec, tmp_path, epochs=1, init="target_last_layer", log_path=str(log))
+    text = log.read_text()
+    assert "init from the target's last decoder layer" in text
+    assert "midlayer.mlp.gate_proj.weight <- model.layers.7.mlp.gate_proj.weight [128, 64]" in text
+
+
+def test_target_last_layer_init_reads_smollm2s_own_weights(target_dir):
+    from specbuild.drafter.config import DrafterConfig
+    from specbuild.drafter.model import Eagle3Drafter
+    from specbuild.drafter.target_init import init_from_target_layer
+    from specbuild.drafter.teacher import read_target_weights
+
+    cfg = json.loads((target_dir / "config.json").read_text())
+    model = Eagle3Drafter(DrafterConfig.from_target(cfg, draft_vocab_size=32))
+    lines = init_from_target_layer(model, target_dir)
+    last = cfg["num_hidden_layers"] - 1
+    name = f"model.layers.{last}.self_attn.v_proj.weight"
+    (v,) = read_target_weights(target_dir, [name]).values()
+    assert len(lines) == 9
+    assert torch.equal(model.midlayer.self_attn.v_proj.weight[:, : cfg["hidden_size"]], v.float())

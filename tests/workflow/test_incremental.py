@@ -6,7 +6,8 @@ runs for real on a copy of the built workflow; setting changes are dry-runs agai
 
 What the stages after the shards read (so what a change must rerun):
   vocab    every tokenized shard             align   the first hidden shard of each dataset
-  train    every hidden shard, vocab, align  export  train
+  train    every hidden shard, vocab, align  export  train (both per variant)
+  variants every variant's train metrics
   bench    a drafter chain: export; baseline: only the target and the prompts
   bench_report      every bench row file and train's metrics
   pipeline_report   every samples, generated, tokenized and hidden shard, vocab, align, train
@@ -54,7 +55,7 @@ def is_drafter_dependent(job: tuple[str, str]) -> bool:
     rule, wildcards = job
     if rule == "bench":
         return "chain=baseline" not in wildcards
-    return rule in {"train", "export", "bench_report", "pipeline_report", "serve"}
+    return rule in {"train", "export", "variants", "bench_report", "pipeline_report", "serve"}
 
 
 def is_benchmarking(job: tuple[str, str]) -> bool:
@@ -267,3 +268,26 @@ def test_a_shard_over_its_limit_stops_before_generate_and_a_raised_limit_reruns_
     snakemake(workdir, target, "--cores", "2", "--configfile", str(raised))
     assert results_state(workdir, "samples") == samples_before  # the samples shard was kept
     assert (workdir / target).exists()
+
+
+def test_adding_a_variant_runs_only_its_training_and_export_and_removing_it_nothing_else(
+    built_workflow, tmp_path
+):
+    # The shards, vocab, base drafter and benches stay; the table compares one more variant.
+    jobs = dry_run_with(built_workflow, tmp_path, train={"variants": {"long": {"epochs": 2}}})
+    assert jobs == [("export", "variant=long"), ("train", "variant=long"), ("variants", "")]
+    workdir = copy_workdir(built_workflow.workdir, tmp_path / "wf")
+    with_long = write_config(
+        tmp_path, tiny_config(train={"variants": {"long": {"epochs": 2}}}), name="long.yaml"
+    )
+    before = {stage: results_state(workdir, stage) for stage in ("hidden", "vocab", "drafter")}
+    snakemake(workdir, "--cores", "2", "--configfile", str(with_long))
+    assert results_state(workdir, "hidden") == before["hidden"]
+    assert results_state(workdir, "vocab") == before["vocab"]
+    drafters = results_state(workdir, "drafter")
+    assert {k: v for k, v in drafters.items() if "/base/" in k} == before["drafter"]
+    assert "results/drafter/long/model.safetensors" in drafters
+    table = (workdir / "results" / "tables" / "variants.md").read_text()
+    assert "| base |" in table and "| long |" in table and "epochs=2" in table
+    # back to the built config: only the table is rewritten, without the removed variant
+    assert planned_jobs(workdir) == [("variants", "")]

@@ -19,9 +19,9 @@ def _trained_tokens(log: str) -> int:
 
 def test_forcerun_train_trains_from_scratch_after_verifying_every_shard(built_workflow, tmp_path):
     wd = copy_workdir(built_workflow.workdir, tmp_path / "wf")  # mtimes kept: the same job
-    first = (wd / "logs" / "train" / "train.log").read_text()
-    snakemake(wd, "--cores", "1", "results/train/best.safetensors", "--forcerun", "train")
-    again = (wd / "logs" / "train" / "train.log").read_text()
+    first = (wd / "logs" / "train" / "base.log").read_text()
+    snakemake(wd, "--cores", "1", "results/train/base/best.safetensors", "--forcerun", "train")
+    again = (wd / "logs" / "train" / "base.log").read_text()
     assert "starting fresh" in again and "a finished run of this job" in again
     assert "resuming" not in again
     assert _trained_tokens(again) == _trained_tokens(first) > 0
@@ -30,5 +30,5 @@ def test_forcerun_train_trains_from_scratch_after_verifying_every_shard(built_wo
     assert "carry no checksums" not in again
     umask = os.umask(0)
     os.umask(umask)
-    for path in [*shards, wd / "results" / "train" / "best.safetensors"]:
+    for path in [*shards, wd / "results" / "train" / "base" / "best.safetensors"]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path

@@ -30,6 +30,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+# the workflow files a run needs, as the workflow benchmark copies them
+from specbuild.bench.workflow import WORKFLOW_FILES
+
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 TARGET_NAME = "smollm2-135m-instruct"
@@ -38,17 +41,6 @@ SHARD_SIZE = 4
 # 6 records in shards of 4: one full shard and one partial last shard, so appending
 # records both fills the partial shard and adds a new one.
 N_RECORDS = 6
-# Workflow files a run needs (results, logs and .snakemake are the run's own).
-WORKFLOW_FILES = (
-    "Snakefile",
-    "rules",
-    "scripts",
-    "config/config.schema.yaml",
-    "resources",
-    "profiles",
-    "envs",  # rules name their conda env (--sdm conda); metadata records it
-    "report",  # captions of report() outputs
-)
 
 PROMPTS = [
     "What is 2 + 3?",
@@ -291,8 +283,8 @@ def results_state(workdir: Path, stage: str) -> dict[str, tuple[int, str]]:
 # tokens/s) are logs of how a run went, not results; metrics.jsonl carries the curves' values.
 NOT_COMPARED = (
     "results/target/",
-    "results/train/state/",
-    "results/train/tensorboard/",
+    "results/train/base/state/",
+    "results/train/base/tensorboard/",
     "results/plots/speedup.png",
     "results/tables/disk.",
 )

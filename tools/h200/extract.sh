@@ -4,7 +4,9 @@
 #   bash tools/h200/extract.sh tests   # GPU-marked tests: SGLang shards vs transformers shards,
 #                                      # TP 2 vs TP 1 (runs on nvidia-h200-x2 only)
 #   bash tools/h200/extract.sh bench   # the SGLang mode of make bench-extract on one GPU:
-#                                      # SmolLM2 (real weights) and a Llama-3.1-8B shape (random)
+#                                      # SmolLM2 (real weights) and a Llama-3.1-8B shape (random);
+#                                      # a torch.profiler run of one SmolLM2 SGLang extraction
+#                                      # goes to $OUT/profile (profile.txt, Chrome trace)
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 [ -d /tmp/site/sglang ] || { echo "specbuild: /tmp/site has no sglang: run the kit's staging first"; exit 2; }
@@ -22,7 +24,7 @@ case "${1:-tests}" in
     ;;
   bench)
     timeout 270 python3 -m specbuild.bench.extract --engine sglang --target-dir "$T" \
-      --samples 1024 --max-len 1024 --batch-tokens 32768 --repeats 3 \
+      --samples 1024 --max-len 1024 --batch-tokens 32768 --repeats 3 --profile "$OUT/profile" \
       --out "$OUT/extract_sglang_smollm2.json" 2>&1 | tee "$OUT/bench-smollm2.log" | tail -12
     timeout 280 python3 -m specbuild.bench.extract --engine sglang --preset llama8b \
       --tokenizer-dir "$T" --samples 256 --max-len 1024 --batch-tokens 16384 --repeats 2 \

@@ -226,8 +226,10 @@ def run_sglang_extract_bench(
     max_len: int = 1024,
     repeats: int = 3,
     scratch: str | os.PathLike | None = None,
+    profile: str | os.PathLike | None = None,
 ) -> dict:
-    """SGLang bare prefill vs SGLang extraction vs transformers extraction (module doc)."""
+    """SGLang bare prefill vs SGLang extraction vs transformers extraction (module doc); with
+    `profile` a folder, one more SGLang bf16 extraction runs under torch.profiler (`_profile`)."""
     from specbuild.hidden.hf import HFFeatureBackend
     from specbuild.hidden.sglang import SGLangFeatureBackend, SGLangRunner
 
@@ -287,6 +289,8 @@ def run_sglang_extract_bench(
         for _ in range(repeats):
             for k, fn in runs.items():
                 _timed(fn, wall[k], [])
+        if profile:
+            _profile(runs["sglang_bf16"], Path(profile))
         runner.close()
     tokens = shard.num_tokens
     tps = {k: tokens / min(v) for k, v in wall.items()}
@@ -314,6 +318,25 @@ def run_sglang_extract_bench(
         "seconds_best": {k: round(min(v), 3) for k, v in wall.items()},
         "repeats": repeats,
     }
+
+
+def _profile(run: Callable[[], None], folder: Path) -> None:
+    """One run under torch.profiler (CPU and CUDA activity, every thread): the ops by total CPU
+    time and by CUDA time as text, and a Chrome trace (ui.perfetto.dev) in `folder`. Where the
+    time beyond the bare prefill goes is the question it answers (BENCHMARKS.md)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    table = prof.key_averages()
+    text = "\n\n".join(
+        table.table(sort_by=key, row_limit=40) for key in ("cpu_time_total", "cuda_time_total")
+    )
+    (folder / "profile.txt").write_text(text)
+    prof.export_chrome_trace(str(folder / "profile.trace.json"))
+    print(table.table(sort_by="cpu_time_total", row_limit=25))
 
 
 def _sglang_markdown(r: dict) -> str:
@@ -368,6 +391,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--tokenizer-dir", help="sglang engine with --preset: any tokenizer folder")
     ap.add_argument("--mem-fraction-static", type=float, default=0.5)
     ap.add_argument("--scratch", help="folder for the shards written while timing")
+    ap.add_argument("--profile", help="sglang engine: folder for a profile of one extraction")
     args = ap.parse_args(argv)
     target_dir = args.target_dir
     # the same synthetic batches for either engine
@@ -380,6 +404,7 @@ def main(argv: list[str] | None = None) -> dict:
             mem_fraction_static=args.mem_fraction_static,
             repeats=args.repeats,
             scratch=args.scratch,
+            profile=args.profile,
             **batches,
         )
         table = _sglang_markdown(result)

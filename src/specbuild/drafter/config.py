@@ -17,6 +17,7 @@ __all__ = ["AUX_LAYERS", "DrafterConfig", "TrainConfig", "rope_from_hf", "rope_i
 
 AUX_LAYERS = 3  # EAGLE-3 fuses the low, mid and high layer outputs of the target
 ROPE_TYPES = ("default", "linear", "llama3")
+INITS = ("random", "target_last_layer")  # train.init
 
 
 @dataclass
@@ -139,8 +140,9 @@ class TrainConfig:
     """Training hyper-parameters (config section `train`, reaching the job as params).
 
     Rejected combinations (`check`): max_length > token_budget, ttt_steps < 1, eval_fraction
-    or warmup_fraction outside [0, 1), device cuda without CUDA, nproc above the visible GPUs,
-    precision bfloat16 on CPU, and unknown keys (`from_params`).
+    or warmup_fraction outside [0, 1), eval_set with eval_fraction > 0, device cuda without
+    CUDA, nproc above the visible GPUs, precision bfloat16 on CPU, init target_last_layer with
+    init_from, and unknown keys (`from_params`).
     """
 
     ttt_steps: int = 7  # drafts chained in training-time test
@@ -159,6 +161,7 @@ class TrainConfig:
     max_length: int = 2048  # longer samples keep their first max_length tokens
     seed: int = 0
     eval_fraction: float = 0.05  # held-out samples (0: evaluate on the training set)
+    eval_set: str | None = None  # a held-out dataset evaluated instead (its shards: eval_shards)
     eval_interval: int = 0  # steps between evals; 0: at the end of each epoch only
     save_interval: int = 200  # steps between resumable checkpoints
     log_interval: int = 10
@@ -167,6 +170,7 @@ class TrainConfig:
     precision: str = "auto"  # auto (bf16 autocast on CUDA) | float32 | bfloat16
     nproc: int = 1  # processes (GPUs) for DDP through torchrun
     init_from: str = ""  # an EAGLE-3 drafter folder to warm-start from ("": random init)
+    init: str = "random"  # random | target_last_layer (drafter/target_init.py)
 
     @classmethod
     def from_params(cls, params: dict) -> TrainConfig:
@@ -186,10 +190,22 @@ class TrainConfig:
             faults.append("ttt_steps must be >= 1")
         if self.teacher_temperature < 0:
             faults.append("teacher_temperature must be >= 0 (0: the target's argmax)")
+        if self.eval_set is not None and self.eval_fraction > 0:
+            faults.append(
+                f"eval_set {self.eval_set!r} is held out for evaluation, so eval_fraction must "
+                f"be 0 (it is {self.eval_fraction}: training samples nothing would evaluate)"
+            )
         if not 0 <= self.eval_fraction < 1 or not 0 <= self.warmup_fraction < 1:
             faults.append("eval_fraction and warmup_fraction must lie in [0, 1)")
         if self.device not in ("auto", "cpu", "cuda"):
             faults.append(f"device {self.device!r}: choose auto, cpu or cuda")
+        if self.init not in INITS:
+            faults.append(f"init {self.init!r}: choose {' or '.join(INITS)}")
+        if self.init != "random" and self.init_from:
+            faults.append(
+                f"init {self.init!r} and init_from {self.init_from!r}: a warm start replaces "
+                "every weight; give one of them"
+            )
         if self.precision not in ("auto", "float32", "bfloat16"):
             faults.append(f"precision {self.precision!r}: choose auto, float32 or bfloat16")
         cuda = self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available())

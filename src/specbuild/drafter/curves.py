@@ -1,6 +1,6 @@
 """Training curves as TensorBoard event files, beside metrics.jsonl (rank 0 only).
 
-    tensorboard --logdir results/train/tensorboard
+    tensorboard --logdir results/train    # every variant's curves, side by side
 
 Written through torch's own SummaryWriter: `train/loss`, `train/lr`, `train/tokens_per_s` at
 every progress line, `eval/acceptance_length` and `eval/acc_<k>` (per TTT step) at every

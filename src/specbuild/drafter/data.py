@@ -12,10 +12,12 @@ one training run (`ShardSet` checks them all). Each raises once, listing every f
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -39,6 +41,7 @@ __all__ = [
     "check_verified",
     "verify_for_training",
     "split_samples",
+    "split_held_out_shards",
     "plan_batches",
     "sample_key",
 ]
@@ -68,11 +71,14 @@ class Batch:
     """A padded batch in drafter alignment (see train.py): index t of a sample holds
 
     input_ids x[t+1], aux g[t], last_next last[t+1] (teacher for x[t+2]), valid loss_mask[t+2].
+    Features keep the shards' dtype (bf16; fp8 aux arrives dequantized, float32): widening
+    them on the host would double the bytes copied to the GPU, and the model widens them
+    itself where it needs to, to the very same values.
     """
 
     input_ids: Tensor  # int64 [B,L]
-    aux: Tensor  # float32 [B,L,3H]
-    last_next: Tensor  # float32 [B,L,H]
+    aux: Tensor  # bf16 or float32 [B,L,3H]
+    last_next: Tensor  # bf16 or float32 [B,L,H]
     valid: Tensor  # bool [B,L]
     position_ids: Tensor  # int64 [B,L], -1 on padding
     refs: list[SampleRef]
@@ -194,6 +200,7 @@ class ShardSet:
         if not self.paths:
             raise ValueError("no hidden-state shards given to train on")
         self._files: OrderedDict[int, object] = OrderedDict()
+        self._lock = threading.Lock()
         faults: list[str] = []
         metas: list[dict[str, str]] = []
         self.refs: list[SampleRef] = []
@@ -239,40 +246,53 @@ class ShardSet:
         self.layer_ids: list[int] = json.loads(self.meta["layer_ids"])
 
     def _open(self, shard: int):
-        f = self._files.pop(shard, None) or safe_open(str(self.paths[shard]), framework="pt")
-        self._files[shard] = f
-        while len(self._files) > _OPEN_FILES:
-            self._files.popitem(last=False)
-        return f
+        with self._lock:  # the trainer's loader thread and its eval share the cache
+            f = self._files.pop(shard, None) or safe_open(str(self.paths[shard]), framework="pt")
+            self._files[shard] = f
+            while len(self._files) > _OPEN_FILES:
+                self._files.popitem(last=False)
+            return f
 
     def key(self, ref: SampleRef) -> str:
         return sample_key(self.paths[ref.shard], ref.index)
 
     def load(self, ref: SampleRef, max_length: int) -> dict[str, Tensor]:
-        """One sample, cut to its first `max_length` tokens, aux/last as float32."""
+        """One sample, cut to its first `max_length` tokens; aux/last as stored (fp8 aux
+        dequantized to float32)."""
         f = self._open(ref.shard)
         s, e = ref.start, min(ref.end, ref.start + max_length)
-        rows = {"aux": f.get_slice("aux")[s:e]}
+        aux = f.get_slice("aux")[s:e]
         if "aux_scale" in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-            rows["aux_scale"] = f.get_slice("aux_scale")[s:e]
+            aux = dequantize_aux({"aux": aux, "aux_scale": f.get_slice("aux_scale")[s:e]})
         return {
             "input_ids": f.get_slice("input_ids")[s:e].long(),
             "loss_mask": f.get_slice("loss_mask")[s:e].bool(),
-            "aux": dequantize_aux(rows),
-            "last": f.get_slice("last")[s:e].float(),
+            "aux": aux,
+            "last": f.get_slice("last")[s:e],
         }
 
-    def batch(self, refs: Sequence[SampleRef], max_length: int) -> Batch:
-        """Shift each sample into drafter alignment and right-pad to the longest."""
+    def batch(
+        self, refs: Sequence[SampleRef], max_length: int, *, pin_memory: bool = False
+    ) -> Batch:
+        """Shift each sample into drafter alignment and right-pad to the longest.
+
+        `pin_memory` (CUDA only): page-locked tensors, so `Batch.to(cuda)` copies without
+        blocking the host.
+        """
         samples = [self.load(r, max_length) for r in refs]
         L = max(s["input_ids"].shape[0] for s in samples) - 1
         B, H = len(samples), samples[0]["last"].shape[1]
+
+        def common(key: str) -> torch.dtype:  # a run may mix bf16 and fp8 shards
+            return functools.reduce(torch.promote_types, (s[key].dtype for s in samples))
+
+        pin = {"pin_memory": pin_memory}
         out = Batch(
-            input_ids=torch.zeros(B, L, dtype=torch.int64),
-            aux=torch.zeros(B, L, 3 * H),
-            last_next=torch.zeros(B, L, H),
-            valid=torch.zeros(B, L, dtype=torch.bool),
-            position_ids=torch.full((B, L), -1, dtype=torch.int64),
+            input_ids=torch.zeros(B, L, dtype=torch.int64, **pin),
+            aux=torch.zeros(B, L, 3 * H, dtype=common("aux"), **pin),
+            last_next=torch.zeros(B, L, H, dtype=common("last"), **pin),
+            valid=torch.zeros(B, L, dtype=torch.bool, **pin),
+            position_ids=torch.full((B, L), -1, dtype=torch.int64, **pin),
             refs=list(refs),
         )
         for b, s in enumerate(samples):
@@ -301,6 +321,21 @@ def split_samples(keys: Sequence[str], eval_fraction: float) -> tuple[list[int],
         raise ValueError(
             f"eval_fraction {eval_fraction} leaves {len(train)} training and {len(held)} held-out "
             f"samples of {len(keys)}; both must be non-empty (change train.eval_fraction)"
+        )
+    return train, held
+
+
+def split_held_out_shards(
+    shard_of: Sequence[int], held_out: set[int], name: str
+) -> tuple[list[int], list[int]]:
+    """(train, eval) indices when a whole held-out set is the eval set (`train.eval_set`):
+    sample i is held out exactly when its shard `shard_of[i]` is one of `held_out`."""
+    train = [i for i, s in enumerate(shard_of) if s not in held_out]
+    held = [i for i, s in enumerate(shard_of) if s in held_out]
+    if not train or not held:
+        raise ValueError(
+            f"eval set {name!r} leaves {len(train)} training and {len(held)} held-out samples "
+            "(with >= 3 tokens and a response token); both must be non-empty"
         )
     return train, held
 

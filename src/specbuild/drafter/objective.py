@@ -12,8 +12,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 from specbuild.drafter.data import Batch, SampleRef, ShardSet, plan_batches
+from specbuild.drafter.flops import StepWork
 from specbuild.drafter.metrics import StepCounts, step_counts
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.teacher import Teacher
@@ -41,15 +43,17 @@ class TTTObjective(nn.Module):
         # Per sample: is the target's argmax at each loss position in the draft vocabulary?
         # One full-vocabulary matmul per sample per run (memoized: it costs like a step).
         self.in_draft: dict[SampleRef, Tensor] = {}
+        self.work: StepWork | None = None  # the sizes of the last forward (flops.step_flops)
 
-    def _mask(self, batch: Batch) -> Tensor:
-        mask = batch.valid.clone()  # shape: [B,L]
+    def _mask(self, batch: Batch) -> tuple[Tensor, int]:
+        """(loss mask [B,L], rows the full-vocabulary head ran over for it)."""
+        mask, full_rows = batch.valid.clone(), 0  # shape: [B,L]
         for b, ref in enumerate(batch.refs):
             if ref not in self.in_draft:
                 ok, _, _ = self.teacher.targets(batch.last_next[b][batch.valid[b]], with_lse=False)
-                self.in_draft[ref] = ok.cpu()
+                self.in_draft[ref], full_rows = ok.cpu(), full_rows + ok.numel()
             mask[b, batch.valid[b]] = self.in_draft[ref].to(mask.device)
-        return mask  # the target's argmax cannot be drafted: no loss there
+        return mask, full_rows  # the target's argmax cannot be drafted: no loss there
 
     def _soft_targets(self, t_logits: Tensor) -> Tensor:
         if self.temperature == 0:  # the masked positions' argmax is in the draft vocab
@@ -57,18 +61,26 @@ class TTTObjective(nn.Module):
         return (t_logits / self.temperature).softmax(-1)
 
     def forward(self, batch: Batch, counts: StepCounts | None = None) -> Tensor:
-        mask = self._mask(batch)
-        if counts is not None:  # metrics want the target's argmax and full-vocab logsumexp
-            _, top, lse = self.teacher.targets(batch.last_next[mask])
+        # record_function labels: where `drafter.profile` puts the time (free when not profiling)
+        with record_function("specbuild::teacher_full_vocab"):
+            mask, full_rows = self._mask(batch)
+            if counts is not None:  # metrics want the target's argmax and full-vocab logsumexp
+                _, top, lse = self.teacher.targets(batch.last_next[mask])
+                full_rows += top.numel()
         row = torch.full_like(batch.input_ids, -1)  # shape: [B,L] -> row of the teacher tables
         row[mask] = torch.arange(int(mask.sum()), device=row.device)
-        t_logits = self.teacher.draft_logits(batch.last_next[mask])  # shape: [M,Vd]
-        t_probs = self._soft_targets(t_logits)
+        with record_function("specbuild::teacher_draft"):
+            t_logits = self.teacher.draft_logits(batch.last_next[mask])  # shape: [M,Vd]
+            t_probs = self._soft_targets(t_logits)
         device_type = batch.aux.device.type
-        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
+        with (
+            record_function("specbuild::unroll"),
+            torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp),
+        ):
             positions = batch.position_ids.clamp_min(0)
             hiddens = self.drafter.unroll(batch.input_ids, batch.aux, positions, self.steps)
-        loss = batch.aux.new_zeros(())
+        # float32 whatever the features' dtype (the batch keeps the shards' bf16)
+        loss, loss_rows = torch.zeros((), device=batch.aux.device), []
         for i, h in enumerate(hiddens):
             m = mask[:, i:]  # shape: [B,L-i] step i at index t targets index t+i
             r = row[:, i:][m]  # shape: [N_i]
@@ -76,9 +88,12 @@ class TTTObjective(nn.Module):
                 logits = self.drafter.logits(h[m]).float()  # shape: [N_i,Vd]
             ce = -(t_probs[r] * logits.log_softmax(-1)).sum()
             loss = loss + self.decay**i * ce / max(r.numel(), 1)
+            loss_rows.append(r.numel())
             if counts is not None:
                 stats = step_counts(logits, t_logits[r], lse[r], top[r], self.teacher.draft_ids)
                 counts.add(i, *stats)
+        B, L = batch.input_ids.shape
+        self.work = StepWork(B, L, tuple(loss_rows), t_logits.shape[0], full_rows)
         return loss
 
 

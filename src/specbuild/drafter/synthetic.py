@@ -6,12 +6,16 @@ Tokens walk a fixed permutation (x[t+1] = perm[x[t]]) inside the draft vocabular
 target's `last` at t points at lm_head row x[t+1], so the next token is predictable from the
 current one and a drafter that learns anything reaches high accuracy.
 
-    python -m specbuild.drafter.synthetic OUT [--preset llama8b|tiny] [--epochs N]
+    python -m specbuild.drafter.synthetic OUT [--preset llama8b|tiny] [--epochs N] [--profile]
 
-writes OUT/{target,vocab,hidden} and OUT/spec.json; then, printing tokens/s in the log:
+writes OUT/{target,vocab,hidden} and OUT/spec.json (`--spec-only`: the spec alone, for the
+workspace a previous call wrote there); then, printing tokens/s, TFLOP/s and MFU in the log:
 
     python -m specbuild.drafter.train OUT/spec.json                                   # 1 GPU
     torchrun --standalone --nproc_per_node 2 -m specbuild.drafter.train OUT/spec.json  # 2 GPUs
+
+The run writes OUT/result.json (`drafter.throughput`), or with `--profile` OUT/profile.json
+and profile.txt (`drafter.profile`) and no result: the profiler slows the steps it watches.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from specbuild.hidden.fp8 import quantize_fp8
 from specbuild.hidden.shards import write_shard
 from specbuild.io import atomic_path, write_json
 
-__all__ = ["SyntheticSpec", "PRESETS", "target_config", "make_workspace"]
+__all__ = ["SyntheticSpec", "PRESETS", "target_config", "make_workspace", "workspace_paths"]
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,22 @@ def target_config(s: SyntheticSpec) -> dict[str, object]:
     }
 
 
+def workspace_paths(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> dict[str, object]:
+    """The paths `train_drafter` takes, of the workspace `make_workspace` writes in `out`."""
+    out, L = Path(out), spec.num_hidden_layers
+    return {
+        "shards": [
+            str(out / "hidden" / "synthetic" / f"{k:05d}.safetensors") for k in range(spec.shards)
+        ],
+        "vocab": str(out / "vocab" / "vocab.safetensors"),
+        "target_fingerprint": str(out / "target" / "fingerprint.json"),
+        "layer_ids": [1, L // 2 - 1, L - 4],
+    }
+
+
 def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> dict[str, object]:
     """Write the workspace; return the paths `train_drafter` takes."""
-    out, s = Path(out), spec
+    out, s, paths = Path(out), spec, workspace_paths(out, spec)
     g = torch.Generator().manual_seed(s.seed)
     H, V, Vd = s.hidden_size, s.vocab_size, s.draft_vocab_size
     target = out / "target"
@@ -115,15 +132,11 @@ def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> di
     draft_ids = torch.arange(Vd) * (V // Vd)
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[draft_ids] = True
-    vocab = out / "vocab" / "vocab.safetensors"
-    with atomic_path(vocab) as path:
+    with atomic_path(paths["vocab"]) as path:
         save_file({"d2t": draft_ids - torch.arange(Vd), "t2d": t2d}, str(path))
     perm = draft_ids[torch.randperm(Vd, generator=g)]  # next-token table over draft ids
     nxt = torch.zeros(V, dtype=torch.int64)
     nxt[draft_ids] = perm
-    L = s.num_hidden_layers
-    layer_ids = [1, L // 2 - 1, L - 4]
-    shards = []
     per_shard = -(-s.samples // s.shards)
     for k in range(s.shards):
         n = min(per_shard, s.samples - k * per_shard)
@@ -147,23 +160,16 @@ def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> di
             tensors["aux"], tensors["aux_scale"] = quantize_fp8(aux, 3)
         else:
             tensors["aux"] = aux.bfloat16()
-        path = out / "hidden" / "synthetic" / f"{k:05d}.safetensors"
         meta = {
-            "layer_ids": json.dumps(layer_ids),
+            "layer_ids": json.dumps(paths["layer_ids"]),
             "backend": "synthetic",
             "target_fingerprint": fingerprint,
             "tokenizer_fingerprint": "synthetic",
             "dtype": s.aux_dtype,
             "specbuild_version": "0",
         }
-        write_shard(path, tensors, meta)
-        shards.append(str(path))
-    return {
-        "shards": shards,
-        "vocab": str(vocab),
-        "target_fingerprint": str(target / "fingerprint.json"),
-        "layer_ids": layer_ids,
-    }
+        write_shard(Path(paths["shards"][k]), tensors, meta)
+    return paths
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -173,9 +179,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--nproc", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--token-budget", type=int, default=8192)
+    ap.add_argument("--profile", action="store_true", help="profile steps, no result.json")
+    ap.add_argument("--spec-only", action="store_true", help="reuse the workspace in OUT")
     args = ap.parse_args(argv)
-    out = Path(args.out)
-    paths = make_workspace(out, PRESETS[args.preset])
+    out, preset = Path(args.out), PRESETS[args.preset]
+    if args.spec_only:
+        paths = workspace_paths(out, preset)
+        config = out / "target" / "config.json"
+        missing = [p for p in [*paths["shards"], paths["vocab"], config] if not Path(p).exists()]
+        if missing or json.loads(config.read_text()) != target_config(preset):
+            raise SystemExit(
+                f"--spec-only: {out} holds no {args.preset} workspace "
+                f"({'missing ' + ', '.join(map(str, missing)) if missing else 'other shapes'}); "
+                "run once without --spec-only"
+            )
+    else:
+        paths = make_workspace(out, preset)
+    outputs = {"profile_out": str(out / "profile.json")} if args.profile else {}
+    outputs = outputs or {"bench_out": str(out / "result.json")}
     spec = {
         "shards": paths["shards"],
         "vocab": paths["vocab"],
@@ -184,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         "metrics_out": str(out / "train" / "metrics.jsonl"),
         "state_dir": str(out / "train" / "state"),
         "log_path": str(out / "train" / "train.log"),
+        **outputs,
         "config": {
             "epochs": args.epochs,
             "token_budget": args.token_budget,
@@ -195,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         },
     }
     write_json(out / "spec.json", spec)
-    print(json.dumps(asdict(PRESETS[args.preset])), "->", out / "spec.json")
+    print(json.dumps(asdict(preset)), "->", out / "spec.json")
 
 
 if __name__ == "__main__":

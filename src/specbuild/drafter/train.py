@@ -31,19 +31,31 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.profiler import record_function
 
 from specbuild import __version__
 from specbuild.drafter.config import DrafterConfig, TrainConfig
 from specbuild.drafter.curves import Curves
-from specbuild.drafter.data import ShardSet, plan_batches, split_samples, verify_for_training
+from specbuild.drafter.data import (
+    Batch,
+    ShardSet,
+    plan_batches,
+    split_held_out_shards,
+    split_samples,
+    verify_for_training,
+)
+from specbuild.drafter.flops import device_name, peak_tflops, step_flops
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import TTTObjective, evaluate
+from specbuild.drafter.profile import StepProfiler
 from specbuild.drafter.state import (
     TrainState,
     clear_state,
@@ -55,8 +67,10 @@ from specbuild.drafter.state import (
     save_drafter,
     source_digest,
 )
+from specbuild.drafter.target_init import init_from_target_layer
 from specbuild.drafter.teacher import Teacher, read_target_weights, read_vocab
-from specbuild.io import atomic_path, read_json, setup_logging, write_jsonl
+from specbuild.drafter.throughput import Throughput, Window, benchmarks_row, format_mfu
+from specbuild.io import atomic_path, read_json, setup_logging, write_json, write_jsonl
 from specbuild.target import read_target_info
 
 __all__ = ["TrainConfig", "TrainingDiverged", "TrainingInterrupted", "lr_at", "train_drafter"]
@@ -100,12 +114,34 @@ def _setup(cfg: TrainConfig) -> tuple[int, int, torch.device]:
     return rank, world, torch.device("cpu")
 
 
-def _sum_ranks(n: int, device: torch.device, world: int) -> int:
+def _sum_ranks(values: list[int], device: torch.device, world: int) -> list[int]:
     if world == 1:
-        return n
-    t = torch.tensor([n], dtype=torch.int64, device=device)
+        return values
+    t = torch.tensor(values, dtype=torch.int64, device=device)
     dist.all_reduce(t)
-    return int(t.item())
+    return t.tolist()
+
+
+def _batches_ahead(
+    load: Callable[[int, int], Batch], order: Sequence[tuple[int, int]]
+) -> Iterator[Batch]:
+    """Yield load(epoch, b) for each (epoch, b) of `order`, the next one loading in a thread
+    while the caller trains on this one: reading shards and padding a batch takes the host
+    long enough that the GPU would otherwise wait for it at every step."""
+
+    def load_labelled(epoch: int, b: int) -> Batch:
+        with record_function("specbuild::prefetch"):  # `drafter.profile` leaves it out
+            return load(epoch, b)
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="batches")
+    try:
+        ahead = pool.submit(load_labelled, *order[0]) if order else None
+        for k in range(len(order)):
+            batch = ahead.result()
+            ahead = pool.submit(load_labelled, *order[k + 1]) if k + 1 < len(order) else None
+            yield batch
+    finally:  # also when the caller stops early (an exception): one batch at most to wait for
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _check_finite(
@@ -213,9 +249,20 @@ def train_drafter(
     threads: int | None = None,
     stop_after: int | None = None,
     tensorboard_dir: str | None = None,
+    bench_out: str | None = None,
+    profile_out: str | None = None,
+    eval_shards: list[str] | None = None,
 ) -> dict:
     """Train and write the best drafter to `best_out` and the eval rows to `metrics_out`.
     Returns the best eval row.
+
+    Eval samples, whose simulated acceptance length picks the best checkpoint: every sample of
+    `eval_shards` (the held-out `train.eval_set`, never trained on) when given, else the
+    `eval_fraction` split of `shards`.
+
+    Speed (`make bench-train`): `bench_out` gets the run's tokens/s, TFLOP/s and MFU as JSON
+    (`throughput.Throughput.result`); `profile_out` the time shares of a few steps after
+    warm-up (`profile.StepProfiler`, rank 0).
 
     Before any step every shard is read whole once and verified (`data.verify_for_training`:
     checksums, NaN/Inf, shapes, offsets); one broken shard stops the job, listing all of them.
@@ -242,6 +289,7 @@ def train_drafter(
         return _launch_torchrun(
             dict(
                 shards=[str(s) for s in shards],
+                eval_shards=[str(s) for s in eval_shards or []],
                 vocab=str(vocab),
                 config=asdict(cfg),
                 target_fingerprint=str(target_fingerprint),
@@ -251,6 +299,8 @@ def train_drafter(
                 log_path=log_path,
                 threads=threads,
                 tensorboard_dir=tensorboard_dir,
+                bench_out=bench_out,
+                profile_out=profile_out,
             ),
             nproc=cfg.nproc,
         )
@@ -260,20 +310,28 @@ def train_drafter(
     if threads:
         torch.set_num_threads(threads)
     shards = [str(s) for s in shards]
+    held_out = [str(s) for s in eval_shards or []]
     info = read_target_info(target_fingerprint)
     verify_for_training(
-        shards,
+        shards + held_out,
         hidden_size=info.hidden_size,
         rank=rank,
         world_size=world,
         workers=torch.get_num_threads(),
     )
-    data = ShardSet(shards, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint)
+    data = ShardSet(
+        shards + held_out, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint
+    )
     model, teacher = _build(cfg, Path(target_fingerprint).parent, vocab, info.vocab_size)
     amp = device.type == "cuda" and cfg.precision != "float32"
     teacher.to(device, torch.bfloat16 if amp else torch.float32)
     model.to(device)
-    train_idx, eval_idx = split_samples([data.key(r) for r in data.refs], cfg.eval_fraction)
+    if held_out:  # train.eval_set: its shards follow the training shards in `data`
+        train_idx, eval_idx = split_held_out_shards(
+            [r.shard for r in data.refs], set(range(len(shards), len(data.paths))), cfg.eval_set
+        )
+    else:
+        train_idx, eval_idx = split_samples([data.key(r) for r in data.refs], cfg.eval_fraction)
     train_refs, eval_refs = [data.refs[i] for i in train_idx], [data.refs[i] for i in eval_idx]
     lengths = [r.length for r in train_refs]
     plans = [
@@ -293,9 +351,15 @@ def train_drafter(
         raise ValueError(f"{len(train_refs)} training samples make no batch for {world} rank(s)")
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
+        params,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        weight_decay=cfg.weight_decay,
+        # one kernel for all parameters instead of a few per tensor list; same update rule,
+        # same state keys (the checkpoint format does not change); CPU keeps the default
+        fused=True if device.type == "cuda" else None,
     )
-    job = _job_key(cfg, shards, vocab, info.fingerprint, world)
+    job = _job_key(cfg, shards + held_out, vocab, info.fingerprint, world)
     state = TrainState()
     status = resume_status(state_dir, job=job)
     loaded = load_checkpoint(state_dir, job=job) if status == "resumable" else None
@@ -311,6 +375,9 @@ def train_drafter(
     else:
         if cfg.init_from:
             log.info("warm start from %s: %s", cfg.init_from, warm_start(model, cfg.init_from))
+        elif cfg.init == "target_last_layer":
+            copied = init_from_target_layer(model, Path(target_fingerprint).parent)
+            log.info("init from the target's last decoder layer:\n  %s", "\n  ".join(copied))
         if rank == 0:
             clear_state(state_dir)
     if world > 1:
@@ -325,7 +392,8 @@ def train_drafter(
     )
     step_fn = objective
     if world > 1:
-        step_fn = nn.parallel.DistributedDataParallel(objective)
+        # gradients live in DDP's all-reduce buckets: no copy in and out of them each step
+        step_fn = nn.parallel.DistributedDataParallel(objective, gradient_as_bucket_view=True)
     meta = {
         "drafter_config": model.config.to_dict(),
         "layer_ids": data.layer_ids,
@@ -333,11 +401,12 @@ def train_drafter(
         "target_config": read_json(Path(target_fingerprint).parent / "config.json"),
     }
     log.info(
-        "drafter %.1fM trainable params; %d train / %d eval samples (%d skipped); %d steps of "
-        "<= %d tokens x %d rank(s) on %s",
+        "drafter %.1fM trainable params; %d train / %d eval samples%s (%d skipped); %d steps "
+        "of <= %d tokens x %d rank(s) on %s",
         sum(p.numel() for p in params) / 1e6,
         len(train_refs),
         len(eval_refs),
+        f" of eval set {cfg.eval_set!r}" if held_out else "",
         data.skipped,
         total,
         cfg.token_budget,
@@ -345,17 +414,37 @@ def train_drafter(
         device,
     )
     curves = Curves(tensorboard_dir if rank == 0 else None, start_step=state.step)
+    name = device_name(device)
+    speed = Throughput(name, world, peak_tflops(name))
+    profiler = None
+    if profile_out and rank == 0:
+        profiler = StepProfiler(profile_out, objective, device, total_steps=total - state.step)
+    order = [
+        (e, b)
+        for e in range(state.epoch, cfg.epochs)
+        for b in range(state.batch if e == state.epoch else 0, len(plans[e]))
+    ]
+    batches = _batches_ahead(
+        lambda e, b: data.batch(
+            [train_refs[i] for i in plans[e][b]], cfg.max_length, pin_memory=device.type == "cuda"
+        ),
+        order,
+    )
     # tokens/s over the steps since the last progress line (eval and checkpoint time excluded)
-    clock, window, losses, trained, train_time = time.perf_counter(), 0, [], 0, 0.0
-    for epoch in range(state.epoch, cfg.epochs):
+    clock, window, window_flops, first, losses = time.perf_counter(), 0, 0, state.step + 1, []
+    for epoch, b in order:
         plan = plans[epoch]
-        for b in range(state.batch if epoch == state.epoch else 0, len(plan)):
-            batch = data.batch([train_refs[i] for i in plan[b]], cfg.max_length).to(device)
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(state.step, total, cfg)
-            loss = step_fn(batch)
+        if profiler:
+            profiler.begin()
+        with record_function("specbuild::data"):  # the wait for the loader, then the copy
+            batch = next(batches).to(device)  # pinned on CUDA: the copy does not block the host
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(state.step, total, cfg)
+        loss = step_fn(batch)
+        with record_function("specbuild::optimizer"):
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+        loss.backward()
+        with record_function("specbuild::optimizer"):
             grad_norm = nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             _check_finite(
                 loss,
@@ -365,89 +454,116 @@ def train_drafter(
                 sorted({str(data.paths[r.shard]) for r in batch.refs}),
             )
             optimizer.step()
-            state.step, state.epoch, state.batch = state.step + 1, epoch, b + 1
-            window += batch.num_tokens
-            losses.append(loss.item())
-            end_of_epoch = b + 1 == len(plan)
-            eval_due = end_of_epoch or (cfg.eval_interval and state.step % cfg.eval_interval == 0)
-            save_due = state.step % cfg.save_interval == 0 or state.step == total
-            if eval_due or save_due or state.step % cfg.log_interval == 0:
-                tokens = _sum_ranks(window, device, world)
-                elapsed = time.perf_counter() - clock
-                state.tokens, trained, train_time = (
-                    state.tokens + tokens,
-                    trained + tokens,
-                    train_time + elapsed,
-                )
-                progress = {
-                    "loss": sum(losses) / len(losses),
-                    "lr": lr_at(state.step - 1, total, cfg),
-                    "tokens_per_s": tokens / max(elapsed, 1e-9),
-                }
-                log.info(
-                    "step %d/%d epoch %d loss %.4f lr %.2e %.0f tokens/s",
-                    state.step,
-                    total,
-                    epoch,
-                    *progress.values(),
-                )
-                curves.train(state.step, **progress)
-                window, losses = 0, []
-            if eval_due:
-                row = {
-                    "step": state.step,
-                    "epoch": epoch,
-                    "tokens": state.tokens,
-                    **evaluate(
-                        objective,
-                        data,
-                        eval_refs,
-                        token_budget=cfg.token_budget,
-                        max_length=cfg.max_length,
-                        rank=rank,
-                        world_size=world,
-                        device=device,
-                    ),
-                }
-                state.metrics.append(row)
-                curves.eval(state.step, row)
-                best = row["acceptance_length"] > state.best
-                log.info(
-                    "eval step %d: acc %s accept_len %.3f%s",
-                    state.step,
-                    row["acc"],
-                    row["acceptance_length"],
-                    " (best)" if best else "",
-                )
-                if rank == 0:
-                    if best:
-                        save_drafter(
-                            Path(state_dir) / "best.safetensors",
-                            model.export_state(),
-                            meta | {"step": state.step, "metrics": row},
-                        )
-                    write_jsonl(Path(state_dir) / "metrics.jsonl", state.metrics)
-                state.best = max(state.best, row["acceptance_length"])
-            if end_of_epoch:
-                state.epoch, state.batch = epoch + 1, 0
-            if rank == 0 and save_due:
-                save_checkpoint(
-                    state_dir, job=job, state=state, model=model.export_state(), optimizer=optimizer
-                )
-            if world > 1:
-                dist.barrier()
-            if stop_after is not None and state.step >= stop_after:
-                raise TrainingInterrupted(f"stopped after step {state.step}")
-            if window == 0:  # a progress line was just written: restart its clock
-                clock = time.perf_counter()
+        if profiler:
+            profiler.end()
+        state.step, state.epoch, state.batch = state.step + 1, epoch, b + 1
+        window += batch.num_tokens
+        window_flops += sum(step_flops(model.config, objective.work).values())
+        losses.append(loss.detach())  # no .item() here: the host runs on to the next batch
+        end_of_epoch = b + 1 == len(plan)
+        eval_due = end_of_epoch or (cfg.eval_interval and state.step % cfg.eval_interval == 0)
+        save_due = state.step % cfg.save_interval == 0 or state.step == total
+        if eval_due or save_due or state.step % cfg.log_interval == 0:
+            if device.type == "cuda":  # the window's queued work belongs to its time
+                torch.cuda.synchronize(device)
+            tokens, flops = _sum_ranks([window, window_flops], device, world)
+            elapsed = time.perf_counter() - clock
+            state.tokens += tokens
+            speed.windows.append(Window(epoch, first, state.step, tokens, flops, elapsed))
+            rates = speed.rates(speed.windows[-1:])
+            progress = {
+                "loss": sum(torch.stack(losses).tolist()) / len(losses),  # = the .item() sum
+                "lr": lr_at(state.step - 1, total, cfg),
+                "tokens_per_s": rates["tokens_per_s"],
+            }
+            log.info(
+                "step %d/%d epoch %d loss %.4f lr %.2e %.0f tokens/s %.2f TFLOP/s MFU %s",
+                state.step,
+                total,
+                epoch,
+                *progress.values(),
+                rates["tflops_per_s"],
+                format_mfu(rates["mfu"]),
+            )
+            curves.train(state.step, **progress)
+            window, window_flops, first, losses = 0, 0, state.step + 1, []
+        if eval_due:
+            row = {
+                "step": state.step,
+                "epoch": epoch,
+                "tokens": state.tokens,
+                # training speed of this run so far (a timing: compare variants, not runs)
+                "tokens_per_s": speed.rates(speed.windows)["tokens_per_s"]
+                if speed.windows
+                else None,
+                **evaluate(
+                    objective,
+                    data,
+                    eval_refs,
+                    token_budget=cfg.token_budget,
+                    max_length=cfg.max_length,
+                    rank=rank,
+                    world_size=world,
+                    device=device,
+                ),
+            }
+            state.metrics.append(row)
+            curves.eval(state.step, row)
+            best = row["acceptance_length"] > state.best
+            log.info(
+                "eval step %d: acc %s accept_len %.3f%s",
+                state.step,
+                row["acc"],
+                row["acceptance_length"],
+                " (best)" if best else "",
+            )
+            if rank == 0:
+                if best:
+                    save_drafter(
+                        Path(state_dir) / "best.safetensors",
+                        model.export_state(),
+                        meta | {"step": state.step, "metrics": row},
+                    )
+                write_jsonl(Path(state_dir) / "metrics.jsonl", state.metrics)
+            state.best = max(state.best, row["acceptance_length"])
+        if end_of_epoch:
+            state.epoch, state.batch = epoch + 1, 0
+        if rank == 0 and save_due:
+            save_checkpoint(
+                state_dir, job=job, state=state, model=model.export_state(), optimizer=optimizer
+            )
+        if world > 1:
+            dist.barrier()
+        if stop_after is not None and state.step >= stop_after:
+            raise TrainingInterrupted(f"stopped after step {state.step}")
+        if window == 0:  # a progress line was just written: restart its clock
+            clock = time.perf_counter()
     curves.close()
+    if profiler:
+        profiler.close()  # a run shorter than the profile window
+    done = speed.rates()
     log.info(
-        "trained %d tokens in %.1f s of steps: %.0f tokens/s (%d rank(s))",
-        trained,
-        train_time,
-        trained / max(train_time, 1e-9),
+        "trained %d tokens in %.1f s of steps: %.0f tokens/s, %.2f TFLOP/s, MFU %s on %s "
+        "(%d rank(s))",
+        done["tokens"],
+        done["seconds"],
+        done["tokens_per_s"],
+        done["tflops_per_s"],
+        format_mfu(done["mfu"]),
+        name,
         world,
     )
+    if bench_out and rank == 0:
+        result = speed.result(
+            drafter=model.config.to_dict(),
+            ttt_steps=cfg.ttt_steps,
+            max_length=cfg.max_length,
+            token_budget=cfg.token_budget,
+            torch=torch.__version__,
+        )
+        write_json(bench_out, result)
+        log.info("bench -> %s; BENCHMARKS.md row (steady, first window left out):", bench_out)
+        log.info("%s", benchmarks_row(result))
     best_row = max(state.metrics, key=lambda r: r["acceptance_length"])
     if rank == 0:
         with atomic_path(best_out) as tmp:

@@ -15,7 +15,7 @@ tokenizer_fingerprint, dtype ("bf16" | "fp8"), specbuild_version, and checksums 
 
 The failure guarded: a shard that is truncated, holds NaN/Inf, changed on disk after it was
 written, or does not line up token for token with the tokenized rows trains a drafter on garbage
-without any error. `check_shard` (tensors in memory) and `verify_shard_file` (a file, streamed,
+without any error. `check_shard` (tensors in memory) and `verify_shard_file` (a file, mapped,
 checksums included) list every fault at once; nothing downstream should read a shard it has not
 passed.
 """
@@ -84,7 +84,7 @@ FIXED_DTYPES = {
 }
 # Finite checks run over chunks of this many values: a check never holds more than a slice.
 _CHECK_VALUES = 1 << 24
-# Tensors verify_shard_file loads whole (a few bytes per token); aux and last are only streamed.
+# Tensors verify_shard_file loads whole (a few bytes per token); aux and last are only scanned.
 _SMALL_KEYS = ("input_ids", "loss_mask", "offsets", "aux_scale")
 
 
@@ -407,8 +407,9 @@ def shard_file_faults(
     """(every reason this shard file must not be used, its metadata), reading it once.
 
     The checks of `check_shard` plus, when the shard records them, its checksums. aux and last
-    are streamed in chunks, never loaded whole. A shard without `checksums` (written before
-    they existed) gets every check but that one; the caller sees it in the metadata.
+    are scanned from the mapped file in 16 MiB pieces on every core, never copied whole. A
+    shard without `checksums` (written before they existed) gets every check but that one; the
+    caller sees it in the metadata.
     """
     try:
         entries, meta, data_start = _parse_header(path)

@@ -1,0 +1,10 @@
+from specbuild.joblog import start_job_log
+from specbuild.variants import write_variants
+
+start_job_log(snakemake.log[0])
+write_variants(
+    metrics=dict(zip(snakemake.params.names, snakemake.input.metrics, strict=True)),
+    changes=snakemake.params.changes,
+    table=snakemake.output.md,
+    plot=snakemake.output.plot,
+)

@@ -1,0 +1,98 @@
+"""FLOPs of one drafter training step, counted from the shapes it ran at (the MFU numerator).
+
+A multiply-add is 2 FLOPs. Counted: every matrix product of the step, plus the two elementwise
+products that stand in for matrix products in training-time-test attention (below). Not
+counted: norms, RoPE, softmax, SiLU, the loss's elementwise ops, the optimizer and gradient
+clipping, all O(rows x width) and together a few % of the products at real shapes.
+
+Per TTT step i (`Eagle3Drafter.unroll`: step i runs over T_i = L - i positions of every padded
+sample, R_i = B * T_i rows; H hidden, nh/nkv heads of hd, I MLP width):
+
+    projections  q: 2 R_i 2H nh*hd    k, v: 2 R_i 2H nkv*hd each    o: 2 R_i nh*hd H
+    mlp          gate, up, down: 3 * 2 R_i H I
+    attention    scores q k0^T and values p v0 over the step-0 prefix: 2 * 2 B nh T_i^2 hd.
+                 The whole T_i x T_i square: `ttt_attention` computes causal scores as a full
+                 matrix and masks it, so that is what runs (a causal kernel would run half).
+    extra keys   the i keys of the query's own draft chain (steps 1..i), one score and one
+                 value each: 2 * 2 B nh T_i hd * i. Elementwise (mul + sum) in the code.
+    lm_head      2 N_i H Vd, N_i = the loss rows of step i (logits are computed there only)
+
+Once per step: fc 2 B L 3H_t H over all L positions; the teacher's draft-vocab logits
+2 M H Vd (M loss rows); the target's full-vocabulary argmax 2 F H V, F = the loss rows of the
+samples seen for the first time in this run (memoized after: in `TTTObjective._mask`).
+
+Backward = 2x forward for every product whose input needs a gradient too (input and weight
+gradients), which is all of the drafter but fc: its input is data (the target's features), so
+fc's backward is the weight gradient alone, 1x. The teacher and full-vocab products have no
+backward. `torch.utils.flop_counter.FlopCounterMode` counts exactly these products except the
+extra keys (it counts matmul-like ops only); tests/unit/test_train_speed.py checks both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specbuild.drafter.config import AUX_LAYERS, DrafterConfig
+
+__all__ = ["PEAK_BF16_TFLOPS", "StepWork", "device_name", "peak_tflops", "step_flops"]
+
+# Dense (no 2:4 sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s, matched as
+# a substring of torch.cuda.get_device_name(); the first match wins ("H200 NVL" before "H200").
+PEAK_BF16_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H200 NVL", 835.5),
+    ("H200", 989.5),  # SXM; GH200 matches here too (same Hopper SXM part)
+    ("H100 NVL", 835.5),
+    ("H100 PCIe", 756.5),
+    ("H100", 989.5),  # SXM
+    ("A100", 312.0),
+)
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """The sizes one training step ran at: host ints the step knew anyway (no extra sync)."""
+
+    batch: int  # B samples
+    length: int  # L padded positions (index t = 0 .. L-1)
+    loss_rows: tuple[int, ...]  # N_i: lm_head rows at TTT step i (one entry per step run)
+    teacher_rows: int  # M: rows through the teacher's draft-vocab logits
+    full_vocab_rows: int  # F: rows through the target's full-vocabulary head
+
+
+def step_flops(cfg: DrafterConfig, work: StepWork) -> dict[str, int]:
+    """FLOPs (forward + backward) of one training step by part; the module docstring says how.
+
+    Parts: fc, projections, mlp, attention, attention_extra_keys, lm_head, teacher_draft,
+    teacher_full_vocab. Their sum is the step's count.
+    """
+    H, inter, Vd, V = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size, cfg.vocab_size
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    B, L = work.batch, work.length
+    fwd = dict.fromkeys(("projections", "mlp", "attention", "attention_extra_keys", "lm_head"), 0)
+    for i, n_loss in enumerate(work.loss_rows):
+        T = L - i
+        R = B * T
+        fwd["projections"] += 2 * R * 2 * H * (q + 2 * kv) + 2 * R * q * H
+        fwd["mlp"] += 3 * 2 * R * H * inter
+        fwd["attention"] += 2 * 2 * B * q * T * T  # nh*hd = q: scores and values
+        fwd["attention_extra_keys"] += 2 * 2 * B * q * T * i
+        fwd["lm_head"] += 2 * n_loss * H * Vd
+    out = {"fc": 2 * (2 * B * L * AUX_LAYERS * cfg.target_hidden_size * H)}  # fwd + weight grad
+    out |= {k: 3 * v for k, v in fwd.items()}  # forward + the gradients of both operands
+    out["teacher_draft"] = 2 * work.teacher_rows * H * Vd  # no grad
+    out["teacher_full_vocab"] = 2 * work.full_vocab_rows * H * V
+    return out
+
+
+def device_name(device: torch.device) -> str:
+    """The accelerator's marketing name ("NVIDIA H200"), or "cpu"."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+def peak_tflops(name: str) -> float | None:
+    """Dense bf16 peak TFLOP/s of a device named `name`; None when unknown (CPU: no MFU)."""
+    return next((peak for key, peak in PEAK_BF16_TFLOPS if key in name), None)

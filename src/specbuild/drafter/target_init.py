@@ -1,0 +1,84 @@
+"""`train.init: target_last_layer`: start the drafter's decoder layer from the target's last one.
+
+The drafter's one decoder layer (`midlayer`) is a Llama layer of the target's shapes except that
+its attention reads 2H inputs, [input_layernorm(embedding) | hidden_norm(hidden)]. Copied from
+the target's layer L-1 (weights read from the target folder with safetensors, never pickle):
+
+    drafter midlayer.*                         target model.layers.{L-1}.*
+    input_layernorm.weight            [H]      input_layernorm.weight             [H]
+    self_attn.{q,k,v}_proj.weight[:, :H]       self_attn.{q,k,v}_proj.weight      [out, H]
+        (the columns that read the embedding half)
+    self_attn.o_proj.weight           [H, nh*hd]   self_attn.o_proj.weight
+    post_attention_layernorm.weight   [H]      post_attention_layernorm.weight
+    mlp.{gate,up,down}_proj.weight             mlp.{gate,up,down}_proj.weight
+
+Left as initialized: `hidden_norm` (ones: the target has no norm for a second input), the q/k/v
+columns H:2H that read the hidden half (normal, std 0.02), `fc` (no counterpart), and `norm`,
+`lm_head` (the target's final norm and head, as with every init). Attention biases of a target
+that has them (Qwen2) are not copied: the drafter's projections have none (SGLang's Llama drafter
+neither). A target whose last layer lacks one of these weights, or holds one of another shape,
+is refused, naming every such weight: copying part of a layer silently would hide it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from specbuild.drafter.model import Eagle3Drafter
+from specbuild.drafter.teacher import read_target_weights
+from specbuild.io import read_json
+
+__all__ = ["LAYER_WEIGHTS", "EMBEDDING_HALF", "init_from_target_layer"]
+
+# drafter midlayer parameter -> the target layer's weight it starts from
+LAYER_WEIGHTS = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "self_attn.q_proj.weight": "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight": "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight": "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight": "self_attn.o_proj.weight",
+    "post_attention_layernorm.weight": "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight": "mlp.gate_proj.weight",
+    "mlp.up_proj.weight": "mlp.up_proj.weight",
+    "mlp.down_proj.weight": "mlp.down_proj.weight",
+}
+# the ones that read [embedding half | hidden half]: only the first H columns are copied
+EMBEDDING_HALF = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}
+
+
+def init_from_target_layer(model: Eagle3Drafter, target_dir: str | os.PathLike) -> list[str]:
+    """Copy the target's last decoder layer into `model.midlayer` (see the module docstring);
+    returns one line per copied tensor (`drafter <- target [shape]`) for the log."""
+    target_dir = Path(target_dir)
+    cfg = read_json(target_dir / "config.json")
+    last = int(cfg.get("text_config", cfg)["num_hidden_layers"]) - 1
+    prefix = f"model.layers.{last}."
+    try:
+        weights = read_target_weights(target_dir, [prefix + n for n in LAYER_WEIGHTS.values()])
+    except KeyError as err:
+        raise ValueError(
+            f"train.init target_last_layer: {err.args[0]}; use train.init random for this target"
+        ) from None
+    H = model.config.hidden_size
+    params = dict(model.midlayer.named_parameters())
+    faults, lines = [], []
+    for ours, theirs in LAYER_WEIGHTS.items():
+        src, dst = weights[prefix + theirs], params[ours]
+        want = (dst.shape[0], H) if ours in EMBEDDING_HALF else tuple(dst.shape)
+        if tuple(src.shape) != want:
+            faults.append(f"{prefix}{theirs}: {tuple(src.shape)}, the drafter needs {want}")
+    if faults:
+        raise ValueError(
+            f"train.init target_last_layer: {target_dir} does not fit this drafter:\n  "
+            + "\n  ".join(faults)
+        )
+    with torch.no_grad():
+        for ours, theirs in LAYER_WEIGHTS.items():
+            src, dst = weights[prefix + theirs], params[ours]
+            cols = "[:, :H]" if ours in EMBEDDING_HALF else ""
+            (dst[:, :H] if cols else dst).copy_(src)
+            lines.append(f"midlayer.{ours}{cols} <- {prefix}{theirs} {list(src.shape)}")
+    return lines
