@@ -41,7 +41,7 @@ run: setup
 	@echo "report: $(CURDIR)/results/report.html"
 	@echo "serve the drafter with SGLang: make serve (runs results/serve.sh)"
 
-# SGLang serving the built drafter at the chain the serving bench found fastest: builds what
+# SGLang serving the built drafter at the chain its sglang bench found fastest: builds what
 # is missing, prints the command (results/serve.sh), then runs it (Ctrl-C stops the server).
 serve: setup
 	$(SNAKEMAKE) results/serve.sh

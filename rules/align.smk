@@ -8,8 +8,6 @@ rule align:
         fp=target_file("fingerprint.json"),
     output:
         report="results/align/report.json",
-        csv="results/tables/align.csv",
-        md="results/tables/align.md",
     log:
         "logs/align/align.log",
     conda:

@@ -1,34 +1,34 @@
-# Speculative decoding with the exported drafter vs greedy decoding without one, in PyTorch:
-# one job per (set, chain), rows in the schema of specbuild.bench.specdec.
-# With bench.exclusive, timed jobs claim every core, so two timed jobs never share the CPU.
+# Stage bench: one job per engine and config (a chain, or the baseline without a drafter),
+# every set in it; a served engine also sweeps concurrency. Rows: specbuild.bench.rows.
+# A `sglang` job starts one server for its config; an `openai` job measures an existing
+# endpoint (its GPUs are not ours to schedule); `hf` with bench.hf.exclusive claims every core.
 
 
 rule bench:
-    """Decode one benchmark set with one chain (or no drafter); one row per request."""
+    """Bench every set with one engine at one config; one row per request (and sweep request)."""
     input:
         unpack(bench_inputs),
     output:
-        "results/bench/{set}/{chain}.jsonl",
+        "results/bench/{engine}/{chain}.jsonl",
     log:
-        "logs/bench/{set}/{chain}.log",
+        "logs/bench/{engine}/{chain}.log",
     wildcard_constraints:
-        set="|".join(bench_set_names()),
-        chain="baseline|[0-9]+-[0-9]+-[0-9]+",
+        engine="hf|sglang|openai",
+        chain=CONFIG_PATTERN,
     conda:
-        "../envs/specbuild.yaml"
-    threads: bench_job_cores()
+        bench_env
+    threads: bench_threads
     resources:
-        gpu=device_gpus(config["bench"]["device"]),
-        mem_mb=4000,
+        gpu=bench_gpus,
+        mem_mb=8000,
         runtime=60,
     params:
-        set_spec=bench_set_spec,
-        drafter_dir=bench_drafter_dir,
-        drafter_name=bench_drafter_name,
-        backend=config["bench"]["backend"],
+        options=bench_options,
+        sets=bench_sets(),
+        drafter_name=config["bench"]["drafter_name"],
         max_new_tokens=config["bench"]["max_new_tokens"],
-        dtype=config["bench"]["dtype"],
-        device=config["bench"]["device"],
-        threads=config["bench"]["threads"],
+        prompt_limit=bench_prompt_limit,
+        concurrency=bench_concurrency,
+        sweep_min_requests=config["bench"]["sweep_min_requests"],
     script:
         "../scripts/bench.py"

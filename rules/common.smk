@@ -342,7 +342,8 @@ def sglang_gpus():
 
 
 def sglang_server_options():
-    """Launch settings shared by every SGLang server specbuild starts (plain builtins)."""
+    """The fields of `ServerOptions` (backends/server.py), shared by every SGLang server
+    specbuild starts, as plain builtins: jobs rebuild it whole from this one param."""
     sg = config["sglang"]
     return {
         "launcher": list(sg["launcher"]),
@@ -350,6 +351,7 @@ def sglang_server_options():
         "env": {k: str(v) for k, v in sg["env"].items()},
         "host": sg["host"],
         "startup_timeout_s": sg["startup_timeout_s"],
+        "request_timeout_s": sg["request_timeout_s"],
     }
 
 
@@ -369,11 +371,10 @@ def sglang_backend_args(backend):
             "api_key_env": sg["api_key_env"],
             **common,
         }
-    return {
-        "target_dir": f"results/target/{TARGET}",
-        **sglang_server_options(),
-        **common,
-    }
+    server = sglang_server_options()
+    # request_timeout_s comes with `common`, where generate's params have always had it
+    del server["request_timeout_s"]
+    return {"target_dir": f"results/target/{TARGET}", **server, **common}
 
 
 def sglang_feature_args():
@@ -393,7 +394,6 @@ def all_outputs():
         + ["results/tables/rejects.md"]
         + [f for variant in VARIANTS for f in drafter_files(variant)]
         + ["results/tables/variants.md"]
-        + serving_outputs()
-        + bench_outputs()
+        + report_outputs()
         + ["results/serve.sh"]
     )

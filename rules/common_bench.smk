@@ -1,4 +1,4 @@
-"""Helpers for the rules that measure: align, bench, the serving bench, tuning and report.
+"""Helpers for the rules that measure and report: align, bench, tuning, serve and report.
 
 Split from common.smk (validation, datasets, shards, engines), which the Snakefile includes
 just before this file; both define plain functions for params and inputs. Chains that the
@@ -7,7 +7,9 @@ engines cannot run are config faults (specbuild.config_check), caught at parse t
 
 import os
 
-# Align, serving bench and tuning (rules/align.smk, rules/tuning.smk).
+from specbuild.bench.chain import BASELINE, CONFIG_PATTERN
+
+# Align (rules/align.smk).
 
 
 def align_shards():
@@ -30,33 +32,100 @@ def align_gpus():
     return device_gpus(config["align"]["device"])
 
 
-def serving_drafter_files():
-    """The exported drafter the servers load: the same folder the PyTorch bench loads."""
-    return bench_drafter_files()
+# Bench (rules/bench.smk): one job per engine and config, every set in it.
+
+SERVED_ENGINES = ("sglang", "openai")
 
 
-def serving_drafter_name():
-    return config["bench"]["drafter_name"]
+def bench_engines():
+    return list(config["bench"]["engines"]) if config["bench"]["enabled"] else []
 
 
-def serving_chains():
-    """Server configs of the serving bench: the baseline (if on) and every chain."""
-    b = config["sglang"]["bench"]
-    return (["baseline"] if b["baseline"] else []) + list(b["chains"])
+def bench_configs(engine):
+    """Configs one engine is benched at: the baseline (if on) and every chain; an existing
+    endpoint (openai) only at what it serves."""
+    b = config["bench"]
+    if engine == "openai":
+        return [b["openai"]["serves"]]
+    return ([BASELINE] if b["baseline"] else []) + list(b["chains"])
+
+
+def bench_row_files():
+    return [
+        f"results/bench/{e}/{c}.jsonl"
+        for e in bench_engines()
+        for c in bench_configs(e)
+    ]
+
+
+def bench_drafter_files():
+    folder = config["bench"]["drafter"].rstrip("/")
+    return [f"{folder}/config.json", f"{folder}/model.safetensors"]
 
 
 @job_function
-def serving_bench_inputs(wildcards):
-    inputs = {"fp": target_file("fingerprint.json")}
-    if wildcards.chain != "baseline":
-        inputs["drafter"] = serving_drafter_files()
+def bench_inputs(wildcards):
+    """Target fingerprint and every set's file; the drafter's files for a chain we serve."""
+    inputs = {
+        "fp": target_file("fingerprint.json"),
+        "sets": [s["path"] for s in config["bench"]["sets"].values()],
+    }
+    if wildcards.chain != BASELINE and wildcards.engine != "openai":
+        inputs["drafter"] = bench_drafter_files()
     return inputs
 
 
-def serving_sets():
-    return {
-        name: dict(spec) for name, spec in config["sglang"]["bench"]["sets"].items()
-    }
+def bench_sets():
+    """Every set's config entry as a plain dict (schema defaults filled in), in config order."""
+    return {name: dict(spec) for name, spec in config["bench"]["sets"].items()}
+
+
+@job_function
+def bench_options(wildcards):
+    """The engine's own settings (its opener's `options` in specbuild.bench)."""
+    b = config["bench"]
+    if wildcards.engine == "hf":
+        return {k: b["hf"][k] for k in ("dtype", "device", "threads")}
+    if wildcards.engine == "sglang":
+        return {"server": sglang_server_options()}
+    keys = ("endpoint", "api_key_env", "served_model", "name", "request_timeout_s")
+    return {k: b["openai"][k] for k in keys}
+
+
+@job_function
+def bench_prompt_limit(wildcards):
+    return config["bench"]["hf"]["limit"] if wildcards.engine == "hf" else None
+
+
+@job_function
+def bench_concurrency(wildcards):
+    """Sweep levels of a served engine; the hf engine serves one request at a time."""
+    served = wildcards.engine in SERVED_ENGINES
+    return list(config["bench"]["concurrency"]) if served else []
+
+
+def bench_env(wildcards):
+    """A sglang job starts its servers with the job's Python: it needs SGLang's env."""
+    return engine_env(wildcards.engine)
+
+
+def bench_gpus(wildcards):
+    if wildcards.engine == "hf":
+        return device_gpus(config["bench"]["hf"]["device"])
+    return sglang_gpus() if wildcards.engine == "sglang" else 0
+
+
+def bench_threads(wildcards):
+    """Cores a job claims. hf with `exclusive`: every core of this machine (Snakemake caps it
+    at --cores), so timings measure the engine and not contention; else its torch threads.
+    A served engine's job is a client: one core."""
+    hf = config["bench"]["hf"]
+    if wildcards.engine != "hf":
+        return 1
+    return max(hf["threads"], os.cpu_count() or 1) if hf["exclusive"] else hf["threads"]
+
+
+# Tuning (rules/tuning.smk) and `make serve` (rules/serve.smk).
 
 
 @job_function
@@ -65,8 +134,8 @@ def tuning_inputs(wildcards):
         "fp": target_file("fingerprint.json"),
         "help": "results/tuning/launch_server.help.txt",
     }
-    if config["sglang"]["tuning"]["chain"] != "baseline":
-        inputs["drafter"] = serving_drafter_files()
+    if config["sglang"]["tuning"]["chain"] != BASELINE:
+        inputs["drafter"] = bench_drafter_files()
     return inputs
 
 
@@ -84,118 +153,111 @@ def tuning_point_env(wildcards):
 
 
 def tuning_prompt_set():
-    """The first serving-bench set: its first turns are the tuning prompts."""
-    return dict(next(iter(config["sglang"]["bench"]["sets"].values())))
+    """The first bench set: its first turns are the tuning prompts."""
+    return dict(next(iter(config["bench"]["sets"].values())))
 
 
-def serving_outputs():
-    """Tables and plots of the serving bench and the tuning sweep, when enabled."""
-    out = []
-    if config["sglang"]["bench"]["enabled"]:
-        out += [
-            "results/tables/bench_sglang.md",
-            "results/plots/bench_sglang_throughput.png",
-        ]
-    if config["sglang"]["tuning"]["enabled"] and config["sglang"]["tuning"]["points"]:
-        out += ["results/tables/tuning.md", "results/plots/tuning.png"]
+def tuning_points():
+    t = config["sglang"]["tuning"]
+    return list(t["points"]) if t["enabled"] else []
+
+
+def serve_rows():
+    """The sglang engine's rows at each chain, which `make serve` picks the fastest from."""
+    if "sglang" not in bench_engines():
+        return []
+    return [f"results/bench/sglang/{c}.jsonl" for c in config["bench"]["chains"]]
+
+
+# Report (rules/report.smk): every table (.csv, .md, .html) and plot, flagged for the HTML
+# report with its category and caption (report/<name>.rst).
+
+
+def table(name, category, subcategory):
+    """results/tables/<name>.{html,csv,md}; the HTML one in the report, captioned by
+    report/<name>_table.rst."""
+    caption = f"../report/{name}_table.rst"
+    html = f"results/tables/{name}.html"
+    flagged = report(html, caption=caption, category=category, subcategory=subcategory)
+    return [flagged, f"results/tables/{name}.csv", f"results/tables/{name}.md"]
+
+
+def plot(name, category, subcategory):
+    """results/plots/<name>.png in the report, captioned by report/<name>_plot.rst."""
+    caption = f"../report/{name}_plot.rst"
+    png = f"results/plots/{name}.png"
+    return [report(png, caption=caption, category=category, subcategory=subcategory)]
+
+
+def bench_report_files():
+    """The bench's tables and plots; the sweep's where a served engine sweeps."""
+    if not bench_engines():
+        return []
+    out = table("bench", "Benchmark", "Acceptance")
+    out += plot("acceptance", "Benchmark", "Acceptance")
+    # acceptance per draft position: the hf engine reports it
+    if "hf" in bench_engines() and config["bench"]["chains"]:
+        out += table("positions", "Benchmark", "Acceptance")
+        out += plot("positions", "Benchmark", "Acceptance")
+    if config["report"]["train_metrics"]:
+        out += table("train_vs_bench", "Benchmark", "Acceptance")
+    out += table("latency", "Benchmark", "Speed")
+    out += plot("speedup", "Benchmark", "Speed")
+    if set(bench_engines()) & set(SERVED_ENGINES) and config["bench"]["concurrency"]:
+        out += table("sweep", "Benchmark", "Concurrency")
+        out += plot("sweep", "Benchmark", "Concurrency")
     return out
 
 
-# Bench and report helpers (rules/bench.smk, rules/report.smk).
+def pipeline_report_files():
+    out = table("data", "Data", "Samples and tokens")
+    out += table("vocab", "Data", "Vocabulary")
+    out += table("align", "Data", "Alignment")
+    out += table("disk", "Data", "Disk use")
+    if config["report"]["train_metrics"]:
+        out += table("train", "Training", "Curves")
+        out += plot("train", "Training", "Curves")
+    return out
 
 
-def bench_set_names():
-    return list(config["bench"]["sets"])
-
-
-def bench_chains():
-    """Configs benched per set: the baseline (if on) and every chain, e.g. "3-1-4"."""
-    b = config["bench"]
-    return (["baseline"] if b["baseline"] else []) + list(b["chains"])
-
-
-def bench_row_files():
-    return [
-        f"results/bench/{s}/{c}.jsonl"
-        for s in bench_set_names()
-        for c in bench_chains()
-    ]
-
-
-def bench_drafter_files():
-    folder = config["bench"]["drafter"].rstrip("/")
-    return [f"{folder}/config.json", f"{folder}/model.safetensors"]
+def tuning_report_files():
+    if not tuning_points():
+        return []
+    return table("tuning", "Tuning", "Points") + plot("tuning", "Tuning", "Points")
 
 
 @job_function
-def bench_inputs(wildcards):
-    """Target fingerprint and prompt file; the drafter's files for every chain but baseline."""
-    inputs = {
-        "fp": target_file("fingerprint.json"),
-        "prompts": config["bench"]["sets"][wildcards.set]["path"],
-    }
-    if wildcards.chain != "baseline":
-        inputs["drafter"] = bench_drafter_files()
-    return inputs
-
-
-@job_function
-def bench_set_spec(wildcards):
-    """The set's config entry as a plain dict (schema defaults filled in)."""
-    return dict(config["bench"]["sets"][wildcards.set])
-
-
-@job_function
-def bench_drafter_name(wildcards):
-    return "none" if wildcards.chain == "baseline" else config["bench"]["drafter_name"]
-
-
-def bench_job_cores():
-    """Cores a bench job claims: when exclusive, every core of this machine (Snakemake caps it
-    at --cores), so timings measure the engine and not contention; else its torch threads.
-    """
-    b = config["bench"]
-    return max(b["threads"], os.cpu_count() or 1) if b["exclusive"] else b["threads"]
-
-
-@job_function
-def bench_drafter_dir(wildcards):
-    return (
-        None
-        if wildcards.chain == "baseline"
-        else bench_drafter_files()[0].rsplit("/", 1)[0]
-    )
-
-
-BENCH_TABLES = ["bench", "positions", "train_vs_bench"]
-BENCH_PLOTS = ["acceptance_length", "acceptance_by_position", "speedup"]
-
-
-@job_function
-def report_tables_inputs(wildcards):
-    """Every bench row file, plus training's metrics when the report compares against them."""
+def bench_report_inputs(wildcards):
     inputs = {"rows": bench_row_files()}
     if config["report"]["train_metrics"]:
         inputs["train"] = config["report"]["train_metrics"]
     return inputs
 
 
-def bench_outputs():
-    """Everything the report shows: each table in three formats and each plot."""
-    if not config["bench"]["enabled"]:
-        return []
-    return [
-        f"results/tables/{t}.{ext}"
-        for t in BENCH_TABLES
-        for ext in ("csv", "md", "html")
-    ] + [f"results/plots/{p}.png" for p in BENCH_PLOTS]
+@job_function
+def pipeline_report_inputs(wildcards):
+    inputs = {
+        "samples": per_shard("results/samples/{dataset}/{shard}.counts.json"),
+        "generated": per_shard("results/generated/{dataset}/{shard}.counts.json"),
+        "tokenized": per_shard("results/tokenized/{dataset}/{shard}.meta.json"),
+        "hidden": per_shard("results/hidden/{dataset}/{shard}.safetensors"),
+        "vocab": "results/vocab/vocab_stats.json",
+        "align": "results/align/report.json",
+    }
+    if config["report"]["train_metrics"]:
+        inputs["train"] = config["report"]["train_metrics"]
+    return inputs
 
 
-def serve_summaries():
-    """Serving-bench summaries `make serve` picks its chain from (none when the bench is off)."""
-    if not config["sglang"]["bench"]["enabled"]:
-        return []
-    return expand(
-        "results/bench_sglang/{chain}.summary.json",
-        chain=config["sglang"]["bench"]["chains"],
-    )
+def train_curves_dir():
+    """TensorBoard events beside the training metrics (rules/train.smk writes both)."""
+    metrics = config["report"]["train_metrics"]
+    return os.path.join(os.path.dirname(metrics), "tensorboard") if metrics else None
+
+
+def report_outputs():
+    """Everything the HTML report shows, as plain paths: an input flagged report() would take
+    its caption relative to the including file (the Snakefile, for `all`), not to rules/.
+    """
+    files = bench_report_files() + pipeline_report_files() + tuning_report_files()
+    return [str(f) for f in files]

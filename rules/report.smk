@@ -1,77 +1,56 @@
-# Tables and plots over every bench row file, for `snakemake --report results/report.html`.
-# Files marked report() appear in the HTML report with their caption from report/*.rst.
+# Every table and plot of `snakemake --report results/report.html`, written by specbuild.report
+# and flagged report() with its category and caption (report/<name>_table.rst, _plot.rst).
+# Tables come as .csv, .md and .html; which exist follows the config (common_bench.smk).
 
 
-rule bench_tables:
-    """Aggregate bench rows per set x config x drafter; compare with training's estimate."""
+rule bench_report:
+    """Bench tables (acceptance, positions, latency, sweep, training's estimate) and plots."""
     input:
-        unpack(report_tables_inputs),
+        unpack(bench_report_inputs),
     output:
-        bench=report(
-            "results/tables/bench.html",
-            caption="../report/bench_table.rst",
-            category="Benchmark",
-            subcategory="Tables",
-        ),
-        positions=report(
-            "results/tables/positions.html",
-            caption="../report/positions_table.rst",
-            category="Benchmark",
-            subcategory="Tables",
-        ),
-        train_vs_bench=report(
-            "results/tables/train_vs_bench.html",
-            caption="../report/train_vs_bench_table.rst",
-            category="Benchmark",
-            subcategory="Tables",
-        ),
-        other=expand("results/tables/{t}.{ext}", t=BENCH_TABLES, ext=["csv", "md"]),
+        bench_report_files(),
     log:
-        "logs/report/tables.log",
+        "logs/report/bench.log",
     conda:
         "../envs/specbuild.yaml"
-    resources:
-        mem_mb=1000,
-        runtime=10,
+    params:
+        sets=list(config["bench"]["sets"]),
     script:
-        "../scripts/tables.py"
+        "../scripts/bench_report.py"
 
 
-rule bench_plots:
-    """Seaborn plots of acceptance length, per-position acceptance and speedup."""
+rule pipeline_report:
+    """Data kept and rejected, token counts, vocabulary coverage, alignment, disk use, curves."""
     input:
-        rows=bench_row_files(),
+        unpack(pipeline_report_inputs),
     output:
-        acceptance=report(
-            "results/plots/acceptance_length.png",
-            caption="../report/acceptance_plot.rst",
-            category="Benchmark",
-            subcategory="Plots",
-        ),
-        positions=report(
-            "results/plots/acceptance_by_position.png",
-            caption="../report/positions_plot.rst",
-            category="Benchmark",
-            subcategory="Plots",
-        ),
-        speedup=report(
-            "results/plots/speedup.png",
-            caption="../report/speedup_plot.rst",
-            category="Benchmark",
-            subcategory="Plots",
-        ),
+        pipeline_report_files(),
     log:
-        "logs/report/plots.log",
+        "logs/report/pipeline.log",
     conda:
         "../envs/specbuild.yaml"
-    resources:
-        mem_mb=1000,
-        runtime=10,
+    params:
+        datasets=list(config["datasets"]),
+        curves=train_curves_dir(),
     script:
-        "../scripts/plots.py"
+        "../scripts/pipeline_report.py"
+
+
+rule tuning_report:
+    """The tuning table (one row per point, with its status) and plot."""
+    input:
+        expand("results/tuning/{point}.json", point=tuning_points()),
+    output:
+        tuning_report_files(),
+    log:
+        "logs/report/tuning.log",
+    conda:
+        "../envs/specbuild.yaml"
+    script:
+        "../scripts/tuning_report.py"
 
 
 rule report:
     """Every table and plot the HTML report shows (then: snakemake --report results/report.html)."""
     input:
-        bench_outputs(),
+        report_outputs(),

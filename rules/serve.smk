@@ -4,9 +4,9 @@
 rule serve:
     """Write results/serve.sh: SGLang serving the drafter at the fastest measured chain."""
     input:
-        drafter=serving_drafter_files(),
+        drafter=bench_drafter_files(),
         fp=target_file("fingerprint.json"),
-        summaries=serve_summaries(),
+        rows=serve_rows(),
     output:
         "results/serve.sh",
     log:
@@ -14,11 +14,8 @@ rule serve:
     conda:
         "../envs/specbuild.yaml"
     params:
-        chains=list(config["sglang"]["bench"]["chains"]),
-        launcher=list(config["sglang"]["launcher"]),
-        server_args=dict(config["sglang"]["server_args"]),
-        env={k: str(v) for k, v in config["sglang"]["env"].items()},
-        host=config["sglang"]["host"],
+        chains=list(config["bench"]["chains"]),
+        server=sglang_server_options(),
         port=config["sglang"]["serve_port"],
     script:
         "../scripts/serve.py"

@@ -10,8 +10,6 @@ check_alignment(
     shards=list(snakemake.input.shards),
     target_dir=Path(snakemake.input.fp).parent,
     report=snakemake.output.report,
-    table_csv=snakemake.output.csv,
-    table_md=snakemake.output.md,
     backend=snakemake.params.backend,
     backend_options=snakemake.params.backend_options,
     samples=snakemake.params.samples,

@@ -12,14 +12,13 @@ compared token by token:
   norm_ratio               mean L2 norm (serving) / mean L2 norm (training shards)
 
 The build stops when a layer falls outside the thresholds, naming the layer and the fix. The
-report and tables are written first (into the log too), so the numbers are there to read.
+table goes into the log first, so the numbers are there to read.
 With the same backend on both sides the check is trivially green; with `hf` shards and an
 SGLang-served target it measures exactly the mismatch above.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import os
@@ -31,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specbuild.io import atomic_open, write_json
+from specbuild.io import write_json
 
 __all__ = [
     "ALIGN_KEYS",
@@ -150,8 +149,6 @@ def check_alignment(
     shards: Sequence[str | os.PathLike],
     target_dir: str | os.PathLike,
     report: str | os.PathLike,
-    table_csv: str | os.PathLike,
-    table_md: str | os.PathLike,
     backend: str = "hf",
     backend_options: Mapping[str, Any] | None = None,
     samples: int = 8,
@@ -162,8 +159,9 @@ def check_alignment(
     dtype: str = "float32",
     device: str = "auto",
 ) -> list[LayerAlignment]:
-    """Compare a fixed sample of shard rows with the serving backend; write report and tables;
-    raise AlignmentError naming every layer outside the thresholds."""
+    """Compare a fixed sample of shard rows with the serving backend; write the report (its
+    table: specbuild.report.pipeline); raise AlignmentError naming every layer outside the
+    thresholds."""
     from specbuild.hidden.extract import open_backend
     from specbuild.hidden.shards import dequantize_aux, read_shard
 
@@ -250,18 +248,12 @@ def check_alignment(
             "layers": [asdict(la) for la in layers],
         },
     )
-    with atomic_open(table_csv) as fh:
-        w = csv.DictWriter(fh, fieldnames=list(ALIGN_KEYS))
-        w.writeheader()
-        w.writerows(asdict(la) for la in layers)
-    with atomic_open(table_md) as fh:
-        fh.write(md)
     if faults:
         raise AlignmentError(
             "align: the training features do not match what the serving engine computes:\n  "
             + "\n  ".join(faults)
             + "\nFix: extract hidden states with the serving engine (hidden.backend: "
             f"{backend}) and the same dtype, or serve with the engine that made the shards "
-            f"({', '.join(shard_backends)}); see results/tables/align.md."
+            f"({', '.join(shard_backends)}); the table above is in this job's log."
         )
     return layers

@@ -32,6 +32,8 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 
+from specbuild.bench.chain import BASELINE, Chain
+
 __all__ = [
     "VARIANT_FIXED",
     "train_variants",
@@ -39,6 +41,7 @@ __all__ = [
     "check_config",
     "coerce_scalars",
     "load_schema",
+    "moved_faults",
     "rule_faults",
     "schema_faults",
 ]
@@ -134,7 +137,8 @@ def check_config(
     """
     schema_doc = load_schema(schema)
     coerce_scalars(config, schema_doc)
-    faults = schema_faults(config, schema_doc)
+    moved = moved_faults(config)
+    faults = [f for f in schema_faults(config, schema_doc) if not _is_moved(f, moved)] + moved
     faulty = {f.split(": ", 1)[0] for f in faults}  # one fault per key is enough
     faults += [f for f in rule_faults(config, Path(workdir)) if f.split(": ")[0] not in faulty]
     if faults:
@@ -318,6 +322,50 @@ def _form(branch: Mapping) -> str:
     return "{" + ", ".join(f"{k}: {v}" for k, v in branch.items() if k != "description") + "}"
 
 
+# Keys of earlier releases ------------------------------------------------------------------
+
+# The serving bench became the bench stage's sglang engine (one stage for every engine):
+# each old key and where its value goes now.
+MOVED = {
+    "sglang.bench": {
+        "enabled": "add sglang to bench.engines",
+        "chains": "bench.chains",
+        "baseline": "bench.baseline",
+        "sets": "bench.sets",
+        "max_new_tokens": "bench.max_new_tokens",
+        "concurrency": "bench.concurrency",
+        "sweep_min_requests": "bench.sweep_min_requests",
+    },
+    "bench.backend": "bench.engines (a list of hf, sglang, openai)",
+    "bench.dtype": "bench.hf.dtype",
+    "bench.device": "bench.hf.device",
+    "bench.threads": "bench.hf.threads",
+    "bench.exclusive": "bench.hf.exclusive",
+}
+
+
+def moved_faults(config: Mapping) -> list[str]:
+    """One line per key of an earlier release, naming the key(s) that replace it."""
+    faults = []
+    for key, where in MOVED.items():
+        section, name = key.split(".")
+        value = _mapping(config.get(section)).get(name)
+        if value is None:
+            continue
+        if isinstance(where, dict):
+            parts = [f"{k} -> {where.get(k, 'gone')}" for k in _mapping(value)]
+            where = "bench (one stage for every engine): " + ("; ".join(parts) or "nothing set")
+        faults.append(f"{key}: moved to {where}")
+    return faults
+
+
+def _is_moved(fault: str, moved: list[str]) -> bool:
+    key = fault.split(": ", 1)[0]
+    return any(
+        key == m.split(": ", 1)[0] or key.startswith(m.split(": ", 1)[0] + ".") for m in moved
+    )
+
+
 # What the schema cannot say ----------------------------------------------------------------
 
 
@@ -343,23 +391,20 @@ def _sets_faults(prefix: str, sets: Any, workdir: Path) -> list[str]:
     ]
 
 
-def _chain_fault(key: str, name: Any, *, chain_only: bool) -> list[str]:
-    """A chain 'steps-topk-draft_tokens' the engine runs; `chain_only`: topk 1 (hf bench)."""
-    from specbuild.bench.specdec import ChainSpec
-
+def _chain_fault(key: str, name: Any, *, hf: bool) -> list[str]:
+    """A config name that is no chain (the caller allows the baseline where it may be one), or
+    a tree (topk > 1) where the hf engine must run it."""
     if not isinstance(name, str):
         return []
-    parts = name.split("-")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        return [f"{key}: {name!r} is not 'steps-topk-draft_tokens', e.g. '3-1-4'"]
-    if not chain_only and int(parts[1]) != 1:
-        steps, topk, draft = map(int, parts)
-        bad = [f"{n} must be >= 1" for n, v in (("steps", steps), ("topk", topk)) if v < 1]
-        return [f"{key}: {name!r}: " + "; ".join(bad)] if bad else []
     try:
-        ChainSpec.parse(name)
+        chain = Chain.parse(name)
     except ValueError as err:
         return [f"{key}: {err}"]
+    if hf and not chain.is_chain:
+        return [
+            f"{key}: chain {name!r}: the hf engine drafts chains only (topk 1); bench trees "
+            "with engines [sglang]"
+        ]
     return []
 
 
@@ -420,21 +465,24 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
             )
 
     bench = _mapping(config.get("bench"))
-    if bench.get("enabled"):
+    engines = bench.get("engines") if isinstance(bench.get("engines"), list) else []
+    sglang = _mapping(config.get("sglang"))
+    tuning = _mapping(sglang.get("tuning"))
+    if bench.get("enabled") or (tuning.get("enabled") and tuning.get("points")):
         faults += _sets_faults("bench.sets", bench.get("sets"), workdir)
     chains = bench.get("chains")
     for i, chain in enumerate(chains if isinstance(chains, list) else []):
-        faults += _chain_fault(f"bench.chains[{i}]", chain, chain_only=True)
-
-    sglang = _mapping(config.get("sglang"))
-    serving, tuning = _mapping(sglang.get("bench")), _mapping(sglang.get("tuning"))
-    if serving.get("enabled") or (tuning.get("enabled") and tuning.get("points")):
-        faults += _sets_faults("sglang.bench.sets", serving.get("sets"), workdir)
-    chains = serving.get("chains")
-    for i, chain in enumerate(chains if isinstance(chains, list) else []):
-        faults += _chain_fault(f"sglang.bench.chains[{i}]", chain, chain_only=False)
-    if tuning.get("chain") not in (None, "baseline"):
-        faults += _chain_fault("sglang.tuning.chain", tuning["chain"], chain_only=False)
+        faults += _chain_fault(f"bench.chains[{i}]", chain, hf="hf" in engines)
+    openai = _mapping(bench.get("openai"))
+    if openai.get("serves") not in (None, BASELINE):
+        faults += _chain_fault("bench.openai.serves", openai["serves"], hf=False)
+    if bench.get("enabled") and "openai" in engines and not openai.get("endpoint"):
+        faults.append(
+            "bench.openai.endpoint: bench.engines has openai; give the endpoint's base URL "
+            "(e.g. http://host:8000/v1)"
+        )
+    if tuning.get("chain") not in (None, BASELINE):
+        faults += _chain_fault("sglang.tuning.chain", tuning["chain"], hf=False)
 
     if _mapping(config.get("generate")).get("backend") == "openai" and not sglang.get("endpoint"):
         faults.append(

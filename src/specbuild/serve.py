@@ -1,12 +1,13 @@
 """`make serve`: the command that serves the built drafter with SGLang, written as a script.
 
-    results/serve.sh  <-  results/drafter/base/ + the serving bench's summaries (when built)
+    results/serve.sh  <-  bench.drafter (results/drafter/base/) + the sglang engine's bench rows
 
-The chain is the one the serving bench measured fastest single-stream (the latency a
-speculative drafter is for); without serving-bench results it is the first configured chain,
-or EAGLE-3's usual 3-1-4. The script says which and why. It binds the configured host
-(loopback unless configured otherwise) on `port`, with the same `sglang.server_args` and
-`sglang.env` every bench server got, so what is served is what was measured.
+The chain is the one the sglang engine measured fastest single-stream (the latency a
+speculative drafter is for: `bench.metrics` tokens/s over every set's requests); without
+sglang bench rows it is the first configured chain, or EAGLE-3's usual 3-1-4. The script says
+which and why. It binds the configured host (loopback unless configured otherwise) on `port`,
+with the same `ServerOptions` (flags, env) every bench server got, so what is served is what
+was measured.
 """
 
 from __future__ import annotations
@@ -15,33 +16,35 @@ import os
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from specbuild.backends.server import build_server_args, resolve_launcher
-from specbuild.bench.server import spec_server_args
-from specbuild.io import atomic_open, read_json
+from specbuild.backends.server import ServerOptions, build_server_args, resolve_launcher
+from specbuild.bench.chain import Chain
+from specbuild.bench.metrics import summarize
+from specbuild.io import atomic_open, read_jsonl
 
 __all__ = ["DEFAULT_CHAIN", "pick_chain", "serve_command", "write_serve_script"]
 
 DEFAULT_CHAIN = "3-1-4"  # EAGLE-3's usual chain: 3 draft steps, top-1, 4 tokens verified
 
 
-def pick_chain(chains: Sequence[str], summaries: Sequence[str | os.PathLike]) -> tuple[str, str]:
-    """(chain, why): the fastest measured chain of `chains`, else the first, else 3-1-4."""
+def pick_chain(chains: Sequence[str], rows: Sequence[str | os.PathLike]) -> tuple[str, str]:
+    """(chain, why): the fastest single-stream chain of `chains` in the bench row files `rows`,
+    else the first chain, else 3-1-4."""
     measured = {}
-    for path in summaries:
-        s = read_json(path)
-        if s.get("config") in chains and s.get("single_stream_tokens_per_s"):
-            measured[s["config"]] = float(s["single_stream_tokens_per_s"])
+    for path in rows:
+        found = [r for r in read_jsonl(path) if r["phase"] == "bench" and r["config"] in chains]
+        tokens_per_s = summarize(found)["tokens_per_s"] if found else None
+        if tokens_per_s:
+            measured[found[0]["config"]] = tokens_per_s
     if measured:
         best = max(measured, key=measured.get)
         others = ", ".join(f"{c} {v:.1f}" for c, v in sorted(measured.items()) if c != best)
         return best, (
-            f"fastest single stream in the serving bench: {measured[best]:.1f} tok/s"
+            f"fastest single stream in the sglang bench: {measured[best]:.1f} tok/s"
             + (f" (others: {others})" if others else "")
         )
     if chains:
-        return chains[0], "first configured chain (no serving-bench results to compare)"
+        return chains[0], "first configured chain (no sglang bench rows to compare)"
     return DEFAULT_CHAIN, "EAGLE-3's usual chain (no chains configured)"
 
 
@@ -50,21 +53,19 @@ def serve_command(
     fingerprint: str | os.PathLike,
     drafter_config: str | os.PathLike,
     chain: str,
-    launcher: Sequence[str],
-    server_args: Mapping[str, Any],
-    host: str,
+    server: ServerOptions,
     port: int,
 ) -> list[str]:
     """argv of an SGLang server for the target (the folder of its `fingerprint.json`) with the
     drafter (the folder of its `config.json`) at `chain`."""
     drafter_dir = str(Path(drafter_config).parent)
-    flags = {**server_args, **spec_server_args(chain, drafter_dir)}
+    flags = {**server.server_args, **Chain.parse(chain).server_args(drafter_dir)}
     return [
-        *resolve_launcher(launcher),
+        *resolve_launcher(server.launcher),
         "--model-path",
         str(Path(fingerprint).parent),
         "--host",
-        host,
+        server.host,
         "--port",
         str(port),
         *build_server_args(flags),

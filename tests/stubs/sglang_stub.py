@@ -7,7 +7,8 @@ It speaks the parts of SGLang's HTTP API that specbuild uses, with deterministic
                             when a drafter is loaded, spec_verify_ct / spec_accept_length;
                             return_hidden_states (needs --enable-return-hidden-states)
   POST /v1/chat/completions OpenAI-style, with usage and reasoning_content
-  POST /v1/completions      raw prompt (text or token ids); the text depends on it and the seed
+  POST /v1/completions      raw prompt (text or token ids); the text depends on it and the seed;
+                            stream (SSE, one chunk per step, usage chunk on include_usage)
 
 Its argument parser rejects unknown flags the way SGLang's does, and `--help` lists the flags
 it knows. With `--api-key K` every route but /health* answers 401 unless the request carries
@@ -238,6 +239,7 @@ class Handler(BaseHTTPRequestHandler):
                 {
                     **args,
                     "version": "0.0.0-stub",
+                    "device": "cpu (stub)",
                     "internal_states": [{"avg_spec_accept_length": avg}],
                 }
             )
@@ -329,6 +331,9 @@ class Handler(BaseHTTPRequestHandler):
         ids = list(prompt) if isinstance(prompt, list) else m.tokens(str(prompt))
         seeded = [*ids, int(body.get("seed") or 0)]  # another seed, another text
         sp = {"max_new_tokens": body.get("max_tokens") or 16}
+        if body.get("stream"):
+            self.stream_completion(seeded, sp, len(ids), body)
+            return
         *_, (n, meta, _done) = m.run(seeded, sp, False)
         _, text = m.text_of(seeded, n)
         finish = meta["finish_reason"]["type"]
@@ -341,6 +346,31 @@ class Handler(BaseHTTPRequestHandler):
                 "usage": _usage(len(ids), n),
             }
         )
+
+    def stream_completion(self, seeded: list[int], sp: dict, n_prompt: int, body: dict) -> None:
+        """OpenAI-style streaming: the text each step adds, then (include_usage) the usage."""
+        m = self.model
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        sent, n = 0, 0
+        for n, meta, done in m.run(seeded, sp, False):
+            out, _ = m.text_of(seeded, n)
+            piece = "".join(f" w{t}" for t in out[sent:])
+            sent = n
+            finish = meta["finish_reason"]["type"] if done else None
+            choice = {"index": 0, "text": piece, "finish_reason": finish}
+            self._event({"object": "text_completion", "choices": [choice]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            self._event({"object": "text_completion", "choices": [], "usage": _usage(n_prompt, n)})
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+        self.close_connection = True
+
+    def _event(self, obj: dict) -> None:
+        self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        self.wfile.flush()
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:

@@ -84,8 +84,6 @@ def _check(tmp_path, shard, target_dir, **kw):
         shards=[shard],
         target_dir=target_dir,
         report=tmp_path / "report.json",
-        table_csv=tmp_path / "align.csv",
-        table_md=tmp_path / "align.md",
         samples=2,
         **kw,
     )
@@ -97,7 +95,7 @@ def test_hf_shards_served_by_hf_are_green(tmp_path, hf_shard, target_dir):
     assert all(la.status == "ok" and la.cosine_mean > 0.999 for la in layers)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["ok"] and report["layer_ids"] == LAYER_IDS and len(report["rows"]) == 2
-    assert "| last |" in (tmp_path / "align.md").read_text()
+    assert [layer["layer"] for layer in report["layers"]] == ["low", "mid", "high", "last"]
 
 
 def test_a_shard_whose_final_state_is_off_stops_the_build_naming_it(tmp_path, hf_shard, target_dir):

@@ -132,13 +132,41 @@ def test_a_missing_dataset_file_names_its_key(tmp_path):
 
 @pytest.mark.parametrize(
     ("chain", "why"),
-    [("0-1-1", "steps must be >= 1"), ("3-1-9", "draft tokens must be steps + 1 = 4")],
+    [
+        ("0-1-1", "steps must be >= 1"),
+        ("3-1-9", "draft tokens must be steps + 1 = 4"),
+        ("3-2-4", "the hf engine drafts chains only (topk 1)"),
+    ],
 )
 def test_a_chain_the_engine_cannot_run_names_its_key(chain, why):
     cfg = _default()
     cfg["bench"]["chains"] = ["3-1-4", chain]
     (fault,) = _faults(cfg)
     assert fault.startswith(f"bench.chains[1]: chain '{chain}': ") and why in fault
+
+
+def test_a_tree_is_a_chain_sglang_may_bench():
+    cfg = _default()
+    cfg["bench"].update(engines=["sglang"], chains=["3-2-4"])
+    check_config(cfg, schema=SCHEMA, source="test.yaml", workdir=REPO)
+
+
+def test_keys_of_the_old_serving_bench_are_named_with_the_keys_that_replace_them():
+    cfg = _default()
+    cfg["sglang"]["bench"] = {"enabled": True, "chains": ["3-1-4"], "concurrency": [1, 8]}
+    cfg["bench"]["device"] = "cuda"
+    assert _faults(cfg) == [
+        "sglang.bench: moved to bench (one stage for every engine): enabled -> add sglang to "
+        "bench.engines; chains -> bench.chains; concurrency -> bench.concurrency",
+        "bench.device: moved to bench.hf.device",
+    ]
+
+
+def test_the_openai_engine_needs_its_endpoint():
+    cfg = _default()
+    cfg["bench"]["engines"] = ["hf", "openai"]
+    (fault,) = _faults(cfg)
+    assert fault.startswith("bench.openai.endpoint: bench.engines has openai")
 
 
 @pytest.mark.parametrize(
@@ -169,10 +197,10 @@ def test_every_fault_is_listed_once_and_long_lists_are_cut():
     cfg = _default()
     cfg["datasets"]["chat"]["path"] = "x.jsonl"  # both path and synthesize
     cfg["generate"]["backend"] = "openai"  # without sglang.endpoint
-    cfg["bench"]["chains"] = ["3-2-4"]  # a schema fault and a chain fault: one line
+    cfg["bench"]["chains"] = [341]  # a schema fault and a chain fault: one line
     del cfg["target"]["source"]
     assert _faults(cfg) == [
-        "bench.chains[0]: '3-2-4' does not match '^[0-9]+-1-[0-9]+$'",
+        "bench.chains[0]: expected a string, got integer 341",
         "datasets.chat: give exactly one of path or synthesize (found path and synthesize)",
         "target.source: missing (required)",
         "sglang.endpoint: generate.backend openai needs the server's base URL here "

@@ -1,57 +1,64 @@
-"""Report stage: tables and plots from bench rows, on synthetic rows whose numbers check by hand."""
+"""Report stage: every table and plot, from synthetic files whose numbers check by hand."""
 
 from __future__ import annotations
 
 import json
-import math
 
+import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from specbuild.bench.specdec import ROW_KEYS
-from specbuild.report.plots import PLOTS, write_plots
+from specbuild.bench.rows import ROW_KEYS
+from specbuild.io import write_json
+from specbuild.report import pipeline, plots
+from specbuild.report.bench import write_bench_report
 from specbuild.report.tables import (
-    TABLES,
     best_train_row,
+    build_bench,
+    build_latency,
     build_positions,
-    build_summary,
+    build_sweep,
     build_train_vs_bench,
-    mean_ci,
     read_rows,
     simulated_accept_length,
-    t_quantile_975,
     to_markdown,
-    write_tables,
 )
+from specbuild.report.tuning import write_tuning_report
 
 
-def row(set_, config, accept, accepted, tokens=33, wall=2.0, prompt="0"):
-    steps = 0 if accept is None else round((tokens - 1) / accept)
-    return {
+def row(set_, config, tokens, verify, *, wall=2.0, engine="hf", prompt="0", accepted=(), **kw):
+    r = dict.fromkeys(ROW_KEYS)
+    r |= {
         "set": set_,
         "prompt_id": prompt,
         "turn": 1,
+        "phase": "bench",
+        "concurrency": 1,
+        "engine": engine,
+        "device": "cpu",
         "config": config,
         "drafter": "none" if config == "baseline" else "d1",
-        "backend": "hf",
         "completion_tokens": tokens,
-        "verify_steps": steps,
-        "accept_length": accept,
-        "accepted_per_position": accepted,
+        "verify_steps": verify,
+        "accepted_per_position": list(accepted),
+        "start_s": 0.0,
         "wall_s": wall,
+        "ttft_s": 0.5,
+        "itl_s": (wall - 0.5) / (tokens - 1),
         "tokens_per_s": tokens / wall,
     }
+    return r | kw
 
 
 def synthetic_rows() -> list[dict]:
-    # gsm8k: baseline 33+33 tokens in 4 s = 16.5 tok/s; chain 3-1-4 the same in 2 s = 33 tok/s
+    # gsm8k: baseline 32+32 tokens in 4 s = 16 tok/s; chain 3-1-4 the same in 2 s = 32 tok/s
     return [
-        row("gsm8k", "baseline", 1.0, [], wall=2.0, prompt="a"),
-        row("gsm8k", "baseline", 1.0, [], wall=2.0, prompt="b"),
-        row("gsm8k", "3-1-4", 2.0, [10, 5, 1], wall=1.0, prompt="a"),  # 16 verify steps
-        row("gsm8k", "3-1-4", 4.0, [8, 8, 8], wall=1.0, prompt="b"),  # 8 verify steps
-        row("my_prompts", "baseline", 1.0, [], wall=4.0),
-        row("my_prompts", "3-1-4", 1.0, [0, 0, 0], wall=4.0),
+        row("gsm8k", "baseline", 32, None, prompt="a"),
+        row("gsm8k", "baseline", 32, None, prompt="b"),
+        row("gsm8k", "3-1-4", 32, 16, wall=1.0, prompt="a", accepted=[10, 5, 1]),
+        row("gsm8k", "3-1-4", 32, 8, wall=1.0, prompt="b", accepted=[8, 8, 8]),
+        row("my_prompts", "baseline", 32, None, wall=4.0),
+        row("my_prompts", "3-1-4", 32, 31, wall=4.0, accepted=[0, 0, 0]),
     ]
 
 
@@ -60,49 +67,55 @@ def write_rows(path, rows):
     return path
 
 
-def test_t_interval_matches_the_hand_computed_one():
-    mean, lo, hi = mean_ci([1.0, 2.0, 3.0])  # sd 1, n 3: half width t(2) / sqrt(3)
-    assert mean == 2.0
-    assert hi - mean == pytest.approx(4.3027 / math.sqrt(3))
-    assert lo == pytest.approx(2 * mean - hi)
-    assert mean_ci([5.0]) == (5.0, 5.0, 5.0)
-
-
-def test_t_quantile_beyond_the_table_is_close_to_the_exact_value():
-    assert t_quantile_975(30) == 2.0423
-    assert t_quantile_975(60) == pytest.approx(2.0003, abs=2e-4)
-    assert t_quantile_975(120) == pytest.approx(1.9799, abs=2e-4)
-
-
-def test_summary_has_speedup_against_the_same_sets_baseline():
-    s = build_summary(pd.DataFrame(synthetic_rows())).set_index(["set", "config"])
-    assert s.loc[("gsm8k", "3-1-4"), "tokens_per_s"] == 33.0
-    assert s.loc[("gsm8k", "baseline"), "tokens_per_s"] == 16.5
-    assert s.loc[("gsm8k", "3-1-4"), "speedup"] == 2.0
-    assert s.loc[("gsm8k", "baseline"), "speedup"] == 1.0
-    assert s.loc[("my_prompts", "3-1-4"), "speedup"] == 1.0
-    assert s.loc[("gsm8k", "3-1-4"), "accept_length"] == 3.0
-
-
-def test_position_acceptance_pools_verify_steps_over_requests():
-    s = build_summary(pd.DataFrame(synthetic_rows())).set_index(["set", "config"])
-    chain = s.loc[("gsm8k", "3-1-4")]
-    assert chain["verify_steps"] == 24
+def test_bench_table_has_sglangs_acceptance_and_speedup_over_the_same_engines_baseline():
+    t = build_bench(pd.DataFrame(synthetic_rows())).set_index(["set", "config"])
+    chain = t.loc[("gsm8k", "3-1-4")]
+    assert chain["accept_length"] == 64 / 24  # Σ completion / Σ verify
+    assert (chain["tokens_per_s"], chain["speedup"]) == (32.0, 2.0)
+    assert t.loc[("gsm8k", "baseline"), "accept_length"] == 1.0
+    assert t.loc[("gsm8k", "baseline"), "speedup"] == 1.0
     assert [chain["accept_pos1"], chain["accept_pos2"], chain["accept_pos3"]] == [
         18 / 24,
         13 / 24,
         9 / 24,
     ]
-    assert math.isnan(s.loc[("gsm8k", "baseline"), "accept_pos1"])
-    long = build_positions(build_summary(pd.DataFrame(synthetic_rows())))
-    assert list(long[long["set"] == "gsm8k"]["position"]) == [1, 2, 3]
+    assert pd.isna(chain["accept_length_lo"])  # 2 requests: no interval
 
 
-def test_request_without_verify_step_is_left_out_of_the_mean_acceptance():
-    rows = synthetic_rows() + [row("gsm8k", "3-1-4", None, [0, 0, 0], tokens=1, prompt="c")]
-    s = build_summary(pd.DataFrame(rows)).set_index(["set", "config"])
-    assert s.loc[("gsm8k", "3-1-4"), "accept_length"] == 3.0
-    assert s.loc[("gsm8k", "3-1-4"), "requests"] == 3
+def test_lines_follow_the_configured_engines_sets_and_configs():
+    rows = synthetic_rows() + [
+        {**r, "engine": "sglang", "accepted_per_position": []} for r in synthetic_rows()
+    ]
+    t = build_bench(pd.DataFrame(rows), set_order=["my_prompts", "gsm8k"])
+    assert list(zip(t["engine"], t["set"], t["config"], strict=True))[:4] == [
+        ("hf", "my_prompts", "baseline"),
+        ("hf", "my_prompts", "3-1-4"),
+        ("hf", "gsm8k", "baseline"),
+        ("hf", "gsm8k", "3-1-4"),
+    ]
+    sglang = t[t["engine"] == "sglang"].set_index(["set", "config"])
+    assert sglang.loc[("gsm8k", "3-1-4"), "speedup"] == 2.0
+    long = build_positions(t)
+    assert set(long["engine"]) == {"hf"} and list(long["position"][:3]) == [1, 2, 3]
+
+
+def test_an_interval_appears_from_five_requests_and_stays_above_one():
+    rows = [row("s", "3-1-4", 20, 10 if i else 2, prompt=str(i)) for i in range(5)]
+    t = build_bench(pd.DataFrame(rows)).iloc[0]
+    assert 1.0 <= t["accept_length_lo"] < t["accept_length"] < t["accept_length_hi"]
+
+
+def test_latency_and_sweep_tables_read_their_numbers_from_the_rows():
+    lat = build_latency(pd.DataFrame(synthetic_rows())).set_index(["set", "config"])
+    assert lat.loc[("gsm8k", "3-1-4"), "ttft_s_p50"] == 0.5
+    assert lat.loc[("gsm8k", "3-1-4"), "itl_s_mean"] == pytest.approx(0.5 / 31)
+    sweep = [
+        row("gsm8k", "baseline", 10, None, phase="sweep", concurrency=2, start_s=s, wall=2.0)
+        for s in (0.0, 1.0)
+    ]
+    t = build_sweep(pd.DataFrame(synthetic_rows() + sweep))
+    assert (t.iloc[0]["concurrency"], t.iloc[0]["requests"]) == (2, 2)
+    assert t.iloc[0]["output_tokens_per_s"] == 20 / 3.0  # from 0 s to 3 s
 
 
 def test_simulated_acceptance_follows_the_chain_length():
@@ -122,25 +135,11 @@ def test_best_train_row_is_the_highest_simulated_acceptance(tmp_path):
 
 
 def test_train_vs_bench_puts_simulated_beside_measured_for_each_chain():
-    summary = build_summary(pd.DataFrame(synthetic_rows()))
-    t = build_train_vs_bench(summary, {"step": 9, "acc": [0.5], "acceptance_length": 1.5})
+    bench = build_bench(pd.DataFrame(synthetic_rows()))
+    t = build_train_vs_bench(bench, {"step": 9, "acc": [0.5], "acceptance_length": 1.5})
     assert list(t["config"]) == ["3-1-4", "3-1-4"]
     assert list(t["simulated_accept_length"]) == [1.875, 1.875]
-    assert list(t["accept_length"]) == [3.0, 1.0]
-
-
-def test_a_set_added_by_config_shows_up_in_every_table(tmp_path):
-    a = write_rows(tmp_path / "gsm8k.jsonl", synthetic_rows()[:4])
-    b = write_rows(tmp_path / "mine.jsonl", synthetic_rows()[4:])
-    tables = write_tables(rows=[a, b], out_dir=tmp_path / "tables")
-    assert "my_prompts" in set(tables["bench"]["set"])
-    for name in TABLES:
-        for ext in ("csv", "md", "html"):
-            assert (tmp_path / "tables" / f"{name}.{ext}").stat().st_size > 0
-    md = (tmp_path / "tables" / "bench.md").read_text()
-    assert "| my_prompts | 3-1-4 |" in md
-    csv = pd.read_csv(tmp_path / "tables" / "bench.csv")
-    assert set(csv["set"]) == {"gsm8k", "my_prompts"}
+    assert list(t["accept_length"]) == [64 / 24, 32 / 31]
 
 
 def test_rows_breaking_the_schema_fail_naming_the_file(tmp_path):
@@ -148,7 +147,6 @@ def test_rows_breaking_the_schema_fail_naming_the_file(tmp_path):
     p = write_rows(tmp_path / "bad.jsonl", [bad])
     with pytest.raises(ValueError, match=r"bad\.jsonl: row 0: missing \['wall_s'\]"):
         read_rows([p])
-    assert "wall_s" in ROW_KEYS
 
 
 def test_markdown_table_right_aligns_numbers_and_blanks_missing_values():
@@ -156,11 +154,185 @@ def test_markdown_table_right_aligns_numbers_and_blanks_missing_values():
     assert md.splitlines() == ["| set | x | y |", "|:---|---:|---:|", "| a\\|b | 1.235 |  |"]
 
 
-def test_every_plot_is_written_as_a_png(tmp_path):
-    p = write_rows(tmp_path / "rows.jsonl", synthetic_rows())
-    write_plots(rows=[p], out_dir=tmp_path / "plots")
-    for name in PLOTS:
-        assert (tmp_path / "plots" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_bench_report_writes_every_table_and_plot_and_the_sweep_only_with_sweep_rows(tmp_path):
+    rows = write_rows(tmp_path / "rows.jsonl", synthetic_rows())
+    metrics = write_rows(
+        tmp_path / "m.jsonl", [{"step": 3, "acc": [0.5], "acceptance_length": 1.5}]
+    )
+    names = ("bench", "latency", "positions", "train_vs_bench")
+    outputs = [tmp_path / "t" / f"{name}.{ext}" for name in names for ext in ("html", "csv", "md")]
+    outputs += [tmp_path / "p" / f"{name}.png" for name in ("acceptance", "positions", "speedup")]
+    out = write_bench_report(
+        rows=[rows], set_order=["gsm8k", "my_prompts"], outputs=outputs, train_metrics=metrics
+    )
+    assert set(out) == set(names)
+    for name in out:
+        for ext in ("csv", "md", "html"):
+            assert (tmp_path / "t" / f"{name}.{ext}").stat().st_size > 0
+    assert "| hf | my_prompts | 3-1-4 |" in (tmp_path / "t" / "bench.md").read_text()
+    for name in ("acceptance", "positions", "speedup"):
+        assert (tmp_path / "p" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (tmp_path / "p" / "sweep.png").exists()
+    with pytest.raises(RuntimeError, match="sweep.png"):  # declared, but no sweep rows
+        write_bench_report(rows=[rows], set_order=[], outputs=[*outputs, tmp_path / "p/sweep.png"])
+
+
+def test_per_position_acceptance_is_written_only_where_the_rule_declares_it(tmp_path):
+    rows = write_rows(tmp_path / "rows.jsonl", synthetic_rows())
+    outputs = [tmp_path / "t" / f"{n}.{e}" for n in ("bench", "latency") for e in ("html", "csv")]
+    outputs += [tmp_path / "p" / f"{name}.png" for name in ("acceptance", "speedup")]
+    out = write_bench_report(rows=[rows], set_order=[], outputs=outputs)
+    assert set(out) == {"bench", "latency"}
+    assert not (tmp_path / "p" / "positions.png").exists()
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures the plot functions draw, kept open instead of saved."""
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    yield figures
+    plt.close("all")
+
+
+def test_acceptance_plot_has_the_reference_line_request_counts_and_the_device(drawn):
+    bench = build_bench(pd.DataFrame(synthetic_rows()), set_order=["my_prompts", "gsm8k"])
+    plots.plot_acceptance(bench, "unused.png")
+    (ax,) = drawn[0].axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["my_prompts", "gsm8k"]
+    assert any(list(line.get_ydata()) == [1.0, 1.0] for line in ax.get_lines())
+    assert {t.get_text() for t in ax.texts} == {"n=1", "n=2"}
+    assert ax.get_title() == "hf on cpu"
+
+
+def test_a_chain_keeps_its_colour_in_every_engine_panel_under_one_legend(drawn):
+    served = [row("gsm8k", c, 32, 8, engine="sglang", device="cuda (H200)") for c in ("7-1-8",)]
+    bench = build_bench(pd.DataFrame(synthetic_rows() + served))
+    plots.plot_acceptance(bench, "unused.png")
+    hf, sglang = drawn[0].axes
+    assert (hf.get_title(), sglang.get_title()) == ("hf on cpu", "sglang on cuda (H200)")
+    # one palette over all panels: each panel's first chain is not simply the first colour
+    colour = {
+        b.get_label(): b.patches[0].get_facecolor() for ax in drawn[0].axes for b in ax.containers
+    }
+    assert colour["3-1-4"] != colour["7-1-8"]
+    assert hf.get_legend() is None
+    assert [t.get_text() for t in sglang.get_legend().get_texts()] == ["3-1-4", "7-1-8"]
+
+
+def test_sweep_and_tuning_plots_name_the_device_they_ran_on(drawn):
+    sweep = [
+        row("gsm8k", "baseline", 10, None, phase="sweep", concurrency=c, device="cuda (H200)")
+        for c in (1, 4)
+    ]
+    plots.plot_sweep(build_sweep(pd.DataFrame(sweep)), "unused.png")
+    assert "hf on cuda (H200)" in drawn[0]._suptitle.get_text()
+    point = {"point": "a", "status": "ok", "device": "cuda (H200)", "peak_concurrency": 4}
+    point |= {"single_stream_tokens_per_s": 10.0, "peak_output_tokens_per_s": 80.0}
+    plots.plot_tuning([point], "unused.png")
+    assert drawn[1]._suptitle.get_text() == "Server tuning points on cuda (H200)"
+    assert [t.get_text() for t in drawn[1].axes[1].texts] == ["c=4"]
+
+
+def test_positions_plot_ticks_whole_positions(drawn):
+    bench = build_bench(pd.DataFrame(synthetic_rows()))
+    plots.plot_positions(build_positions(bench), bench, "unused.png")
+    ax = drawn[0].axes[0]
+    drawn[0].canvas.draw()
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+
+
+# --- the pipeline's tables -------------------------------------------------------------------
+
+
+def test_data_table_counts_kept_and_rejected_records_per_stage(tmp_path):
+    def counts(path, **values):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, values)
+        return path
+
+    s = counts(tmp_path / "samples/d/00000.counts.json", **{"in": 10, "kept": 9, "rejected": 1})
+    g = counts(tmp_path / "generated/d/00000.counts.json", **{"in": 9, "kept": 8, "rejected": 1})
+    meta = {"in": 8, "rows": 7, "rejected": 1, "truncated": 2, "tokens": 700}
+    t = counts(tmp_path / "tokenized/d/00000.meta.json", **meta, response_tokens=300)
+    table = pipeline.build_data(["d"], samples=[s], generated=[g], tokenized=[t])
+    assert table[["stage", "in", "kept", "rejected"]].values.tolist() == [
+        ["samples", 10, 9, 1],
+        ["generate", 9, 8, 1],
+        ["tokenize", 8, 7, 1],
+    ]
+    assert table.iloc[2]["response_tokens"] == 300 and table.iloc[0]["rejected_share"] == 0.1
+    assert pd.isna(table.iloc[0]["tokens"])
+
+
+def test_train_table_and_curves_read_metrics_and_tensorboard_events(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    for step, loss in ((5, 4.0), (10, 3.0)):
+        writer.add_scalar("train/loss", loss, step)
+    writer.close()
+    metrics = write_rows(
+        tmp_path / "m.jsonl",
+        [{"step": 10, "epoch": 0, "tokens": 99, "eval_loss": 3.1, "acc": [0.5, 0.25],
+          "acceptance_length": 1.625}],
+    )  # fmt: skip
+    t = pipeline.build_train(metrics)
+    assert list(t.columns) == [
+        "step", "epoch", "tokens", "eval_loss", "acc_1", "acc_2", "acceptance_length"
+    ]  # fmt: skip
+    loss = pipeline.read_train_loss(tmp_path / "tb")
+    assert loss.values.tolist() == [[5, 4.0], [10, 3.0]]
+    assert pipeline.read_train_loss(tmp_path / "none").empty
+
+
+def test_vocab_align_and_disk_tables(tmp_path, monkeypatch):
+    stats = tmp_path / "vocab_stats.json"
+    write_json(
+        stats,
+        {"draft_vocab_size": 4, "masked_tokens": 10, "coverage": 0.9, "filler_ids": 1,
+         "coverage_at": {"2": 0.5}},
+    )  # fmt: skip
+    v = pipeline.build_vocab(stats).set_index("quantity")["value"]
+    assert (v["coverage"], v["filler_ids"], v["coverage_top_2"]) == ("0.9", "1", "0.5")
+    report = tmp_path / "align.json"
+    layer = {"layer": "low", "layer_id": 1, "tokens": 5, "cosine_mean": 1.0, "status": "ok"}
+    write_json(report, {"shard_backends": ["sglang"], "serving_backend": "hf", "layers": [layer]})
+    a = pipeline.build_align(report)
+    assert a.iloc[0][["training_features", "serving_engine", "layer"]].tolist() == [
+        "sglang",
+        "hf",
+        "low",
+    ]
+    monkeypatch.chdir(tmp_path)
+    shard = tmp_path / "results/hidden/d/00000.safetensors"
+    shard.parent.mkdir(parents=True)
+    shard.write_bytes(b"x" * 400)
+    d = pipeline.build_disk(["results/hidden/d/00000.safetensors"], tokens=100)
+    assert d.iloc[0][["folder", "files", "bytes", "bytes_per_token"]].tolist() == [
+        "results/hidden",
+        1,
+        400,
+        4.0,
+    ]
+
+
+def test_tuning_report_keeps_every_point_with_its_status(tmp_path):
+    from specbuild.bench.tuning import TUNING_KEYS
+
+    points = []
+    for name, status in (("a", "ok"), ("b", "rejected")):
+        r = dict.fromkeys(TUNING_KEYS) | {"point": name, "status": status}
+        r["single_stream_tokens_per_s"] = 10.0 if status == "ok" else None
+        write_json(tmp_path / f"{name}.json", r)
+        points.append(tmp_path / f"{name}.json")
+    outputs = [tmp_path / "t" / f"tuning.{ext}" for ext in ("html", "csv", "md")]
+    rows = write_tuning_report(points, outputs=[*outputs, tmp_path / "p" / "tuning.png"])
+    assert [(r["point"], r["status"]) for r in rows] == [("a", "ok"), ("b", "rejected")]
+    header = (tmp_path / "t" / "tuning.csv").read_text().splitlines()[0]
+    assert header.split(",") == list(TUNING_KEYS)
+    assert (tmp_path / "p" / "tuning.png").stat().st_size > 1000
 
 
 def test_the_variants_table_takes_each_variants_best_eval_row_and_names_its_changes(tmp_path):

@@ -1,5 +1,5 @@
-"""`make serve`: the chain the serving bench found fastest, and a script that really runs the
-SGLang command with the bench servers' flags and environment."""
+"""`make serve`: the chain the sglang engine's bench found fastest, and a script that really runs
+the SGLang command with the bench servers' flags and environment."""
 
 from __future__ import annotations
 
@@ -7,22 +7,27 @@ import json
 import subprocess
 import sys
 
-from specbuild.io import write_json
+from specbuild.backends.server import ServerOptions
+from specbuild.io import write_jsonl
 from specbuild.serve import DEFAULT_CHAIN, pick_chain, serve_command, write_serve_script
 
 
-def _summary(path, chain, tps):
-    write_json(path, {"config": chain, "single_stream_tokens_per_s": tps})
+def _rows(path, chain, tokens, wall):
+    """Rows of one bench job: two single-stream requests and a sweep request that must not
+    count (tokens/s = Σ tokens / Σ wall of the bench phase)."""
+    row = {"config": chain, "completion_tokens": tokens, "verify_steps": None, "wall_s": wall}
+    row |= {"accepted_per_position": [], "ttft_s": None, "itl_s": None, "phase": "bench"}
+    write_jsonl(path, [row, row, {**row, "phase": "sweep", "completion_tokens": 10**6}])
     return path
 
 
 def test_the_fastest_measured_chain_is_served_and_the_script_says_why(tmp_path):
-    summaries = [
-        _summary(tmp_path / "a.json", "3-1-4", 311.6),
-        _summary(tmp_path / "b.json", "7-1-8", 429.5),
-        _summary(tmp_path / "c.json", "baseline", 716.1),  # no drafter: never "served" here
+    rows = [
+        _rows(tmp_path / "a.jsonl", "3-1-4", 3116, 10.0),
+        _rows(tmp_path / "b.jsonl", "7-1-8", 4295, 10.0),
+        _rows(tmp_path / "c.jsonl", "baseline", 7161, 10.0),  # no drafter: never "served" here
     ]
-    chain, why = pick_chain(["3-1-4", "7-1-8"], summaries)
+    chain, why = pick_chain(["3-1-4", "7-1-8"], rows)
     assert chain == "7-1-8" and "429.5 tok/s" in why and "3-1-4 311.6" in why
 
 
@@ -38,9 +43,10 @@ def test_the_script_runs_the_launcher_with_the_drafter_flags_and_the_environment
         fingerprint="results/target/t/fingerprint.json",
         drafter_config="results/drafter/config.json",
         chain="3-1-4",
-        launcher=["python", "-c", echo],
-        server_args={"attention_backend": "triton", "disable_cuda_graph": True},
-        host="127.0.0.1",
+        server=ServerOptions(
+            launcher=("python", "-c", echo),
+            server_args={"attention_backend": "triton", "disable_cuda_graph": True},
+        ),
         port=30001,
     )
     script = tmp_path / "serve.sh"

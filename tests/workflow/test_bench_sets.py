@@ -1,12 +1,12 @@
-"""A benchmark set is a config entry only: adding one schedules its bench jobs and feeds its rows
-to the tables, with no code change (dry-run of the real workflow)."""
+"""A benchmark set is a config entry only: adding one reruns the bench jobs (every engine's job
+holds every set) and the report tables, with no code change (dry-run of the real workflow)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from workflow_helpers import make_workdir, planned_jobs, tiny_config, write_config
+from workflow_helpers import make_workdir, planned_jobs, snakemake, tiny_config, write_config
 
 pytestmark = pytest.mark.workflow
 
@@ -23,11 +23,12 @@ def test_a_set_added_by_config_alone_gets_bench_jobs_and_reaches_the_tables(tmp_
         "key": "q",
         "id_key": "id",
     }
+    config["bench"]["engines"] = ["hf", "sglang"]
     write_config(workdir, config)
     jobs = planned_jobs(workdir, "report")
-    chains = ["baseline", *config["bench"]["chains"]]
-    for chain in chains:
-        assert ("bench", f"set=my_prompts, chain={chain}") in jobs
-        assert ("bench", f"set=gsm8k, chain={chain}") in jobs
-    assert ("bench_tables", "") in jobs
-    assert ("bench_plots", "") in jobs
+    for engine in ("hf", "sglang"):
+        for chain in ["baseline", *config["bench"]["chains"]]:
+            assert ("bench", f"engine={engine}, chain={chain}") in jobs
+    assert ("bench_report", "") in jobs
+    proc = snakemake(workdir, "--dry-run", "--cores", "1", "--printshellcmds", "report")
+    assert "my_prompts.jsonl" in proc.stdout  # the set's file is an input of every bench job

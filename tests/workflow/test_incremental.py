@@ -9,7 +9,8 @@ What the stages after the shards read (so what a change must rerun):
   train    every hidden shard, vocab, align  export  train (both per variant)
   variants every variant's train metrics
   bench    a drafter chain: export; baseline: only the target and the prompts
-  bench_tables, bench_plots   every bench row file (tables also train's metrics)
+  bench_report      every bench row file and train's metrics
+  pipeline_report   every samples, generated, tokenized and hidden shard, vocab, align, train
   check_rejects  one shard's counts (the next stage waits for it)
   reject_table   every shard's counts and every max_rejected_fraction (read by `all` only)
 """
@@ -54,11 +55,11 @@ def is_drafter_dependent(job: tuple[str, str]) -> bool:
     rule, wildcards = job
     if rule == "bench":
         return "chain=baseline" not in wildcards
-    return rule in {"train", "export", "variants", "bench_tables", "bench_plots", "serve"}
+    return rule in {"train", "export", "variants", "bench_report", "pipeline_report", "serve"}
 
 
 def is_benchmarking(job: tuple[str, str]) -> bool:
-    return job[0] in {"bench", "bench_tables", "bench_plots"}
+    return job[0] in {"bench", "bench_report"}
 
 
 def reads_tokens(job: tuple[str, str]) -> bool:
@@ -146,13 +147,13 @@ def test_training_hyperparameter_reruns_train_export_and_the_drafter_benches(
     # The no-drafter baseline bench reads only the target and the prompts: it stays.
     jobs = dry_run_with(built_workflow, tmp_path, train={"lr": 3e-3})
     assert jobs == expected_jobs(built_workflow, None, [], is_drafter_dependent)
-    assert ("bench", "set=gsm8k, chain=2-1-3") in jobs
+    assert ("bench", "engine=hf, chain=2-1-3") in jobs
 
 
 def test_benchmark_setting_reruns_only_benchmarking(built_workflow, tmp_path):
     jobs = dry_run_with(built_workflow, tmp_path, bench={"max_new_tokens": 12})
     assert jobs == expected_jobs(built_workflow, None, [], is_benchmarking)
-    assert ("bench", "set=gsm8k, chain=baseline") in jobs
+    assert ("bench", "engine=hf, chain=baseline") in jobs
 
 
 def test_appending_records_reruns_only_the_partial_and_new_shards(built_workflow, tmp_path):

@@ -1,8 +1,9 @@
 """The sglang stages wired through the real Snakefile, with the loopback stub as the server:
-generate with backend sglang, the serving bench (baseline) and the tuning sweep. The stub
+generate with backend sglang, the bench's sglang engine (baseline) and its openai engine (an
+endpoint already running), the tuning sweep and their report tables. The stub
 computes fake numbers, so this proves the wiring (params, scripts, server lifecycle, row
 formats), not SGLang itself: that is the GPU run's job (tools/h200/run.sh). Hidden states with
-SGLang run its model runner in process, which needs a GPU: tests/unit/test_sglang_features.py
+SGLang run its model runner in process, which needs a GPU: tests/unit/test_hidden_sglang.py
 (a fake runner on CPU, the real one on the device)."""
 
 from __future__ import annotations
@@ -30,25 +31,20 @@ def test_sglang_stages_run_end_to_end_against_the_stub(tmp_path, target_dir):
     config = tiny_config(
         generate={"backend": "sglang", "max_new_tokens": 6},
     )
+    mt = {"path": "resources/bench/mt_bench.jsonl", "format": "turns", "id_key": "question_id"}
+    config["bench"] = {
+        "engines": ["sglang"],
+        "chains": [],
+        "sets": {"mt": {**mt, "limit": 1}},
+        "max_new_tokens": 8,
+        "concurrency": [1, 2],
+        "sweep_min_requests": 2,
+    }
+    config["report"] = {"train_metrics": None}  # the bench's tables without training first
     config["sglang"] = {
         "launcher": launcher,
         "startup_timeout_s": 30,
         "server_args": {"attention_backend": "triton"},
-        "bench": {
-            "enabled": True,
-            "chains": [],
-            "sets": {
-                "mt": {
-                    "path": "resources/bench/mt_bench.jsonl",
-                    "format": "turns",
-                    "id_key": "question_id",
-                    "limit": 1,
-                }
-            },
-            "max_new_tokens": 8,
-            "concurrency": [1, 2],
-            "sweep_min_requests": 2,
-        },
         "tuning": {
             "enabled": True,
             "prompts": 1,
@@ -64,7 +60,7 @@ def test_sglang_stages_run_end_to_end_against_the_stub(tmp_path, target_dir):
     write_config(wd, config)
     outputs = [
         "results/hidden/tiny/00000.safetensors",
-        "results/tables/bench_sglang.md",
+        "results/tables/sweep.md",
         "results/tables/tuning.md",
     ]
     snakemake(wd, "--cores", "2", *outputs)
@@ -75,8 +71,10 @@ def test_sglang_stages_run_end_to_end_against_the_stub(tmp_path, target_dir):
     assert meta["backend"] == "hf" and tensors["aux"].shape[1] == 3 * 576
     assert tensors["last"].shape[0] == tensors["input_ids"].shape[0]
 
-    summary = read_json(wd / "results/bench_sglang/baseline.summary.json")
-    assert summary["config"] == "baseline" and summary["accept_length"] == 1.0
+    rows = list(read_jsonl(wd / "results/bench/sglang/baseline.jsonl"))
+    assert {(r["config"], r["accept_length"]) for r in rows} == {("baseline", 1.0)}
+    assert {r["phase"] for r in rows} == {"bench", "sweep"}
+    assert "| sglang | baseline | 2 |" in (wd / "results/tables/sweep.md").read_text()
     rows = {r["point"]: r for r in (read_json(p) for p in (wd / "results/tuning").glob("*.json"))}
     assert rows["base"]["status"] == "ok" and rows["typo"]["status"] == "rejected"
     assert json.loads(rows["base"]["server_args"]) == {"attention_backend": "triton"}
@@ -103,10 +101,17 @@ def test_openai_endpoint_key_never_reaches_params_metadata_or_logs(
     ) as srv:
         config = tiny_config(generate={"backend": "openai", "max_new_tokens": 5})
         config["sglang"] = {"endpoint": srv.base_url + "/v1", "api_key_env": "SPECBUILD_WF_KEY"}
+        # the bench's openai engine on the same endpoint, as vLLM would be measured
+        endpoint = {"endpoint": srv.base_url + "/v1", "api_key_env": "SPECBUILD_WF_KEY"}
+        config["bench"].update(engines=["openai"], openai={**endpoint, "name": "vllm"})
+        config["bench"].update(concurrency=[2], sweep_min_requests=2)
+        config["report"] = {"train_metrics": None}
         write_config(wd, config)
-        snakemake(wd, "--cores", "1", "results/generated/tiny/00000.jsonl")
+        outputs = ["results/generated/tiny/00000.jsonl", "results/tables/sweep.md"]
+        snakemake(wd, "--cores", "1", *outputs)
     rows = list(read_jsonl(wd / "results/generated/tiny/00000.jsonl"))
     assert rows and all(r["finish_reason"] in ("stop", "length") for r in rows)
+    assert "| vllm | baseline | 2 |" in (wd / "results/tables/sweep.md").read_text()
     leaks = [
         p
         for p in wd.rglob("*")

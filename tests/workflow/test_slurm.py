@@ -8,6 +8,7 @@ Skipped only where SLURM is absent and this process cannot be root to install it
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -125,3 +126,16 @@ def test_result_comparison_ignores_timings_but_not_results(tmp_path):
     assert same_result(a, b)
     b.write_text('{"accept_length": 2.4, "tokens_per_s": 9.7, "wall_s": 0.8}\n')
     assert not same_result(a, b)
+
+
+def test_drafter_comparison_ignores_the_training_speed_in_its_metadata(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    def drafter(name: str, acc: float, tokens_per_s: float):
+        row = {"acc": [acc], "tokens_per_s": tokens_per_s}
+        save_file({"w": torch.ones(2)}, tmp_path / name, metadata={"metrics": json.dumps(row)})
+        return tmp_path / name
+
+    assert same_result(drafter("a.safetensors", 0.5, 90.0), drafter("b.safetensors", 0.5, 120.0))
+    assert not same_result(tmp_path / "a.safetensors", drafter("c.safetensors", 0.4, 90.0))

@@ -52,3 +52,20 @@ def test_a_single_output_path_can_be_asked_for(built_workflow, tmp_path):
     target.unlink()
     proc = snakemake(wd, "--cores", "1", "results/tokenized/tiny/00000.jsonl")
     assert target.exists() and "tokenize" in proc.stderr + proc.stdout
+
+
+def test_the_html_report_shows_every_table_and_plot_in_its_category(built_workflow, tmp_path):
+    import json
+    import re
+
+    from workflow_helpers import snakemake
+
+    html = tmp_path / "report.html"
+    snakemake(built_workflow.workdir, "--cores", "1", "--report", str(html))
+    found = re.search(r"var categories = (\{.*?\});\s*\n", html.read_text(), re.S)
+    categories = json.loads(found.group(1))
+    files = {f for sub in categories.values() for names in sub.values() for f in names}
+    assert set(categories) == {"Benchmark", "Data", "Training"}
+    assert {"results/tables/bench.html", "results/plots/acceptance.png"} <= files
+    assert {"results/tables/data.html", "results/tables/disk.html"} <= files
+    assert {"results/tables/train.html", "results/plots/train.png"} <= files

@@ -85,8 +85,7 @@ TINY_SECTIONS: dict[str, dict] = {
         "chains": ["2-1-3"],
         "baseline": True,
         "max_new_tokens": 8,
-        "device": "cpu",
-        "threads": 1,
+        "hf": {"device": "cpu", "threads": 1},
         "sets": {
             "gsm8k": {
                 "path": "resources/bench/gsm8k_test.jsonl",
@@ -279,7 +278,7 @@ def results_state(workdir: Path, stage: str) -> dict[str, tuple[int, str]]:
 
 
 # Not compared: the target folder is linked from the test cache; train/state/ is resume state
-# keyed by the job's absolute paths; speedup.png plots timings only.
+# keyed by the job's absolute paths, and the disk table sums it; speedup.png plots timings only.
 # The training state and the TensorBoard event files (named by time, host and pid, holding
 # tokens/s) are logs of how a run went, not results; metrics.jsonl carries the curves' values.
 NOT_COMPARED = (
@@ -287,10 +286,11 @@ NOT_COMPARED = (
     "results/train/base/state/",
     "results/train/base/tensorboard/",
     "results/plots/speedup.png",
+    "results/tables/disk.",
 )
-# Keys and columns that measure time on this machine at that moment: wall/ttft/itl seconds,
-# tokens/s, and speedup (a ratio of two timings).
-_TIMING = re.compile(r"(_s|_ms|per_s)$|^speedup$")
+# Keys and columns that measure time on this machine at that moment: wall/ttft/itl seconds
+# (and their mean and percentiles), tokens/s, and speedup (a ratio of two timings).
+_TIMING = re.compile(r"(_s|_ms|per_s)(_mean|_p[0-9]+)?$|^speedup$")
 
 
 def results_files(workdir: Path) -> list[str]:
@@ -313,7 +313,7 @@ def same_result(a: Path, b: Path) -> bool:
         from safetensors import safe_open
 
         with safe_open(a, "pt") as fa, safe_open(b, "pt") as fb:
-            if fa.metadata() != fb.metadata() or set(fa.keys()) != set(fb.keys()):
+            if _meta(fa.metadata()) != _meta(fb.metadata()) or set(fa.keys()) != set(fb.keys()):
                 return False
             return all(fa.get_tensor(k).equal(fb.get_tensor(k)) for k in fa.keys())
     if a.suffix == ".json":
@@ -325,6 +325,18 @@ def same_result(a: Path, b: Path) -> bool:
         tables = [[_untimed(row) for row in csv.DictReader(p.open())] for p in (a, b)]
         return tables[0] == tables[1]
     return False
+
+
+def _meta(metadata: dict[str, str] | None) -> dict:
+    """Safetensors metadata without timings: a drafter's values are JSON, and its best eval
+    row carries the run's training tokens/s."""
+    out = {}
+    for key, raw in (metadata or {}).items():
+        try:
+            out[key] = _untimed(json.loads(raw))
+        except ValueError:
+            out[key] = raw
+    return out
 
 
 def _untimed(value):

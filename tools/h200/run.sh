@@ -14,7 +14,9 @@
 # Each call runs snakemake for at most SPECBUILD_BUDGET_S seconds (the device's limit is
 # 600 s per command), stops it cleanly (servers included), and resumes where it stopped on
 # the next call; results/ stays on the machine between calls. Extra arguments go to
-# snakemake (targets such as `align`, `bench_server_table`, `tuning`, or flags).
+# snakemake (targets such as `align`, `bench_report`, `tuning_report`,
+# `results/bench/sglang/3-1-4.jsonl`, or flags); a run that finishes also writes
+# results/report.html (every table and plot of the example).
 # Every GPU of the machine is a schedulable resource; each GPU job pins its own device ids
 # (specbuild.gpus), so on nvidia-h200-x2 two servers run side by side. SPECBUILD_TRAIN_NPROC=2
 # trains with torchrun on both GPUs (the config's train.nproc, overridden in a derived copy).
@@ -50,6 +52,9 @@ timeout -s TERM -k 45 "$BUDGET_S" python3 -m snakemake --configfile "$CONFIG" --
   --resources gpu="$GPUS" --scheduler greedy --rerun-incomplete --keep-going "$@" \
   2>&1 | tee "$OUT/snakemake.log"
 rc=${PIPESTATUS[0]}
+if [ "$rc" -eq 0 ]; then
+  python3 -m snakemake --configfile "$CONFIG" --report results/report.html 2>&1 | tail -3
+fi
 
 {
   echo "# specbuild on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), rc=$rc"
@@ -57,6 +62,6 @@ rc=${PIPESTATUS[0]}
   echo; echo '## snakemake summary'; python3 -m snakemake --configfile "$CONFIG" --summary 2>/dev/null | cut -f1,4,5 | head -80
 } > "$OUT/summary.md"
 tar -czf "$OUT/specbuild-h200.tar.gz" --exclude='*.safetensors' logs results/tables results/plots \
-  results/align results/bench_sglang results/tuning results/generated results/bench 2>/dev/null
+  results/align results/tuning results/generated results/bench results/report.html 2>/dev/null
 if [ "$rc" -eq 0 ]; then echo "specbuild: done"; else echo "specbuild: rc=$rc (124: budget reached; call again to resume)"; fi
 exit "$rc"

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ServerOptions",
     "ServerSpec",
     "SGLangServer",
     "ServerStartError",
@@ -205,6 +206,40 @@ class ServerSpec:
     health_path: str = "/health_generate"
     # `--api-key` of the server (new_api_key()); its clients send it. None: an open server.
     api_key: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """How every server specbuild starts is launched (config `sglang.*`): built once from
+    config (rules/common.smk, `sglang_server_options`), passed whole to each job, and turned
+    into one server's `ServerSpec` here only."""
+
+    launcher: tuple[str, ...] = DEFAULT_LAUNCHER
+    server_args: Mapping[str, Any] = field(default_factory=dict)  # {flag_name: value}
+    env: Mapping[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = 900.0
+    request_timeout_s: float = 600.0  # one HTTP request to the server
+
+    def spec(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        extra_args: Mapping[str, Any] | None = None,
+        extra_env: Mapping[str, Any] | None = None,
+    ) -> ServerSpec:
+        """One server of `model_path`: these flags and env plus `extra_*` (which win), on a
+        free port, with a fresh API key."""
+        env = {**self.env, **(extra_env or {})}
+        return ServerSpec(
+            model_path=str(model_path),
+            launcher=tuple(self.launcher),
+            server_args=tuple(build_server_args({**self.server_args, **(extra_args or {})})),
+            env={k: str(v) for k, v in env.items()},
+            host=self.host,
+            startup_timeout_s=self.startup_timeout_s,
+            api_key=new_api_key(),
+        )
 
 
 class SGLangServer:

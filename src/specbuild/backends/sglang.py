@@ -13,13 +13,7 @@ from typing import Any
 
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
 from specbuild.backends.openai import OpenAIBackend
-from specbuild.backends.server import (
-    DEFAULT_LAUNCHER,
-    ServerSpec,
-    SGLangServer,
-    build_server_args,
-    new_api_key,
-)
+from specbuild.backends.server import DEFAULT_LAUNCHER, ServerOptions, SGLangServer
 
 __all__ = ["SGLangBackend"]
 
@@ -41,16 +35,15 @@ class SGLangBackend:
         max_concurrency: int = 16,
         request_timeout_s: float = 600.0,
     ) -> None:
-        spec = ServerSpec(
-            model_path=str(target_dir),
+        options = ServerOptions(
             launcher=tuple(launcher),
-            server_args=tuple(build_server_args(server_args or {})),
+            server_args=dict(server_args or {}),
             env=dict(env or {}),
             host=host,
             startup_timeout_s=startup_timeout_s,
-            api_key=new_api_key(),
+            request_timeout_s=request_timeout_s,
         )
-        self.server = SGLangServer(spec, name="sglang-generate").start()
+        self.server = SGLangServer(options.spec(target_dir), name="sglang-generate").start()
         try:
             self.client = OpenAIBackend(
                 base_url=self.server.base_url,

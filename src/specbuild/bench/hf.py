@@ -21,13 +21,15 @@ import inspect
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specbuild.bench.specdec import BASELINE, ChainSpec, Completion
+from specbuild.bench.chain import BASELINE, Chain
+from specbuild.bench.rows import Completion, device_label
 from specbuild.io import read_json
 
 log = logging.getLogger("specbuild")
@@ -35,6 +37,7 @@ log = logging.getLogger("specbuild")
 __all__ = [
     "HFBaseline",
     "HFSpecDecoder",
+    "open_engine",
     "load_drafter",
     "eos_token_ids",
     "crop_cache",
@@ -157,6 +160,7 @@ class HFBaseline:
     def __init__(self, target, *, eos_ids: set[int]):
         self.target = target
         self.eos_ids = eos_ids
+        self.device = device_label(str(target.device))
 
     @torch.inference_mode()
     def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
@@ -178,7 +182,7 @@ class HFBaseline:
                 break
             inputs = torch.tensor([[token]], device=dev)
         wall = time.perf_counter() - start
-        return Completion(token_ids=out, verify_steps=len(out) - 1, wall_s=wall, ttft_s=ttft)
+        return Completion(len(out), verify_steps=None, wall_s=wall, ttft_s=ttft, token_ids=out)
 
 
 class HFSpecDecoder:
@@ -192,12 +196,15 @@ class HFSpecDecoder:
         drafter: torch.nn.Module,
         *,
         layer_ids: Sequence[int],
-        chain: ChainSpec,
+        chain: Chain,
         eos_ids: set[int],
         drafter_name: str,
         new_cache: Callable[[], Any] | None = None,
     ):
+        if not chain.is_chain:
+            raise ValueError(f"chain {chain.name}: the hf engine drafts chains only (topk 1)")
         self.target = target
+        self.device = device_label(str(target.device))
         self.drafter_model = drafter
         self.layer_ids = list(layer_ids)
         self.chain = chain
@@ -279,9 +286,47 @@ class HFSpecDecoder:
                     break
         wall = time.perf_counter() - start
         return Completion(
-            token_ids=out,
+            len(out),
             verify_steps=steps,
-            accepted_per_position=accepted,
             wall_s=wall,
             ttft_s=ttft,
+            accepted_per_position=accepted,
+            token_ids=out,
         )
+
+
+@contextmanager
+def open_engine(
+    *,
+    target_dir: str | os.PathLike,
+    config: str,
+    drafter_dir: str | None,
+    drafter_name: str,
+    options: Mapping[str, Any],
+) -> Iterator[HFBaseline | HFSpecDecoder]:
+    """The PyTorch engine (or its baseline) over a materialized target folder, in this job.
+
+    `options` (config `bench.hf`): dtype, device ("auto" takes CUDA when present), threads.
+    """
+    from specbuild.target import load_target_model, load_tokenizer
+
+    device = options["device"]
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(options["threads"])
+    target = load_target_model(target_dir, dtype=options["dtype"], device=device)
+    eos = eos_token_ids(target, load_tokenizer(target_dir))
+    if config == BASELINE:
+        yield HFBaseline(target, eos_ids=eos)
+        return
+    if drafter_dir is None:
+        raise ValueError(f"chain {config!r} needs a drafter folder")
+    drafter, layer_ids = load_drafter(drafter_dir, target)
+    yield HFSpecDecoder(
+        target,
+        drafter,
+        layer_ids=layer_ids,
+        chain=Chain.parse(config),
+        eos_ids=eos,
+        drafter_name=drafter_name,
+    )

@@ -109,8 +109,8 @@ def read_bench_prompts(
 
 
 def read_bench_set(spec: dict, *, limit: int | None = None) -> list[BenchPrompt]:
-    """The prompts of one `bench.sets` (or `sglang.bench.sets`) config entry; `limit`, when
-    given, replaces the entry's own."""
+    """The prompts of one `bench.sets` config entry; `limit`, when given, replaces the
+    entry's own."""
     return read_bench_prompts(
         spec["path"],
         format=spec["format"],

@@ -1,14 +1,25 @@
-"""Bench plots (seaborn), drawn from the tables in `specbuild.report.tables` so both agree.
+"""Report plots (matplotlib, seaborn's theme), drawn from the report tables so both agree.
 
-acceptance_length.png  mean acceptance length by set and chain, Student-t 95% intervals
-acceptance_by_position.png  share of verify steps accepting each draft position
-speedup.png            tokens/s against the same set's no-drafter baseline
+acceptance.png  acceptance length per set and chain, one panel per engine: 95% bootstrap
+                intervals where a bar has enough requests, its request count on top, and a
+                reference line at 1.0 (no draft ever accepted)
+positions.png   share of verify steps accepting each draft position (whole-number positions)
+speedup.png     tokens/s over the same engine's baseline on the set (reference line at 1.0)
+sweep.png       output tokens/s and ITL p50 against concurrent streams, per engine and config
+tuning.png      single-stream and peak tokens/s per tuning point, its status in the label
+train.png       training loss, per-step accuracy and simulated acceptance length by step
+
+Every panel (or the sweep's and tuning's title) names the engine and the device its rows name,
+the one actually used. Sets keep their configured order; configs the baseline first, then
+chains by size, each chain one colour in every panel under one legend beside the panels.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib
 
@@ -17,95 +28,249 @@ matplotlib.use("Agg")  # files only: no display on cluster nodes
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from specbuild.bench.specdec import BASELINE  # noqa: E402
+from specbuild.bench.chain import BASELINE  # noqa: E402
 from specbuild.io import atomic_path  # noqa: E402
-from specbuild.report.tables import build_positions, build_summary, mean_ci, read_rows  # noqa: E402
 
-__all__ = ["PLOTS", "plot_acceptance", "plot_positions", "plot_speedup", "write_plots"]
+__all__ = [
+    "plot_acceptance",
+    "plot_positions",
+    "plot_speedup",
+    "plot_sweep",
+    "plot_tuning",
+    "plot_train",
+]
 
-PLOTS = ("acceptance_length", "acceptance_by_position", "speedup")
-
-
-def _interval(values) -> tuple[float, float]:
-    """seaborn errorbar callable: the same Student-t 95% interval as the tables."""
-    _, lo, hi = mean_ci(values)
-    return lo, hi
+PANEL = (6.5, 4.2)  # inches per engine panel
 
 
 def _save(fig, path: str | os.PathLike) -> None:
+    fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
-def _chain_order(configs) -> list[str]:
-    return sorted({c for c in configs if c != BASELINE}, key=lambda c: int(c.split("-")[0]))
+def _panels(n: int, *, sharey: bool = True):
+    sns.set_theme(style="whitegrid")
+    fig, axes = plt.subplots(1, max(n, 1), figsize=(PANEL[0] * max(n, 1), PANEL[1]), sharey=sharey)
+    return fig, list(axes) if n > 1 else [axes]
 
 
-def plot_acceptance(rows: pd.DataFrame, path: str | os.PathLike) -> None:
-    spec = rows[(rows["config"] != BASELINE) & rows["accept_length"].notna()]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if len(spec):
-        sns.barplot(
-            data=spec,
-            x="set",
-            y="accept_length",
-            hue="config",
-            hue_order=_chain_order(spec["config"]),
-            errorbar=_interval,
-            capsize=0.1,
-            ax=ax,
+def _title(table: pd.DataFrame, engine: str) -> str:
+    devices = sorted(set(table.loc[table["engine"] == engine, "device"].dropna()))
+    return f"{engine} on {', '.join(devices)}" if devices else engine
+
+
+def _empty(ax, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="grey")
+    ax.set_xticks([])
+
+
+def _colors(configs: pd.Series) -> dict[str, Any]:
+    """One colour per config, the same in every panel (configs in table order)."""
+    names = list(dict.fromkeys(configs))
+    return dict(zip(names, sns.color_palette(n_colors=len(names)), strict=True))
+
+
+def _legend(axes, title: str) -> None:
+    """One legend for all panels, right of the last one: never over a bar or its count."""
+    seen = {}
+    for ax in axes:
+        seen |= dict(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
+        if ax.get_legend():
+            ax.get_legend().remove()
+    if seen:
+        axes[-1].legend(seen.values(), seen.keys(), title=title, fontsize=8,
+                        loc="upper left", bbox_to_anchor=(1.01, 1.0))  # fmt: skip
+
+
+def _bars(
+    ax,
+    table: pd.DataFrame,
+    value: str,
+    colors: dict,
+    *,
+    lo: str | None = None,
+    hi: str | None = None,
+):
+    """Grouped bars: sets on x (table order), one bar per config; request counts on top."""
+    sets = list(dict.fromkeys(table["set"]))
+    configs = list(dict.fromkeys(table["config"]))
+    width = 0.8 / len(configs)
+    for i, config in enumerate(configs):
+        part = table[table["config"] == config].set_index("set")
+        xs = [s + (i - (len(configs) - 1) / 2) * width for s in range(len(sets))]
+        ys = [_num(part[value].get(s)) for s in sets]
+        ax.bar(
+            xs, [0 if math.isnan(y) else y for y in ys], width, color=colors[config], label=config
         )
-    ax.set(xlabel="benchmark set", ylabel="acceptance length (tokens / verify step)")
-    ax.set_ylim(bottom=0)  # a wide t interval on few requests must not suggest negatives
-    ax.set_title("Acceptance length (95% interval over requests)")
+        if lo and hi:
+            for x, y, s in zip(xs, ys, sets, strict=True):
+                low, high = _num(part[lo].get(s)), _num(part[hi].get(s))
+                if not math.isnan(low):
+                    ax.errorbar(x, y, [[y - low], [high - y]], color="black", capsize=3, lw=1)
+        for x, y, s in zip(xs, ys, sets, strict=True):
+            if not math.isnan(y):
+                top = max(y, _num(part[hi].get(s)) if hi else y)
+                n = int(part["requests"].get(s))
+                ax.annotate(
+                    f"n={n}",
+                    (x, 0 if math.isnan(top) else top),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    xytext=(0, 4),
+                    textcoords="offset points",
+                )
+    ax.set_xticks(range(len(sets)), sets)
+    ax.grid(axis="x", visible=False)
+
+
+def _headroom(axes, *columns: pd.Series) -> None:
+    """y from 0 to 1.15 x the highest value (at least 1.0): room for the request counts."""
+    values = [_num(v) for col in columns for v in col]
+    top = max([v for v in values if not math.isnan(v)] + [1.0])
+    for ax in axes:
+        ax.set_ylim(0, 1.15 * top)
+
+
+def _num(v: Any) -> float:
+    return float("nan") if v is None or pd.isna(v) else float(v)
+
+
+def plot_acceptance(bench: pd.DataFrame, path: str | os.PathLike) -> None:
+    spec = bench[(bench["config"] != BASELINE) & bench["accept_length"].notna()]
+    engines = list(dict.fromkeys(spec["engine"]))
+    fig, axes = _panels(len(engines))
+    colors = _colors(spec["config"])
+    for ax, engine in zip(axes, engines, strict=False):
+        part = spec[spec["engine"] == engine]
+        _bars(ax, part, "accept_length", colors, lo="accept_length_lo", hi="accept_length_hi")
+        ax.set_title(_title(bench, engine), fontsize=10)
+    if not engines:
+        _empty(axes[0], "no engine reported verify steps of a drafted config")
+    _headroom(axes, spec["accept_length"], spec["accept_length_hi"])
+    for ax in axes:
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set(xlabel="benchmark set")
+    _legend(axes, "chain")
+    axes[0].set_ylabel("Σ tokens / Σ verify steps")
+    fig.suptitle("Acceptance length (95% interval where n ≥ 5)")
     _save(fig, path)
 
 
-def plot_positions(summary: pd.DataFrame, path: str | os.PathLike) -> None:
-    long = build_positions(summary)
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if len(long):
+def plot_positions(positions: pd.DataFrame, bench: pd.DataFrame, path: str | os.PathLike) -> None:
+    engines = list(dict.fromkeys(positions["engine"]))
+    fig, axes = _panels(len(engines))
+    colors = _colors(positions["config"])
+    # each set with its request count, as in the bar plots
+    n = {(r.engine, r.set): r.requests for r in bench[bench["config"] != BASELINE].itertuples()}
+    for ax, engine in zip(axes, engines, strict=False):
+        part = positions[positions["engine"] == engine].rename(columns={"config": "chain"})
+        part["set"] = [f"{s} (n={n[engine, s]})" for s in part["set"]]
         sns.lineplot(
-            data=long,
+            data=part,
             x="position",
             y="rate",
-            hue="config",
-            hue_order=_chain_order(long["config"]),
+            hue="chain",
             style="set",
             markers=True,
+            palette=colors,
+            hue_order=list(dict.fromkeys(part["chain"])),
+            style_order=list(dict.fromkeys(part["set"])),
             ax=ax,
         )
-    ax.set(xlabel="draft position", ylabel="accepted share of verify steps", ylim=(-0.02, 1.02))
-    ax.set_title("Acceptance per draft position")
+        ax.set_title(_title(bench, engine), fontsize=10)
+    if not engines:
+        _empty(axes[0], "no engine reports acceptance per draft position (the hf engine does)")
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(xlabel="draft position", ylim=(-0.02, 1.02))
+    _legend(axes, "")
+    axes[0].set_ylabel("accepted share of verify steps")
+    fig.suptitle("Acceptance per draft position")
     _save(fig, path)
 
 
-def plot_speedup(summary: pd.DataFrame, path: str | os.PathLike) -> None:
-    spec = summary[(summary["config"] != BASELINE) & summary["speedup"].notna()]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if len(spec):
-        sns.barplot(
-            data=spec,
-            x="set",
-            y="speedup",
-            hue="config",
-            hue_order=_chain_order(spec["config"]),
-            ax=ax,
-        )
-    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    ax.set(xlabel="benchmark set", ylabel="speedup (tokens/s vs baseline)")
-    ax.set_title("Speedup over greedy decoding without a drafter")
+def plot_speedup(bench: pd.DataFrame, path: str | os.PathLike) -> None:
+    spec = bench[(bench["config"] != BASELINE) & bench["speedup"].notna()]
+    engines = list(dict.fromkeys(spec["engine"]))
+    fig, axes = _panels(len(engines))
+    colors = _colors(spec["config"])
+    for ax, engine in zip(axes, engines, strict=False):
+        _bars(ax, spec[spec["engine"] == engine], "speedup", colors)
+        ax.set_title(_title(bench, engine), fontsize=10)
+    if not engines:
+        _empty(axes[0], "no drafted config with a baseline on the same engine")
+    _headroom(axes, spec["speedup"])
+    for ax in axes:
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set(xlabel="benchmark set")
+    _legend(axes, "chain")
+    axes[0].set_ylabel("speedup (tokens/s vs the baseline)")
+    fig.suptitle("Speedup over the same engine without a drafter")
     _save(fig, path)
 
 
-def write_plots(*, rows: list[str | os.PathLike], out_dir: str | os.PathLike) -> None:
-    """Draw every plot in PLOTS as out_dir/<name>.png from the bench row files."""
+def plot_sweep(sweep: pd.DataFrame, path: str | os.PathLike) -> None:
+    data = sweep.assign(
+        line=sweep["engine"] + " " + sweep["config"], itl_ms=sweep["itl_s_p50"] * 1e3
+    )
+    fig, axes = _panels(2, sharey=False)
+    for ax, value, label in (
+        (axes[0], "output_tokens_per_s", "output tokens/s"),
+        (axes[1], "itl_ms", "ITL p50 (ms)"),
+    ):
+        sns.lineplot(data=data, x="concurrency", y=value, hue="line", marker="o", ax=ax)
+        ax.set_xscale("log", base=2)
+        levels = sorted(set(data["concurrency"]))
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set(xlabel="concurrent streams", ylabel=label, ylim=(0, None))
+        ax.legend(title="engine, config", fontsize=8)
+    n = int(data["requests"].min())
+    devices = ", ".join(f"{_title(data, e)}" for e in dict.fromkeys(data["engine"]))
+    fig.suptitle(f"Concurrency sweep, {devices} ({n}+ requests per level)")
+    _save(fig, path)
+
+
+def plot_tuning(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
+    metrics = {
+        "single_stream_tokens_per_s": "single stream",
+        "peak_output_tokens_per_s": "peak output (at concurrency c)",
+    }
+    labels = [r["point"] if r["status"] == "ok" else f"{r['point']} ({r['status']})" for r in rows]
     sns.set_theme(style="whitegrid")
-    df = read_rows(rows)
-    summary = build_summary(df)
-    out = Path(out_dir)
-    plot_acceptance(df, out / "acceptance_length.png")
-    plot_positions(summary, out / "acceptance_by_position.png")
-    plot_speedup(summary, out / "speedup.png")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.5 * len(rows) + 2), squeeze=False)
+    for ax, (metric, title) in zip(axes[0], metrics.items(), strict=True):
+        bars = ax.barh(labels, [r[metric] or 0.0 for r in rows], color="#4c72b0")
+        if metric.startswith("peak"):
+            counts = [f"c={r['peak_concurrency']}" if r[metric] else "" for r in rows]
+            ax.bar_label(bars, counts, fontsize=8, padding=3)
+        ax.invert_yaxis()
+        ax.set(title=title, xlabel="tokens/s")
+    devices = sorted({r["device"] for r in rows if r.get("device")})
+    fig.suptitle("Server tuning points" + (f" on {', '.join(devices)}" if devices else ""))
+    _save(fig, path)
+
+
+def plot_train(evals: pd.DataFrame, loss: pd.DataFrame, path: str | os.PathLike) -> None:
+    """`evals`: step, eval_loss, acc_<k>..., acceptance_length; `loss`: step, loss (may be
+    empty: no TensorBoard events)."""
+    fig, axes = _panels(3, sharey=False)
+    if len(loss):
+        axes[0].plot(loss["step"], loss["loss"], lw=1, label="train (progress lines)")
+    axes[0].plot(evals["step"], evals["eval_loss"], "o-", label="eval")
+    axes[0].set(title="loss", xlabel="optimizer step", ylabel="loss")
+    axes[0].legend(fontsize=8)
+    for col in [c for c in evals.columns if c.startswith("acc_")]:
+        axes[1].plot(evals["step"], evals[col], "o-", label=f"step {col[4:]}")
+    axes[1].set(title="accuracy per TTT step (eval)", xlabel="optimizer step", ylim=(0, 1))
+    axes[1].legend(fontsize=8)
+    axes[2].plot(evals["step"], evals["acceptance_length"], "o-")
+    axes[2].axhline(1.0, color="black", lw=0.8, ls="--")
+    axes[2].set(title="simulated acceptance length (eval)", xlabel="optimizer step", ylim=(0, None))
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _save(fig, path)

@@ -1,85 +1,54 @@
-"""Bench tables: per-request rows (schema in `specbuild.bench.specdec`) to set x config x drafter.
+"""Report tables: each as .csv (full precision), .md and .html (4 significant digits), and the
+bench tables built from the per-request rows (schema: `specbuild.bench.rows`).
 
-Every number is computed here once and read by the plots, so the tables and the figures agree:
+Every number comes from `specbuild.bench.metrics`, group by group, and the plots draw these
+tables, so tables and figures agree:
 
-  accept_length        mean over requests of tokens per verify step, with a Student-t 95%
-                       interval (accept_length_lo / _hi); requests without a verify step
-                       (EOS straight from prefill) carry no acceptance length and are left out
-  accept_pos{k}        share of verify steps that accepted draft position k (1-based); chain
-                       drafting makes it non-increasing in k
-  tokens_per_s         sum of completion tokens / sum of wall time over the group's requests
-  speedup              tokens_per_s / the baseline's tokens_per_s on the same set and backend
+  bench           one line per engine, set and config: acceptance length with its interval,
+                  acceptance per draft position, tokens/s, speedup over the same engine's
+                  baseline on the set
+  positions       the per-position acceptance in long form
+  latency         TTFT and ITL mean, p50, p90, p99 per engine, set and config
+  sweep           per engine, config and concurrency: output tokens/s, acceptance, latencies
+  train_vs_bench  measured acceptance length beside training's simulated one
 
-Rows from any backend ("hf", "sglang") share these tables; an unknown set is just a new row.
+Lines are ordered engines, sets and configs as configured (the baseline first, then chains).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from specbuild.bench.specdec import BASELINE, check_rows
+from specbuild.bench.chain import BASELINE, Chain, chain_order
+from specbuild.bench.metrics import output_throughput, speedup, summarize
+from specbuild.bench.rows import check_rows
 from specbuild.io import atomic_open, read_jsonl
 
 __all__ = [
     "GROUP_KEYS",
-    "TABLES",
-    "t_quantile_975",
-    "mean_ci",
     "read_rows",
-    "build_summary",
+    "build_bench",
     "build_positions",
+    "build_latency",
+    "build_sweep",
+    "best_train_row",
     "simulated_accept_length",
     "build_train_vs_bench",
-    "best_train_row",
+    "format_number",
+    "format_cell",
     "to_markdown",
-    "write_tables",
+    "write_table",
+    "output_folders",
+    "check_written",
 ]
 
-GROUP_KEYS = ["set", "config", "drafter", "backend"]
-# File stems written by write_tables (each as .csv, .md and .html), in report order.
-TABLES = ("bench", "positions", "train_vs_bench")
-# Two-sided 95% Student-t quantiles for 1..30 degrees of freedom; beyond 30 a Cornish-Fisher
-# expansion around the normal quantile is exact to 1e-4, without a scipy dependency.
-_T975 = (
-    12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
-    2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860,
-    2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423,
-)  # fmt: skip
-_Z975 = 1.959964
-
-
-def t_quantile_975(df: int) -> float:
-    """The 0.975 quantile of Student's t with `df` degrees of freedom."""
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = _Z975
-    return (
-        z
-        + (z**3 + z) / (4 * df)
-        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
-    )
-
-
-def mean_ci(values: Iterable[float]) -> tuple[float, float, float]:
-    """(mean, low, high) of a Student-t 95% interval; one value gives a zero-width interval."""
-    xs = [float(v) for v in values if v is not None and not math.isnan(float(v))]
-    if not xs:
-        return (math.nan, math.nan, math.nan)
-    n = len(xs)
-    mean = sum(xs) / n
-    if n == 1:
-        return (mean, mean, mean)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    half = t_quantile_975(n - 1) * sd / math.sqrt(n)
-    return (mean, mean - half, mean + half)
+GROUP_KEYS = ["engine", "set", "config"]
+LATENCY_COLUMNS = [f"{m}_{s}" for m in ("ttft_s", "itl_s") for s in ("mean", "p50", "p90", "p99")]
 
 
 def read_rows(paths: Sequence[str | os.PathLike]) -> pd.DataFrame:
@@ -94,58 +63,78 @@ def read_rows(paths: Sequence[str | os.PathLike]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _position_rates(group: pd.DataFrame) -> list[float]:
-    """Per draft position: accepted count / verify steps, summed over the group's requests."""
-    steps = int(group["verify_steps"].sum())
-    lists = [list(v) for v in group["accepted_per_position"] if len(v)]
-    if not lists or steps == 0:
-        return []
-    width = max(len(v) for v in lists)
-    totals = [sum(v[k] for v in lists if k < len(v)) for k in range(width)]
-    return [t / steps for t in totals]
+def _ordered(df: pd.DataFrame, set_order: Sequence[str] | None = None) -> pd.DataFrame:
+    """Engines in order of appearance, sets in `set_order`, configs baseline first."""
+    keys = {
+        "engine": list(dict.fromkeys(df["engine"])),
+        "set": list(set_order or dict.fromkeys(df["set"])),
+        "config": chain_order(df["config"]),
+    }
+    order = [k for k in keys if k in df.columns]
+    cat = df.assign(**{k: pd.Categorical(df[k], keys[k], ordered=True) for k in order})
+    out = cat.sort_values(order, kind="stable")
+    return out.assign(**{k: out[k].astype(str) for k in order}).reset_index(drop=True)
 
 
-def build_summary(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per (set, config, drafter, backend), with speedup against that set's baseline."""
+def _groups(rows: pd.DataFrame, keys: list[str]):
+    for key, g in rows.groupby(keys, sort=False):
+        yield dict(zip(keys, key, strict=True)), g.to_dict("records")
+
+
+def build_bench(rows: pd.DataFrame, set_order: Sequence[str] | None = None) -> pd.DataFrame:
+    """Phase-bench rows per engine, set and config, with the speedup over that engine's
+    baseline on the set (none without one)."""
     out = []
-    for key, g in rows.groupby(GROUP_KEYS, sort=True):
-        mean, lo, hi = mean_ci(g["accept_length"].dropna())
-        wall = float(g["wall_s"].sum())
-        tokens = int(g["completion_tokens"].sum())
-        rec = dict(zip(GROUP_KEYS, key, strict=True))
-        rec |= {
-            "requests": len(g),
-            "completion_tokens": tokens,
-            "verify_steps": int(g["verify_steps"].sum()),
-            "accept_length": mean,
-            "accept_length_lo": lo,
-            "accept_length_hi": hi,
-            "tokens_per_s": tokens / wall if wall > 0 else math.nan,
-        }
-        for k, rate in enumerate(_position_rates(g), 1):
-            rec[f"accept_pos{k}"] = rate
-        out.append(rec)
-    summary = pd.DataFrame(out)
-    base = summary[summary["config"] == BASELINE].set_index(["set", "backend"])["tokens_per_s"]
-    summary["speedup"] = [
-        r.tokens_per_s / base[(r.set, r.backend)] if (r.set, r.backend) in base.index else math.nan
-        for r in summary.itertuples()
+    for key, group in _groups(rows[rows["phase"] == "bench"], GROUP_KEYS):
+        first = group[0]
+        out.append(
+            key | {"drafter": first["drafter"], "device": first["device"]} | summarize(group)
+        )
+    table = pd.DataFrame(out)
+    base = table[table["config"] == BASELINE].set_index(["engine", "set"])["tokens_per_s"]
+    table["speedup"] = [
+        speedup(r.tokens_per_s, base.get((r.engine, r.set))) for r in table.itertuples()
     ]
-    pos_cols = sorted(
-        (c for c in summary.columns if c.startswith("accept_pos")), key=lambda c: int(c[10:])
-    )
-    lead = GROUP_KEYS + ["requests", "completion_tokens", "verify_steps"]
+    pos = sorted((c for c in table if c.startswith("accept_pos")), key=lambda c: int(c[10:]))
+    lead = GROUP_KEYS + ["drafter", "device", "requests", "completion_tokens", "verify_steps"]
     lead += ["accept_length", "accept_length_lo", "accept_length_hi"]
-    return summary[lead + pos_cols + ["tokens_per_s", "speedup"]]
+    return _ordered(table[lead + pos + ["tokens_per_s", "speedup"]], set_order)
 
 
-def build_positions(summary: pd.DataFrame) -> pd.DataFrame:
-    """Long form of the per-position acceptance: set, config, drafter, backend, position, rate."""
-    cols = [c for c in summary.columns if c.startswith("accept_pos")]
-    long = summary.melt(id_vars=GROUP_KEYS, value_vars=cols, var_name="position", value_name="rate")
+def build_positions(bench: pd.DataFrame) -> pd.DataFrame:
+    """Long form of the per-position acceptance: engine, set, config, position, rate."""
+    cols = [c for c in bench.columns if c.startswith("accept_pos")]
+    long = bench.melt(id_vars=GROUP_KEYS, value_vars=cols, var_name="position", value_name="rate")
     long = long.dropna(subset=["rate"])
     long["position"] = long["position"].str.removeprefix("accept_pos").astype(int)
-    return long.sort_values(GROUP_KEYS + ["position"]).reset_index(drop=True)
+    order = {k: i for i, k in enumerate(zip(*(bench[k] for k in GROUP_KEYS), strict=True))}
+    long["_order"] = [order[k] for k in zip(*(long[c] for c in GROUP_KEYS), strict=True)]
+    return long.sort_values(["_order", "position"]).drop(columns="_order").reset_index(drop=True)
+
+
+def build_latency(rows: pd.DataFrame, set_order: Sequence[str] | None = None) -> pd.DataFrame:
+    """TTFT and ITL statistics of the phase-bench requests per engine, set and config."""
+    out = [
+        key | {"requests": len(group)} | {k: summarize(group)[k] for k in LATENCY_COLUMNS}
+        for key, group in _groups(rows[rows["phase"] == "bench"], GROUP_KEYS)
+    ]
+    return _ordered(pd.DataFrame(out), set_order)
+
+
+def build_sweep(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per engine, config and concurrency level: output throughput and the requests' numbers."""
+    keys = ["engine", "config", "concurrency"]
+    out = []
+    for key, group in _groups(rows[rows["phase"] == "sweep"], keys):
+        s = summarize(group)
+        out.append(
+            key
+            | {"device": group[0]["device"]}
+            | {k: s[k] for k in ("requests", "completion_tokens")}
+            | {"output_tokens_per_s": output_throughput(group), "accept_length": s["accept_length"]}
+            | {k: s[k] for k in LATENCY_COLUMNS}
+        )
+    return pd.DataFrame(out)  # rows come per engine, config (baseline first) and level
 
 
 def best_train_row(metrics_path: str | os.PathLike) -> dict:
@@ -173,65 +162,72 @@ def simulated_accept_length(train_row: dict, steps: int) -> float:
     return total
 
 
-def build_train_vs_bench(summary: pd.DataFrame, train_row: dict | None) -> pd.DataFrame:
-    """Measured acceptance length per (set, chain) beside training's simulated one."""
-    spec = summary[summary["config"] != BASELINE]
-    cols = GROUP_KEYS + ["accept_length", "accept_length_lo", "accept_length_hi"]
+def build_train_vs_bench(bench: pd.DataFrame, train_row: dict) -> pd.DataFrame:
+    """Measured acceptance length per engine, set and chain beside training's simulated one."""
+    spec = bench[(bench["config"] != BASELINE) & bench["accept_length"].notna()]
+    cols = GROUP_KEYS + ["requests", "accept_length", "accept_length_lo", "accept_length_hi"]
     out = spec[cols].copy().reset_index(drop=True)
-    steps = [int(c.split("-")[0]) for c in out["config"]]
     out["simulated_accept_length"] = [
-        simulated_accept_length(train_row, s) if train_row else math.nan for s in steps
+        simulated_accept_length(train_row, Chain.parse(c).steps) for c in out["config"]
     ]
-    out["train_step"] = train_row.get("step") if train_row else None
+    out["train_step"] = train_row.get("step")
     return out
 
 
-def _cell(value, floatfmt: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+def format_number(x: float) -> str:
+    """4 significant digits; no exponent below 10^9 (1.806e+04 tokens reads badly)."""
+    return format(x, ".4g") if abs(x) < 1e4 or abs(x) >= 1e9 else format(x, ".0f")
+
+
+def format_cell(value) -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, float):
-        return format(value, floatfmt)
-    return str(value).replace("|", "\\|")
+        return format_number(value)
+    return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def to_markdown(df: pd.DataFrame, floatfmt: str = ".3f") -> str:
+def _whole(df: pd.DataFrame) -> pd.DataFrame:
+    """Float columns of whole numbers only (counts beside missing values) as integers."""
+    out = df.copy()
+    for c in out.columns:
+        col = out[c]
+        if pd.api.types.is_float_dtype(col) and col.notna().any() and (col.dropna() % 1 == 0).all():
+            out[c] = col.astype("Int64")
+    return out
+
+
+def to_markdown(df: pd.DataFrame) -> str:
     """A GitHub-flavoured Markdown table (numbers right-aligned), without extra dependencies."""
     header = "| " + " | ".join(map(str, df.columns)) + " |"
-    align = (
-        "|"
-        + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) else ":---" for c in df.columns)
-        + "|"
-    )
+    numeric = [pd.api.types.is_numeric_dtype(df[c]) for c in df.columns]
+    align = "|" + "|".join("---:" if n else ":---" for n in numeric) + "|"
     body = [
-        "| " + " | ".join(_cell(v, floatfmt) for v in row) + " |"
-        for row in df.itertuples(index=False)
+        "| " + " | ".join(format_cell(v) for v in row) + " |" for row in df.itertuples(index=False)
     ]
     return "\n".join([header, align, *body]) + "\n"
 
 
-def _write(df: pd.DataFrame, stem: Path) -> None:
+def write_table(df: pd.DataFrame, stem: str | os.PathLike) -> None:
+    """`df` as <stem>.csv, .md and .html, each written atomically."""
+    stem, df = Path(stem), _whole(df)
     with atomic_open(stem.with_suffix(".csv")) as fh:
         df.to_csv(fh, index=False, float_format="%.6g")
     with atomic_open(stem.with_suffix(".md")) as fh:
         fh.write(to_markdown(df))
     with atomic_open(stem.with_suffix(".html")) as fh:
-        fh.write(df.to_html(index=False, float_format=lambda x: f"{x:.3f}", na_rep=""))
+        fh.write(df.to_html(index=False, float_format=format_number, na_rep=""))
 
 
-def write_tables(
-    *,
-    rows: Sequence[str | os.PathLike],
-    out_dir: str | os.PathLike,
-    train_metrics: str | os.PathLike | None = None,
-) -> dict[str, pd.DataFrame]:
-    """Write bench, positions and train_vs_bench tables as .csv, .md and .html under out_dir."""
-    summary = build_summary(read_rows(rows))
-    train_row = best_train_row(train_metrics) if train_metrics else None
-    tables = {
-        "bench": summary,
-        "positions": build_positions(summary),
-        "train_vs_bench": build_train_vs_bench(summary, train_row),
-    }
-    for name, df in tables.items():
-        _write(df, Path(out_dir) / name)
-    return tables
+def output_folders(outputs: Sequence[str | os.PathLike]) -> tuple[Path, Path | None]:
+    """The folders of a report rule's declared tables (.html) and plots (.png, if any)."""
+    folders = {Path(p).suffix: Path(p).parent for p in outputs}
+    return folders[".html"], folders.get(".png")
+
+
+def check_written(outputs: Sequence[str | os.PathLike]) -> None:
+    """Raise naming every declared output that was not written (the rule and the data disagree:
+    say, a sweep declared for a served engine whose rows hold no sweep)."""
+    missing = [str(p) for p in outputs if not Path(p).exists()]
+    if missing:
+        raise RuntimeError(f"report outputs not written (no data for them): {missing}")

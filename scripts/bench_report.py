@@ -1,11 +1,10 @@
-from pathlib import Path
-
 from specbuild.joblog import start_job_log
-from specbuild.report.tables import write_tables
+from specbuild.report.bench import write_bench_report
 
 start_job_log(snakemake.log[0])
-write_tables(
+write_bench_report(
     rows=list(snakemake.input.rows),
-    out_dir=Path(snakemake.output.bench).parent,
     train_metrics=snakemake.input.get("train"),
+    set_order=snakemake.params.sets,
+    outputs=list(snakemake.output),
 )

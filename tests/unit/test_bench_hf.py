@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from specbuild.bench.chain import Chain
 from specbuild.bench.hf import (
     HFBaseline,
     HFSpecDecoder,
@@ -23,15 +25,9 @@ from specbuild.bench.hf import (
     eos_token_ids,
     load_drafter,
 )
+from specbuild.bench.metrics import acceptance_length
+from specbuild.bench.rows import ROW_KEYS, Completion, check_rows, run_requests
 from specbuild.bench.sets import BenchPrompt, read_bench_prompts, render_prompt
-from specbuild.bench.specdec import (
-    ROW_KEYS,
-    ChainSpec,
-    Completion,
-    acceptance_length,
-    check_rows,
-    run_requests,
-)
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "resources" / "bench"
@@ -125,7 +121,7 @@ def make_spec(target_model, tokenizer, drafter, chain: str) -> HFSpecDecoder:
         target_model,
         drafter,
         layer_ids=[1, 14, 26],
-        chain=ChainSpec.parse(chain),
+        chain=Chain.parse(chain),
         eos_ids=eos_token_ids(target_model, tokenizer),
         drafter_name="oracle",
         new_cache=ListCache,
@@ -139,7 +135,7 @@ def test_speculative_output_equals_greedy_generate_on_20_bench_prompts(
     cfg = target_model.config
     drafter = OracleDrafter(cfg.vocab_size, cfg.hidden_size, wrong=wrong)
     spec = make_spec(target_model, tokenizer, drafter, chain)
-    steps = ChainSpec.parse(chain).steps
+    steps = Chain.parse(chain).steps
     accepted = [0] * steps
     for ids, greedy in reference:
         drafter.seq = ids + greedy
@@ -163,7 +159,8 @@ def test_perfect_drafter_commits_steps_plus_one_tokens_per_verify(target_model, 
     # 1 prefill token + 4 verify steps of 4 tokens each
     assert got.token_ids == greedy
     assert (got.verify_steps, got.accepted_per_position) == (4, [4, 4, 4])
-    assert acceptance_length(len(got.token_ids), got.verify_steps) == 4.0
+    # SGLang's convention counts the prefill token too: 17 tokens over 4 verify steps
+    assert acceptance_length(len(got.token_ids), got.verify_steps, "3-1-4") == 17 / 4
 
 
 class PastKeyValuesTarget(torch.nn.Module):
@@ -254,7 +251,7 @@ def test_exported_drafter_loads_like_sglang_and_decodes_losslessly(
         target_model,
         drafter,
         layer_ids=layer_ids,
-        chain=ChainSpec.parse("3-1-4"),
+        chain=Chain.parse("3-1-4"),
         eos_ids=eos_token_ids(target_model, tokenizer),
         drafter_name="random",
     )
@@ -330,7 +327,7 @@ def test_engine_drafts_exactly_what_the_training_unroll_predicts():
         SimpleNamespace(device=torch.device("cpu")),
         drafter,
         layer_ids=[0, 1, 2],
-        chain=ChainSpec.parse("3-1-4"),
+        chain=Chain.parse("3-1-4"),
         eos_ids={0},
         drafter_name="tiny",
     )
@@ -352,22 +349,13 @@ def test_baseline_engine_equals_greedy_generate(target_model, tokenizer, referen
     for ids, greedy in reference[:3]:
         got = base.complete(ids, MAX_NEW)
         assert got.token_ids == greedy
-        assert got.verify_steps == len(greedy) - 1
+        assert got.verify_steps is None  # no drafter: no verify steps to count
 
 
-def test_chain_spec_rejects_tree_drafting_and_wrong_draft_token_count():
-    assert ChainSpec.parse("7-1-8") == ChainSpec(7, 1, 8)
-    with pytest.raises(ValueError, match="topk 1"):
-        ChainSpec.parse("3-2-4")
-    with pytest.raises(ValueError, match="steps \\+ 1 = 4"):
-        ChainSpec.parse("3-1-5")
-    with pytest.raises(ValueError, match="steps-topk-draft_tokens"):
-        ChainSpec.parse("baseline")
-
-
-def test_acceptance_length_counts_bonus_token_and_excludes_prefill_token():
-    assert acceptance_length(completion_tokens=9, verify_steps=4) == 2.0
-    assert acceptance_length(completion_tokens=1, verify_steps=0) is None
+def test_the_hf_engine_refuses_tree_drafting(target_model, tokenizer):
+    drafter = OracleDrafter(target_model.config.vocab_size, target_model.config.hidden_size, 0.0)
+    with pytest.raises(ValueError, match="chains only \\(topk 1\\)"):
+        make_spec(target_model, tokenizer, drafter, "3-2-4")
 
 
 def write_lines(path: Path, rows: list) -> Path:
@@ -408,8 +396,8 @@ def test_bad_set_file_lists_every_bad_line_with_the_fix(tmp_path):
     assert "bench.sets" in msg
 
 
-class ScriptedBackend:
-    name, config, drafter = "fake", "3-1-4", "d"
+class ScriptedEngine:
+    name, device, config, drafter = "fake", "cpu", "3-1-4", "d"
 
     def __init__(self, tokenizer):
         self.answer = tokenizer("FIRST-ANSWER", add_special_tokens=False)["input_ids"]
@@ -417,25 +405,31 @@ class ScriptedBackend:
 
     def complete(self, prompt_ids, max_new_tokens):
         self.prompts.append(prompt_ids)
-        return Completion(self.answer, verify_steps=2, accepted_per_position=[2, 1, 0], wall_s=0.5)
+        n = len(self.answer)
+        return Completion(n, 2, 0.5, accepted_per_position=[2, 1, 0], token_ids=self.answer)
 
 
 def test_second_turn_prompt_carries_the_models_own_first_answer(tokenizer):
-    backend = ScriptedBackend(tokenizer)
+    backend = ScriptedEngine(tokenizer)
     prompt = BenchPrompt("81", ("Say hi.", "Again."))
     rows = list(
         run_requests(
-            [prompt], backend=backend, tokenizer=tokenizer, set_name="mt", max_new_tokens=8
+            [prompt],
+            engine=backend,
+            tokenizer=tokenizer,
+            set_name="mt",
+            max_new_tokens=8,
+            t0=time.monotonic(),
         )
     )
     assert [r["turn"] for r in rows] == [1, 2]
     second = tokenizer.decode(backend.prompts[1])
     assert second.index("Say hi.") < second.index("FIRST-ANSWER") < second.index("Again.")
     check_rows(rows)
-    assert list(rows[0])[: len(ROW_KEYS)] == list(ROW_KEYS)
+    assert list(rows[0]) == list(ROW_KEYS)
     n = len(backend.answer)
-    assert rows[0]["accept_length"] == (n - 1) / 2
-    assert rows[0]["tokens_per_s"] == n / 0.5
+    assert rows[0]["accept_length"] == n / 2  # Σ completion / Σ verify
+    assert rows[0]["tokens_per_s"] == n / 0.5 and rows[1]["start_s"] >= rows[0]["start_s"]
 
 
 def test_check_rows_names_missing_and_unknown_keys():
@@ -471,7 +465,7 @@ def test_speculative_output_equals_greedy_generate_on_cuda(target_dir, tokenizer
         target,
         drafter,
         layer_ids=layer_ids,
-        chain=ChainSpec.parse("7-1-8"),
+        chain=Chain.parse("7-1-8"),
         eos_ids=eos,
         drafter_name="random",
     )

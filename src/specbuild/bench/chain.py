@@ -1,0 +1,72 @@
+"""The speculative configuration of a bench job: a drafting chain, or the `baseline` without one.
+
+A chain is written "steps-topk-draft_tokens", SGLang's --speculative-num-steps,
+--speculative-eagle-topk and --speculative-num-draft-tokens ("3-1-4"). This is the one parser:
+config checks, rule wildcards, servers, tables and plots all read a chain through `Chain`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["BASELINE", "CONFIG_PATTERN", "Chain", "chain_order"]
+
+BASELINE = "baseline"  # the config of rows decoded without a drafter
+# A config name as a regex (rule wildcards): the baseline or any chain-shaped name.
+CONFIG_PATTERN = rf"{BASELINE}|[0-9]+-[0-9]+-[0-9]+"
+
+
+@dataclass(frozen=True)
+class Chain:
+    """EAGLE-3 drafting shape. With topk 1 the draft is a chain: `steps` drafter forwards
+    propose `steps` tokens and verify scores them after the last committed token, so
+    draft_tokens = steps + 1; topk > 1 drafts a tree (SGLang only)."""
+
+    steps: int
+    topk: int
+    draft_tokens: int
+
+    @classmethod
+    def parse(cls, name: str) -> Chain:
+        """'3-1-4' -> Chain(3, 1, 4); raises naming every fault and the expected form."""
+        parts = str(name).split("-")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"chain {name!r}: expected 'steps-topk-draft_tokens', e.g. '3-1-4'")
+        chain = cls(*(int(p) for p in parts))
+        sizes = (("steps", chain.steps), ("topk", chain.topk))
+        faults = [f"{n} must be >= 1" for n, v in sizes if v < 1]
+        if chain.topk == 1 and chain.draft_tokens != chain.steps + 1:
+            faults.append(f"with topk 1, draft tokens must be steps + 1 = {chain.steps + 1}")
+        if faults:
+            raise ValueError(f"chain {name!r}: " + "; ".join(faults))
+        return chain
+
+    @property
+    def name(self) -> str:
+        return f"{self.steps}-{self.topk}-{self.draft_tokens}"
+
+    @property
+    def is_chain(self) -> bool:
+        """One draft per step (topk 1): what the PyTorch engine runs."""
+        return self.topk == 1
+
+    def server_args(self, drafter_dir: str) -> dict[str, Any]:
+        """SGLang's flags serving `drafter_dir` with this chain."""
+        return {
+            "speculative_algorithm": "EAGLE3",
+            "speculative_draft_model_path": str(drafter_dir),
+            "speculative_num_steps": self.steps,
+            "speculative_eagle_topk": self.topk,
+            "speculative_num_draft_tokens": self.draft_tokens,
+        }
+
+
+def chain_order(configs) -> list[str]:
+    """Configs in display order: the baseline first, then chains by steps, topk, draft tokens."""
+    names = set(configs)
+    chains = sorted(
+        (Chain.parse(c) for c in names - {BASELINE}),
+        key=lambda c: (c.steps, c.topk, c.draft_tokens),
+    )
+    return ([BASELINE] if BASELINE in names else []) + [c.name for c in chains]

@@ -1,0 +1,151 @@
+"""Every benchmark number, defined once: the tables, plots, concurrency sweep, tuning rows and
+`make serve` all compute them here, from the per-request rows (schema in `bench.rows`).
+
+acceptance length   Σ completion_tokens / Σ verify_steps over a group's requests: output tokens
+                    per target verify step, the prefill's first token counted too. SGLang's
+                    convention (its `accept len` log line and per-request `spec_accept_length`),
+                    the number SpecForge and speculators quote. 1.0 for the baseline by
+                    definition (one token per target forward). Its interval is a seeded 95%
+                    percentile bootstrap over requests: every request commits at least one token
+                    per verify step, so no resampled ratio, and no bound, falls below 1.0.
+                    Fewer than MIN_INTERVAL_REQUESTS requests get no interval.
+acceptance at k     Σ verify steps that accepted draft position k / Σ verify steps (k from 1),
+                    where the engine reports it (the PyTorch engine). Non-increasing in k.
+TTFT                seconds from sending a request to its first output token.
+ITL                 a request's mean inter-token latency after its first token,
+                    (wall - TTFT) / (completion_tokens - 1) (SGLang's bench_serving: TPOT).
+                    TTFT and ITL are reported as mean, p50, p90 and p99 over requests.
+tokens/s            single stream: Σ completion_tokens / Σ wall; at concurrency c: Σ
+                    completion_tokens / the span from the first request's start to the last
+                    request's end (output throughput).
+speedup             tokens/s over the baseline's on the same engine and set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from specbuild.bench.chain import BASELINE
+
+__all__ = [
+    "MIN_INTERVAL_REQUESTS",
+    "PERCENTILES",
+    "acceptance_length",
+    "acceptance_interval",
+    "inter_token_latency",
+    "latency_stats",
+    "output_throughput",
+    "position_rates",
+    "speedup",
+    "summarize",
+]
+
+MIN_INTERVAL_REQUESTS = 5  # a bootstrap over fewer requests is no evidence of anything
+BOOTSTRAP_RESAMPLES = 2000  # the bounds move by < 0.01 between seeds at 20+ requests
+BOOTSTRAP_SEED = 0  # seeded: a rerun of the tables draws the same interval
+PERCENTILES = (50, 90, 99)
+LATENCIES = ("ttft_s", "itl_s")
+
+
+def acceptance_length(
+    completion_tokens: float, verify_steps: float | None, config: str
+) -> float | None:
+    """Σcompletion / Σverify (one request's counts or a group's sums); 1.0 for the baseline;
+    None where no verify step was counted (EOS from prefill, or an engine that does not say)."""
+    if config == BASELINE:
+        return 1.0
+    return completion_tokens / verify_steps if verify_steps else None
+
+
+def acceptance_interval(
+    completion: Sequence[int], verify: Sequence[int]
+) -> tuple[float | None, float | None]:
+    """95% percentile-bootstrap bounds of Σcompletion/Σverify over requests; None, None from
+    fewer than MIN_INTERVAL_REQUESTS requests."""
+    if len(completion) < MIN_INTERVAL_REQUESTS:
+        return None, None
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    picks = rng.integers(0, len(completion), size=(BOOTSTRAP_RESAMPLES, len(completion)))
+    num, den = np.asarray(completion)[picks].sum(1), np.asarray(verify)[picks].sum(1)
+    ratios = num[den > 0] / den[den > 0]
+    if not len(ratios):
+        return None, None
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def inter_token_latency(
+    wall_s: float, ttft_s: float | None, completion_tokens: int
+) -> float | None:
+    """Mean seconds between output tokens after the first; None for one token or no TTFT."""
+    if ttft_s is None or completion_tokens < 2:
+        return None
+    return (wall_s - ttft_s) / (completion_tokens - 1)
+
+
+def position_rates(accepted: Iterable[Sequence[int]], verify_steps: int) -> list[float]:
+    """Per draft position: accepted count / verify steps, summed over requests."""
+    lists = [list(a) for a in accepted if len(a)]
+    if not lists or not verify_steps:
+        return []
+    width = max(len(a) for a in lists)
+    return [sum(a[k] for a in lists if k < len(a)) / verify_steps for k in range(width)]
+
+
+def latency_stats(values: Iterable[float | None], name: str) -> dict[str, float | None]:
+    """`{name}_mean`, `{name}_p50`, `_p90`, `_p99` over the known values (None without any)."""
+    xs = [float(v) for v in values if v is not None and v == v]  # NaN != NaN
+    stats = {f"{name}_mean": float(np.mean(xs)) if xs else None}
+    for p in PERCENTILES:
+        stats[f"{name}_p{p}"] = float(np.percentile(xs, p)) if xs else None
+    return stats
+
+
+def output_throughput(rows: Sequence[Mapping[str, Any]]) -> float | None:
+    """Σ completion tokens over the span from the first start to the last end of `rows`."""
+    if not rows:
+        return None
+    start = min(r["start_s"] for r in rows)
+    span = max(r["start_s"] + r["wall_s"] for r in rows) - start
+    tokens = sum(r["completion_tokens"] for r in rows)
+    return tokens / span if span > 0 else None
+
+
+def speedup(tokens_per_s: float | None, baseline_tokens_per_s: float | None) -> float | None:
+    if not tokens_per_s or not baseline_tokens_per_s:
+        return None
+    return tokens_per_s / baseline_tokens_per_s
+
+
+def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Every number of one group of request rows of one config (an engine, set and chain; a
+    sweep level; a tuning point), in display order; None where it is undefined."""
+    configs = {r["config"] for r in rows}
+    if len(configs) != 1:
+        raise ValueError(f"summarize: one config per group, got {sorted(configs)}")
+    (config,) = configs
+    counted = [r for r in rows if r["verify_steps"] is not None]
+    completion = [r["completion_tokens"] for r in counted]
+    verify = [r["verify_steps"] for r in counted]
+    tokens = sum(r["completion_tokens"] for r in rows)
+    wall = sum(r["wall_s"] for r in rows)
+    lo, hi = (None, None) if config == BASELINE else acceptance_interval(completion, verify)
+    out: dict[str, Any] = {
+        "requests": len(rows),
+        "completion_tokens": tokens,
+        "verify_steps": sum(verify) if counted else None,
+        "accept_length": acceptance_length(sum(completion), sum(verify), config)
+        if counted or config == BASELINE
+        else None,
+        "accept_length_lo": lo,
+        "accept_length_hi": hi,
+    }
+    rates = position_rates((r["accepted_per_position"] for r in counted), sum(verify))
+    out |= {f"accept_pos{k}": rate for k, rate in enumerate(rates, 1)}
+    out["tokens_per_s"] = tokens / wall if wall > 0 else None
+    for name in LATENCIES:
+        out |= latency_stats((r.get(name) for r in rows), name)
+    return out

@@ -1,0 +1,162 @@
+"""The build's part of the report: what the pipeline kept, made and spent, from its own files.
+
+data    per dataset and stage (samples, generate, tokenize): records in, kept, rejected (the
+        shards' .rejected.jsonl files), and the tokenized shards' token counts
+vocab   the draft vocabulary's coverage of the loss-masked target tokens (vocab_stats.json)
+align   training features vs the serving engine's, per layer (results/align/report.json)
+disk    files and bytes of every results folder the report reads; bytes per token of hidden
+train   training's evaluations (metrics.jsonl) and train.png: the training loss of every
+        progress line (TensorBoard events beside the metrics, when present), eval loss,
+        accuracy per TTT step and simulated acceptance length, by optimizer step
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from specbuild.align import ALIGN_KEYS
+from specbuild.io import read_json, read_jsonl
+from specbuild.report.plots import plot_train
+from specbuild.report.tables import check_written, format_cell, output_folders, write_table
+
+__all__ = [
+    "build_data",
+    "build_vocab",
+    "build_align",
+    "build_disk",
+    "build_train",
+    "read_train_loss",
+    "write_pipeline_report",
+]
+
+log = logging.getLogger("specbuild")
+
+
+def build_data(
+    datasets: Sequence[str],
+    *,
+    samples: Sequence[str | os.PathLike],
+    generated: Sequence[str | os.PathLike],
+    tokenized: Sequence[str | os.PathLike],
+) -> pd.DataFrame:
+    """One line per dataset and stage from the shards' counts (`samples`, `generated`: their
+    .counts.json; `tokenized`: their .meta.json, which adds truncation and tokens)."""
+    out = []
+    for d in datasets:
+        for stage, paths in (
+            ("samples", samples),
+            ("generate", generated),
+            ("tokenize", tokenized),
+        ):
+            counts = [read_json(p) for p in paths if Path(p).parent.name == d]
+            line = {"dataset": d, "stage": stage, "shards": len(counts)}
+            for key in ("in", "kept", "rejected", "truncated", "tokens", "response_tokens"):
+                # tokenize's meta names the kept rows `rows`
+                values = [
+                    c.get(key, c.get("rows")) if key == "kept" else c.get(key) for c in counts
+                ]
+                line[key] = sum(values) if counts and None not in values else None
+            out.append(line)
+    table = pd.DataFrame(out)
+    table.insert(6, "rejected_share", table["rejected"] / table["in"].where(table["in"] > 0))
+    return table
+
+
+def build_vocab(stats_path: str | os.PathLike) -> pd.DataFrame:
+    """The vocab stats as quantity / value lines (coverage by the K most frequent tokens too)."""
+    stats = read_json(stats_path)
+    lines = [(k, v) for k, v in stats.items() if not isinstance(v, (dict, list))]
+    top = sorted((stats.get("coverage_at") or {}).items(), key=lambda kv: int(kv[0]))
+    lines += [(f"coverage_top_{k}", v) for k, v in top]
+    return pd.DataFrame([(k, format_cell(v)) for k, v in lines], columns=["quantity", "value"])
+
+
+def build_align(report_path: str | os.PathLike) -> pd.DataFrame:
+    """Per layer: agreement of the training features with the serving engine's."""
+    report = read_json(report_path)
+    layers = pd.DataFrame(report["layers"], columns=list(ALIGN_KEYS))
+    layers.insert(0, "training_features", ", ".join(report["shard_backends"]))
+    layers.insert(1, "serving_engine", report["serving_backend"])
+    return layers
+
+
+def build_disk(paths: Sequence[str | os.PathLike], tokens: int) -> pd.DataFrame:
+    """Files and bytes of each results folder holding one of `paths` (all of it, at report
+    time), and the hidden states' bytes per tokenized token."""
+    folders = dict.fromkeys(Path(*Path(p).parts[:2]) for p in paths)
+    out = []
+    for folder in folders:
+        files = [f for f in folder.rglob("*") if f.is_file()]
+        size = sum(f.stat().st_size for f in files)
+        per = size / tokens if folder.name == "hidden" and tokens else None
+        out.append({"folder": str(folder), "files": len(files), "bytes": size,
+                    "mib": size / 2**20, "bytes_per_token": per})  # fmt: skip
+    return pd.DataFrame(out)
+
+
+def build_train(metrics_path: str | os.PathLike) -> pd.DataFrame:
+    """Training's evaluations: step, epoch, tokens, eval loss, accuracy per TTT step,
+    simulated acceptance length."""
+    out = []
+    for r in read_jsonl(metrics_path):
+        if "acceptance_length" not in r:
+            continue
+        row = {k: r.get(k) for k in ("step", "epoch", "tokens", "eval_loss")}
+        row |= {f"acc_{k}": a for k, a in enumerate(r.get("acc") or [], 1)}
+        out.append(row | {"acceptance_length": r["acceptance_length"]})
+    return pd.DataFrame(out)
+
+
+def read_train_loss(curves_dir: str | os.PathLike | None) -> pd.DataFrame:
+    """`train/loss` by step from the TensorBoard events training wrote (empty without them)."""
+    if not curves_dir or not Path(curves_dir).is_dir():
+        return pd.DataFrame(columns=["step", "loss"])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(curves_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    if "train/loss" not in events.Tags().get("scalars", []):
+        return pd.DataFrame(columns=["step", "loss"])
+    return pd.DataFrame([(e.step, e.value) for e in events.Scalars("train/loss")],
+                        columns=["step", "loss"])  # fmt: skip
+
+
+def write_pipeline_report(
+    *,
+    datasets: Sequence[str],
+    samples: Sequence[str | os.PathLike],
+    generated: Sequence[str | os.PathLike],
+    tokenized: Sequence[str | os.PathLike],
+    hidden: Sequence[str | os.PathLike],
+    vocab_stats: str | os.PathLike,
+    align_report: str | os.PathLike,
+    outputs: Sequence[str | os.PathLike],
+    train_metrics: str | os.PathLike | None = None,
+    curves_dir: str | os.PathLike | None = None,
+) -> dict[str, pd.DataFrame]:
+    """Write the data, vocab, align, disk (and train) tables and train.png into the folders
+    of the declared `outputs`."""
+    tables_dir, plots_dir = output_folders(outputs)
+    data = build_data(datasets, samples=samples, generated=generated, tokenized=tokenized)
+    tokens = int(data.loc[data["stage"] == "tokenize", "tokens"].sum())
+    inputs = [*samples, *generated, *tokenized, *hidden, vocab_stats, align_report]
+    out = {
+        "data": data,
+        "vocab": build_vocab(vocab_stats),
+        "align": build_align(align_report),
+        "disk": build_disk(inputs + ([train_metrics] if train_metrics else []), tokens),
+    }
+    if train_metrics:
+        out["train"] = build_train(train_metrics)
+        loss = read_train_loss(curves_dir)
+        log.info("training curves: %d eval rows, %d loss points", len(out["train"]), len(loss))
+        plot_train(out["train"], loss, plots_dir / "train.png")
+    for name, table in out.items():
+        write_table(table, tables_dir / name)
+    check_written(outputs)
+    return out

@@ -1,0 +1,345 @@
+"""Bench stage: the chain type, every metric on hand-checkable numbers, and the served engines
+(sglang, openai) and the tuning sweep against the loopback stub (a real subprocess on
+127.0.0.1). The stub commits SGLANG_STUB_ACCEPT tokens per verify step with a drafter loaded,
+so acceptance numbers here are known in advance; timings are never asserted. The PyTorch
+engine's losslessness: test_bench_hf.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+from specbuild.backends.server import ServerOptions, ServerSpec, SGLangServer
+from specbuild.bench.chain import BASELINE, Chain, chain_order
+from specbuild.bench.metrics import (
+    acceptance_interval,
+    acceptance_length,
+    inter_token_latency,
+    latency_stats,
+    output_throughput,
+    position_rates,
+    summarize,
+)
+from specbuild.bench.rows import ROW_KEYS
+from specbuild.bench.run import run_bench
+from specbuild.bench.served import sglang_engine, stream_generate
+from specbuild.bench.tuning import TUNING_KEYS, env_faults, ignored_flags, run_tuning_point
+from specbuild.io import read_json, read_jsonl
+
+STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
+LAUNCHER = (sys.executable, str(STUB))
+REPO = Path(__file__).resolve().parents[2]
+MT_BENCH = {
+    "path": str(REPO / "resources/bench/mt_bench.jsonl"),
+    "format": "turns",
+    "id_key": "question_id",
+}
+STUB_SERVER = ServerOptions(launcher=LAUNCHER, startup_timeout_s=60)
+
+
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory, target_dir, random_drafter) -> Path:
+    cfg = json.loads((target_dir / "config.json").read_text())
+    return random_drafter(tmp_path_factory.mktemp("drafter"), cfg, [1, 14, 26])
+
+
+# --- the chain type --------------------------------------------------------------------------
+
+
+def test_a_chain_parses_and_renders_sglangs_flags(tmp_path):
+    chain = Chain.parse("7-1-8")
+    assert (chain.steps, chain.topk, chain.draft_tokens, chain.name) == (7, 1, 8, "7-1-8")
+    assert chain.server_args(str(tmp_path)) == {
+        "speculative_algorithm": "EAGLE3",
+        "speculative_draft_model_path": str(tmp_path),
+        "speculative_num_steps": 7,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 8,
+    }
+    assert Chain.parse("3-4-8").is_chain is False  # a tree: SGLang only
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [("3-1-5", "steps \\+ 1 = 4"), ("0-1-1", "steps must be >= 1"), ("3x1", "expected")],
+)
+def test_a_bad_chain_is_refused_naming_the_fault(name, match):
+    with pytest.raises(ValueError, match=match):
+        Chain.parse(name)
+
+
+def test_configs_are_shown_baseline_first_then_by_chain_size():
+    assert chain_order(["7-1-8", BASELINE, "3-1-4", "3-4-8"]) == [
+        BASELINE,
+        "3-1-4",
+        "3-4-8",
+        "7-1-8",
+    ]
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def req(completion, verify, *, config="3-1-4", wall=1.0, ttft=0.1, start=0.0, accepted=()):
+    return {
+        "config": config,
+        "completion_tokens": completion,
+        "verify_steps": verify,
+        "accepted_per_position": list(accepted),
+        "start_s": start,
+        "wall_s": wall,
+        "ttft_s": ttft,
+        "itl_s": inter_token_latency(wall, ttft, completion),
+    }
+
+
+def test_acceptance_length_is_sglangs_sum_of_tokens_over_sum_of_verify_steps():
+    rows = [req(9, 4), req(5, 2)]
+    assert summarize(rows)["accept_length"] == 14 / 6  # not the mean of 9/4 and 5/2
+    assert acceptance_length(9, 4, "3-1-4") == 2.25
+    assert acceptance_length(1, 0, "3-1-4") is None  # EOS from prefill: no verify step
+    base = summarize([req(9, None, config=BASELINE)])
+    assert base["accept_length"] == 1.0 and base["verify_steps"] is None
+
+
+def test_the_interval_needs_five_requests_and_never_falls_below_one():
+    assert acceptance_interval([9, 5, 7, 8], [4, 2, 3, 4]) == (None, None)
+    completion = [2, 2, 2, 2, 30, 2]  # five requests accepting nothing, one accepting a lot
+    verify = [1, 1, 1, 1, 10, 1]
+    lo, hi = acceptance_interval(completion, verify)
+    assert 1.0 <= lo < sum(completion) / sum(verify) < hi <= 3.0
+    assert acceptance_interval(completion, verify) == (lo, hi)  # seeded
+
+
+def test_latencies_are_mean_and_percentiles_over_requests():
+    assert inter_token_latency(1.1, 0.1, 11) == pytest.approx(0.1)
+    assert inter_token_latency(1.0, 0.1, 1) is None
+    stats = latency_stats(range(1, 102), "ttft_s")  # 1..101: percentile p is 1 + p
+    assert stats == {
+        "ttft_s_mean": 51.0,
+        "ttft_s_p50": 51.0,
+        "ttft_s_p90": 91.0,
+        "ttft_s_p99": 100.0,
+    }
+    assert latency_stats([None], "itl_s")["itl_s_p50"] is None
+
+
+def test_throughput_single_stream_pools_wall_time_and_concurrent_takes_the_span():
+    rows = [req(10, 4, wall=2.0, start=0.0), req(30, 10, wall=3.0, start=1.0)]
+    assert summarize(rows)["tokens_per_s"] == 40 / 5.0  # one request at a time
+    assert output_throughput(rows) == 40 / 4.0  # in flight together: from 0 to 4 s
+
+
+def test_position_rates_pool_accepted_drafts_over_verify_steps():
+    rows = [req(33, 16, accepted=[10, 5, 1]), req(33, 8, accepted=[8, 8, 8])]
+    assert position_rates([r["accepted_per_position"] for r in rows], 24) == [
+        18 / 24,
+        13 / 24,
+        9 / 24,
+    ]
+    s = summarize(rows)
+    assert (s["accept_pos1"], s["accept_pos3"]) == (18 / 24, 9 / 24)
+
+
+# --- served engines against the stub ---------------------------------------------------------
+
+
+def test_sglang_rows_use_spec_verify_ct(target_dir, drafter):
+    server = ServerOptions(launcher=LAUNCHER, env={"SGLANG_STUB_ACCEPT": "3"})
+    spec = server.spec(target_dir, extra_args=Chain.parse("3-1-4").server_args(drafter))
+    with SGLangServer(spec) as srv:
+        engine = sglang_engine(srv, config="3-1-4", drafter="ours", timeout=30)
+        c = engine.complete([10, 20, 30], max_new_tokens=13)
+    assert c.completion_tokens == len(c.token_ids) and c.ttft_s <= c.wall_s
+    assert c.verify_steps == math.ceil((c.completion_tokens - 1) / 3)  # 3 tokens per verify
+    assert engine.device == "cpu (stub)"  # the server's own word; + the GPU's name on CUDA
+    assert "api_key" not in repr(engine)
+
+
+def test_a_chain_server_without_a_drafter_fails_instead_of_scoring_one(target_dir):
+    with SGLangServer(STUB_SERVER.spec(target_dir)) as srv:
+        engine = sglang_engine(srv, config="3-1-4", drafter="ours", timeout=30)
+        with pytest.raises(RuntimeError, match="no spec_verify_ct"):
+            engine.complete([1, 2, 3], 8)
+
+
+def _bench(tmp_path, target_dir, engine, config, options, **kw):
+    out = tmp_path / engine / f"{config}.jsonl"
+    run_bench(
+        engine=engine,
+        target_dir=target_dir,
+        config=config,
+        sets={"mt_bench": {**MT_BENCH, "limit": 2}},
+        out=out,
+        options=options,
+        max_new_tokens=12,
+        concurrency=[1, 3],
+        sweep_min_requests=4,
+        **kw,
+    )
+    return list(read_jsonl(out))
+
+
+def test_the_sglang_engine_benches_every_turn_then_sweeps_with_its_key(
+    tmp_path, target_dir, drafter, caplog
+):
+    server = replace(STUB_SERVER, server_args={"disable_radix_cache": True})
+    options = {"server": asdict(server)}
+    for config in (BASELINE, "3-1-4"):
+        with caplog.at_level(logging.INFO, logger="specbuild"):
+            rows = _bench(
+                tmp_path,
+                target_dir,
+                "sglang",
+                config,
+                options,
+                drafter_dir=str(drafter) if config != BASELINE else None,
+                drafter_name="ours",
+            )
+        # the server demanded a key (the stub answers 401 without it), and the bench sent it
+        assert "--api-key ***" in caplog.text and "api_key='***'" in caplog.text
+        assert all(list(r) == list(ROW_KEYS) for r in rows)
+        bench = [r for r in rows if r["phase"] == "bench"]
+        assert [(r["prompt_id"], r["turn"]) for r in bench] == [
+            ("81", 1),
+            ("81", 2),
+            ("82", 1),
+            ("82", 2),
+        ]
+        sweep = [(r["concurrency"], r["turn"]) for r in rows if r["phase"] == "sweep"]
+        assert sweep == [(1, 1)] * 4 + [(3, 1)] * 4
+        s = summarize(bench)
+        if config == BASELINE:
+            assert s["accept_length"] == 1.0 and bench[0]["drafter"] == "none"
+        else:
+            assert s["accept_length"] > 1.0 and bench[0]["drafter"] == "ours"
+
+
+def test_the_openai_engine_measures_an_existing_endpoint_with_the_same_client(
+    tmp_path, target_dir, monkeypatch
+):
+    secret = "sk-endpoint-key-0123456789"
+    monkeypatch.setenv("BENCH_TEST_KEY", secret)
+    launcher = (*LAUNCHER, "--api-key", secret)
+    with SGLangServer(ServerSpec(str(target_dir), launcher=launcher, startup_timeout_s=20)) as srv:
+        options = {
+            "endpoint": srv.base_url + "/v1",
+            "api_key_env": "BENCH_TEST_KEY",
+            "served_model": None,
+            "name": "vllm",
+            "request_timeout_s": 30,
+        }
+        rows = _bench(tmp_path, target_dir, "openai", BASELINE, options)
+    assert {r["engine"] for r in rows} == {"vllm"} and rows[0]["device"].startswith("endpoint ")
+    bench = [r for r in rows if r["phase"] == "bench"]
+    assert len(bench) == 4 and all(r["completion_tokens"] > 0 for r in bench)
+    assert all(r["ttft_s"] <= r["wall_s"] and r["verify_steps"] is None for r in bench)
+    assert len([r for r in rows if r["phase"] == "sweep"]) == 8
+    assert secret not in (tmp_path / "openai" / "baseline.jsonl").read_text()
+
+
+def test_the_openai_stream_counts_tokens_from_the_usage_chunk(target_dir):
+    from specbuild.bench.served import stream_completions
+
+    with SGLangServer(STUB_SERVER.spec(target_dir)) as srv:
+        c = stream_completions(srv.base_url, "m", [5, 6, 7], 9, api_key=srv.api_key, timeout=30)
+        ref = stream_generate(srv.base_url, [5, 6, 7, 0], 9, api_key=srv.api_key, timeout=30)
+    assert c.completion_tokens == ref.completion_tokens  # seed 0 appended, as the stub does
+    assert len(c.text.split()) == c.completion_tokens
+
+
+# --- tuning ----------------------------------------------------------------------------------
+
+
+def test_env_faults_name_bad_nccl_values_and_refuse_nvlink_multicast():
+    ok = {
+        "NCCL_PROTO": "LL",
+        "NCCL_ALGO": "Ring",
+        "NCCL_P2P_LEVEL": "SYS",
+        "NCCL_MAX_NCHANNELS": "16",
+        "NCCL_BUFFSIZE": "16777216",
+        "NCCL_NTHREADS": "512",
+    }
+    assert env_faults(ok) == []
+    faults = env_faults({"NCCL_PROTO": "LL256", "NCCL_NTHREADS": "100", "NCCL_NVLS_ENABLE": "1"})
+    assert len(faults) == 3
+    assert faults[0].startswith("NCCL_PROTO=LL256") and "multiple of 64" in faults[1]
+    assert "NVLink multicast" in faults[2]
+
+
+def test_ignored_flags_reports_values_the_server_overrode():
+    info = {"attention_backend": "flashinfer", "cuda_graph_max_bs": 8, "tp_size": 1}
+    asked = {"attention_backend": "triton", "cuda_graph_max_bs": 8, "not_reported": 1}
+    assert ignored_flags(asked, info) == [
+        "attention_backend: asked 'triton', server runs 'flashinfer'"
+    ]
+
+
+@pytest.fixture(scope="module")
+def stub_help() -> str:
+    from specbuild.backends.server import launcher_help
+
+    return launcher_help(LAUNCHER)
+
+
+def _point(tmp_path, target_dir, help_text, name, args=None, env=None):
+    server = ServerOptions(
+        launcher=LAUNCHER, server_args={"disable_radix_cache": True}, startup_timeout_s=20
+    )
+    return run_tuning_point(
+        target_dir=target_dir,
+        point=name,
+        point_args=args or {},
+        point_env=env or {},
+        server=server,
+        out=tmp_path / f"{name}.json",
+        prompt_set=MT_BENCH,
+        help_text=help_text,
+        prompts=2,
+        max_new_tokens=8,
+        concurrency=[1, 2],
+        sweep_min_requests=2,
+    )
+
+
+def test_tuning_point_with_an_unknown_flag_is_rejected_and_never_started(
+    tmp_path, target_dir, stub_help
+):
+    row = _point(tmp_path, target_dir, stub_help, "typo", args={"cuda_graph_max_bz": 8})
+    assert row["status"] == "rejected" and list(row) == list(TUNING_KEYS)
+    assert "--cuda-graph-max-bz" in row["detail"] and row["peak_output_tokens_per_s"] is None
+
+
+def test_tuning_point_whose_server_dies_is_recorded_as_start_failed(
+    tmp_path, target_dir, stub_help
+):
+    row = _point(tmp_path, target_dir, stub_help, "dies", env={"SGLANG_STUB_EXIT": "7"})
+    assert row["status"] == "start_failed" and "code 7" in row["detail"]
+    assert read_json(tmp_path / "dies.json") == row
+
+
+def test_tuning_point_measures_and_notes_nccl_without_collectives(
+    tmp_path, target_dir, stub_help, caplog
+):
+    with caplog.at_level(logging.INFO, logger="specbuild"):
+        row = _point(
+            tmp_path,
+            target_dir,
+            stub_help,
+            "nccl",
+            args={"cuda_graph_max_bs": 8},
+            env={"NCCL_PROTO": "LL"},
+        )
+    assert row["status"] == "ok", row["detail"]
+    # measured through a server that answers 401 without its key: the sweep sent it
+    assert "--api-key ***" in caplog.text and "NCCL_PROTO=LL" in caplog.text
+    assert row["single_stream_tokens_per_s"] > 0 and row["peak_concurrency"] in (1, 2)
+    assert row["accept_length"] == 1.0 and row["itl_s_p99"] >= row["itl_s_p50"] > 0
+    assert "NCCL_PROTO has no effect at tp_size 1" in row["notes"]
+    assert json.loads(row["env"]) == {"NCCL_PROTO": "LL"}
