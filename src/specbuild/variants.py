@@ -28,8 +28,8 @@ matplotlib.use("Agg")  # files only: no display on cluster nodes
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from specbuild.io import atomic_open, atomic_path  # noqa: E402
-from specbuild.report.tables import to_markdown  # noqa: E402
+from specbuild.io import atomic_path  # noqa: E402
+from specbuild.report.tables import write_table  # noqa: E402
 
 __all__ = ["BASE", "variant_table", "plot_variants", "write_variants"]
 
@@ -96,12 +96,6 @@ def write_variants(
 ) -> pd.DataFrame:
     """The table (`table` is its .md; .csv and .html beside it) and the plot."""
     df = variant_table(metrics, changes)
-    stem = Path(table).with_suffix("")
-    with atomic_open(stem.with_suffix(".csv")) as fh:
-        df.to_csv(fh, index=False, float_format="%.6g")
-    with atomic_open(stem.with_suffix(".md")) as fh:
-        fh.write(to_markdown(df))
-    with atomic_open(stem.with_suffix(".html")) as fh:
-        fh.write(df.to_html(index=False, float_format=lambda x: f"{x:.3f}", na_rep=""))
+    write_table(df, Path(table).with_suffix(""))
     plot_variants(df, plot)
     return df
