@@ -6,8 +6,8 @@ set -uo pipefail
 source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name --format=csv,noheader
 
-cp logs/train/train.log "$OUT/train.log" 2>/dev/null
-grep -h "tokens/s (" logs/train/train.log | tail -1
+cp logs/train/base.log "$OUT/train.log" 2>/dev/null
+grep -h "tokens/s (" logs/train/base.log | tail -1
 
 SPECBUILD_TEST_TARGET=$PWD/results/target/smollm2-135m-instruct \
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/test_hidden.py \
