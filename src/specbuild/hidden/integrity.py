@@ -102,7 +102,17 @@ def _may_hold_nonfinite(values: Tensor) -> bool:
 
 
 def count_nonfinite(values: Tensor) -> int:
-    """NaN/Inf values in a tensor of any float dtype, fp8 included (0 for integer tensors)."""
+    """NaN/Inf values in a tensor of any float dtype, fp8 included (0 for integer tensors),
+    counted over chunks of _CHECK_VALUES so the temporaries stay small whatever its size."""
+    flat = values.reshape(-1)
+    if flat.numel() > _CHECK_VALUES:
+        return sum(
+            _count_chunk(flat[i : i + _CHECK_VALUES]) for i in range(0, flat.numel(), _CHECK_VALUES)
+        )
+    return _count_chunk(flat)
+
+
+def _count_chunk(values: Tensor) -> int:
     if values.dtype in _ALL_ONES and not _may_hold_nonfinite(values):
         return 0
     if values.dtype == FP8_DTYPE:  # e4m3fn has no Inf, and torch.isfinite does not take it
@@ -172,12 +182,7 @@ def _scan_piece(piece: Tensor, dtype: torch.dtype, count: bool) -> tuple[bytes, 
         return digest, 0
     if piece.data_ptr() % 8:  # the word-wise test needs 8-byte alignment: copy (cheap) to get it
         piece = piece.clone()
-    values = piece.view(dtype)
-    bad = sum(
-        count_nonfinite(values[i : i + _CHECK_VALUES])
-        for i in range(0, values.numel(), _CHECK_VALUES)
-    )
-    return digest, bad
+    return digest, count_nonfinite(piece.view(dtype))
 
 
 class PieceScan:

@@ -82,8 +82,6 @@ FIXED_DTYPES = {
     "last": torch.bfloat16,
     "aux_scale": torch.float32,
 }
-# Finite checks run over chunks of this many values: a check never holds more than a slice.
-_CHECK_VALUES = 1 << 24
 # Tensors verify_shard_file loads whole (a few bytes per token); aux and last are only scanned.
 _SMALL_KEYS = ("input_ids", "loss_mask", "offsets", "aux_scale")
 
@@ -315,13 +313,6 @@ def _value_faults(tensors: Mapping[str, Tensor], nonfinite: Mapping[str, int]) -
     return faults
 
 
-def _count_nonfinite(t: Tensor) -> int:
-    flat = t.reshape(-1)
-    return sum(
-        count_nonfinite(flat[i : i + _CHECK_VALUES]) for i in range(0, flat.numel(), _CHECK_VALUES)
-    )
-
-
 def _token_faults(tensors: Mapping[str, Tensor], tokens: TokenShard) -> list[str]:
     faults = []
     if not torch.equal(tensors["offsets"], tokens.offsets):
@@ -361,7 +352,7 @@ def shard_faults(
         return faults + structure  # value checks on a malformed shard would only add noise
     if nonfinite is None:
         nonfinite = {
-            k: _count_nonfinite(tensors[k]) for k in ("aux", "last", "aux_scale") if k in tensors
+            k: count_nonfinite(tensors[k]) for k in ("aux", "last", "aux_scale") if k in tensors
         }
     faults += _value_faults(tensors, nonfinite)
     if tokens is not None:
