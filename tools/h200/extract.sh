@@ -7,6 +7,9 @@
 #                                      # SmolLM2 (real weights) and a Llama-3.1-8B shape (random);
 #                                      # a torch.profiler run of one SmolLM2 SGLang extraction
 #                                      # goes to $OUT/profile (profile.txt, Chrome trace)
+#   bash tools/h200/extract.sh pyspy   # one SmolLM2 bench run under py-spy (every thread,
+#                                      # idle included): $OUT/pyspy-smollm2.txt, collapsed
+#                                      # stacks (needs py-spy from .whl in /tmp/site)
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 [ -d /tmp/site/sglang ] || { echo "specbuild: /tmp/site has no sglang: run the kit's staging first"; exit 2; }
@@ -30,5 +33,12 @@ case "${1:-tests}" in
       --tokenizer-dir "$T" --samples 256 --max-len 1024 --batch-tokens 16384 --repeats 2 \
       --out "$OUT/extract_sglang_llama8b.json" 2>&1 | tee "$OUT/bench-llama8b.log" | tail -12
     ;;
-  *) echo "usage: $0 tests|bench"; exit 2 ;;
+  pyspy)
+    [ -x /tmp/site/bin/py-spy ] || { echo "specbuild: no /tmp/site/bin/py-spy: install .whl"; exit 2; }
+    timeout 200 /tmp/site/bin/py-spy record --idle --threads --format raw --rate 200 \
+      --output "$OUT/pyspy-smollm2.txt" -- python3 -m specbuild.bench.extract --engine sglang \
+      --target-dir "$T" --samples 1024 --max-len 1024 --batch-tokens 32768 --repeats 1 \
+      --out "$OUT/extract_sglang_smollm2_pyspy.json" 2>&1 | tail -5
+    ;;
+  *) echo "usage: $0 tests|bench|pyspy"; exit 2 ;;
 esac

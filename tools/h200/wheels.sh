@@ -1,7 +1,7 @@
 #!/bin/bash
 # Download, here, the wheels the H200 host needs beyond its image and the SGLang kit:
 # snakemake and its dependencies (cp312 where compiled), into .whl (~8 MB; git-ignored);
-# pygments for `snakemake --report`.
+# pygments for `snakemake --report`; py-spy for tools/h200/extract.sh pyspy.
 # The host already has numpy, pandas, seaborn, matplotlib, safetensors, pyyaml, requests,
 # jinja2, psutil, tabulate, wrapt, accelerate (KINDS.md); the kit's /tmp/site has
 # transformers 5.12.1, jsonschema, pydantic, traitlets, orjson.
@@ -20,7 +20,7 @@ sqlmodel==0.0.37 sqlalchemy==2.0.58 greenlet==3.5.6 tenacity==9.2.1 throttler==1
 platformdirs==4.14.8 snakemake-interface-common==1.23.0
 snakemake-interface-executor-plugins==9.4.0 snakemake-interface-logger-plugins==2.1.0
 snakemake-interface-report-plugins==1.3.0 snakemake-interface-scheduler-plugins==2.0.2
-snakemake-interface-storage-plugins==4.4.1 pygments==2.21.0"
+snakemake-interface-storage-plugins==4.4.1 pygments==2.21.0 py-spy==0.4.3"
 python3 -m pip download -q --no-deps $PLAT -d .whl $PKGS
 # connection-pool publishes only an sdist; build its (pure-python) wheel here
 python3 -m pip wheel -q --no-deps connection-pool==0.0.3 -w .whl

@@ -79,10 +79,13 @@ def _extract_run(
     batch_tokens: int,
     folder: str | os.PathLike,
     sizes: dict[str, float],
-    seals: dict[str, list[float]] | None = None,
+    phases: dict[str, list[dict[str, float]]] | None = None,
+    host: Callable[[], dict[str, float]] | None = None,
 ) -> Callable[[], None]:
     """One timed extraction: the stage's whole path into a shard file under `folder`; its bytes
-    per token go to sizes[storage] and the seal time to seals[<backend>_<storage>]."""
+    per token go to sizes[storage], and where its time went to phases[<backend>_<storage>]
+    (the caller's time in the backend, blocked on host copies, sealing; plus `host()`'s
+    counters, taken before and after)."""
 
     def run() -> None:
         path = Path(folder) / f"{backend.name}-{storage}.safetensors"
@@ -94,6 +97,7 @@ def _extract_run(
             "dtype": storage,
             "specbuild_version": specbuild.__version__,
         }
+        before = host() if host else {}
         written = write_features(
             path,
             shard,
@@ -103,8 +107,16 @@ def _extract_run(
             storage=storage,
             batch_tokens=batch_tokens,
         )
-        if seals is not None:
-            seals.setdefault(f"{backend.name}_{storage}", []).append(written.seal_s)
+        if phases is not None:
+            after = host() if host else {}
+            phases.setdefault(f"{backend.name}_{storage}", []).append(
+                {
+                    "in_backend": written.forward_s,
+                    "waiting_for_host_copies": written.wait_s,
+                    "seal": written.seal_s,
+                    **{f"sglang_{k}": after[k] - before[k] for k in after},
+                }
+            )
         sizes[storage] = os.path.getsize(path) / shard.num_tokens
         path.unlink()
 
@@ -263,17 +275,34 @@ def run_sglang_extract_bench(
         plan = plan_batches(lengths, batch_tokens)
         batches = [[shard.sample(i) for i in b] for b in plan]
 
+        def host() -> dict[str, float]:
+            return dict(runner.host_s)
+
+        sizes: dict[str, float] = {}
+        phases: dict[str, list[dict[str, float]]] = {}
+
         def bare() -> None:
+            before = host()
             for batch in batches:
                 runner.prefill(batch, capture=False)
             torch.cuda.synchronize()
-
-        sizes: dict[str, float] = {}
-        seals: dict[str, list[float]] = {}
+            after = host()
+            phases.setdefault("sglang_bare", []).append(
+                {f"sglang_{k}": after[k] - before[k] for k in after}
+            )
 
         def extract(backend, storage: str) -> Callable[[], None]:
             return _extract_run(
-                shard, backend, hidden, ids, storage, batch_tokens, tmp, sizes, seals
+                shard,
+                backend,
+                hidden,
+                ids,
+                storage,
+                batch_tokens,
+                tmp,
+                sizes,
+                phases,
+                host if backend is sglang else None,
             )
 
         runs = {
@@ -312,12 +341,23 @@ def run_sglang_extract_bench(
             k: round(tps[f"sglang_{k}"] / tps[f"hf_{k}"], 2) for k in ("bf16", "fp8")
         },
         "bytes_per_token": {k: round(v, 1) for k, v in sizes.items()},
-        # of the timed runs: after the last batch, checksums, NaN/Inf counts and checks
-        "seal_s_best": {k: round(min(v), 3) for k, v in seals.items()},
+        # where the caller's thread spent the best timed run of each path, in seconds: in the
+        # backend, blocked on host copies, sealing (checksums left, NaN/Inf counts, checks);
+        # sglang_*: SGLang runner host time building requests, in its step, clearing pools
+        "phases_best": {k: _rounded(phases[k][_best(wall[k])]) for k in phases if k in wall},
         "host_threads": os.cpu_count(),
         "seconds_best": {k: round(min(v), 3) for k, v in wall.items()},
         "repeats": repeats,
     }
+
+
+def _best(times: list[float]) -> int:
+    """Index of the best timed run (the warm-up run is not in `times`: the +1 skips it)."""
+    return times.index(min(times)) + 1
+
+
+def _rounded(phase: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 3) for k, v in phase.items()}
 
 
 def _profile(run: Callable[[], None], folder: Path) -> None:

@@ -53,6 +53,7 @@ __all__ = [
     "Features",
     "BACKENDS",
     "ExtractStats",
+    "Pass",
     "Written",
     "default_layer_ids",
     "resolve_layer_ids",
@@ -134,12 +135,23 @@ class ExtractStats:
         return self.file_bytes / max(self.tokens, 1)
 
 
+class Pass(NamedTuple):
+    """What `extract_features` did, and where the caller's thread spent its time."""
+
+    batches: int
+    padded_tokens: int  # tokens computed, pads included
+    forward_s: float  # in the backend's extract (on a GPU: launching it, and its syncs)
+    wait_s: float  # blocked on the host copies (the ring of staging slots was full)
+
+
 class Written(NamedTuple):
     """What `write_features` did."""
 
     batches: int
     padded_tokens: int  # tokens computed, pads included
     seal_s: float  # after the last batch: the checksums left, NaN/Inf counts, checks
+    forward_s: float  # see Pass
+    wait_s: float
 
 
 def default_layer_ids(num_layers: int) -> list[int]:
@@ -246,10 +258,10 @@ def extract_features(
     storage: str = "bf16",
     batch_tokens: int = 2048,
     landed: Landed | None = None,
-) -> tuple[int, int]:
+) -> Pass:
     """Fill out["aux"], out["last"] (and out["aux_scale"] for fp8), host tensors of the shard's
     layout, with `backend`'s states of every sample of `tokens`, telling `landed` (key, rows)
-    as rows are final: (batches run, padded tokens computed)."""
+    as rows are final."""
     if storage not in STORAGE_DTYPES:
         raise ValueError(f"hidden.storage {storage!r}: choose one of {sorted(STORAGE_DTYPES)}")
     offsets = tokens.offsets.tolist()
@@ -257,11 +269,14 @@ def extract_features(
     copier = HostCopier(backend.device, landed=landed)
     batches = plan_batches(lengths, batch_tokens)
     widths = {"aux": AUX_LAYERS * hidden_size, "last": hidden_size}
-    padded = 0
+    padded, forward_s = 0, 0.0
     try:
         for b, batch in enumerate(batches, 1):
             want = [lengths[i] for i in batch]
-            features = backend.extract([tokens.sample(i) for i in batch])
+            samples = [tokens.sample(i) for i in batch]
+            start = time.perf_counter()
+            features = backend.extract(samples)
+            forward_s += time.perf_counter() - start
             padded += len(batch) * want[0]
             got = {k: tuple(getattr(features, k).shape) for k in widths}
             if list(features.lengths) != want or any(
@@ -279,7 +294,7 @@ def extract_features(
                 log.info("batch %d/%d done", b, len(batches))
     finally:
         copier.finish()  # also on error: no copy may still write into a file being deleted
-    return len(batches), padded
+    return Pass(len(batches), padded, forward_s, copier.wait_s)
 
 
 def write_features(
@@ -303,7 +318,7 @@ def write_features(
         for key in ("input_ids", "loss_mask", "offsets"):
             shard.tensors[key].copy_(getattr(tokens, key))
             shard.landed(key, slice(0, len(shard.tensors[key])))
-        n_batches, padded = extract_features(
+        done = extract_features(
             tokens,
             backend,
             out=shard.tensors,
@@ -324,7 +339,7 @@ def write_features(
             nonfinite=scan.nonfinite,
         )
         seal_s = time.perf_counter() - sealing
-    return Written(n_batches, padded, seal_s)
+    return Written(done.batches, done.padded_tokens, seal_s, done.forward_s, done.wait_s)
 
 
 def extract_shard(
@@ -423,14 +438,18 @@ def extract_shard(
         file_bytes=os.path.getsize(out),
     )
     log.info(
-        "wrote %s: %d tokens in %d batches (%.1f%% padding), %.1f tokens/s (checksums and "
-        "checks %.2f s of it); %.0f bytes/token on disk (aux %d + last %d; "
-        "one-file-per-sample bf16 format: %d)",
+        "wrote %s: %d tokens in %d batches (%.1f%% padding), %.1f tokens/s in %.1f s (in the "
+        "backend %.1f s, waiting for host copies %.1f s, checksums and checks after the last "
+        "batch %.2f s); %.0f bytes/token on disk (aux %d + last %d; one-file-per-sample bf16 "
+        "format: %d)",
         out,
         stats.tokens,
         stats.batches,
         100 * (1 - stats.tokens / max(stats.padded_tokens, 1)),
         stats.tokens_per_s,
+        stats.seconds,
+        written.forward_s,
+        written.wait_s,
         written.seal_s,
         stats.bytes_per_token,
         aux_nbytes_per_token(target.hidden_size, storage),

@@ -18,12 +18,14 @@ memory stay bounded whatever the GPU's lead. On the CPU the rows are copied dire
 from __future__ import annotations
 
 import collections
-import os
+import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import torch
 from torch import Tensor
+
+from specbuild.hidden.threads import background_pool
 
 __all__ = ["HostCopier"]
 
@@ -81,8 +83,8 @@ class HostCopier:
         self._pending: collections.deque[list[Future]] = collections.deque()
         # rows of different tasks are disjoint, so their copies (and the first touch of those
         # pages) run side by side
-        threads = max(1, min(8, os.cpu_count() or 1))
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="specbuild-hostcopy")
+        self._pool = background_pool("specbuild-hostcopy")
+        self.wait_s = 0.0  # the caller's time blocked on a full ring: the host is behind
 
     def _staging(self, slot: dict[str, Tensor], key: str, like: Tensor) -> Tensor:
         """A pinned [like.shape] view in `slot`, grown (by a quarter more) when too small."""
@@ -99,8 +101,10 @@ class HostCopier:
             self._scatter(tensors, spans, out)
             return
         if len(self._pending) == len(self._slots):  # the oldest batch still holds this slot
+            start = time.perf_counter()
             for task in self._pending.popleft():
                 task.result()
+            self.wait_s += time.perf_counter() - start
         slot = self._slots[self._next]
         self._next = (self._next + 1) % len(self._slots)
         ready = torch.cuda.Event()
@@ -112,7 +116,9 @@ class HostCopier:
                 staged[key] = self._staging(slot, key, t)
                 staged[key].copy_(t, non_blocking=True)
                 t.record_stream(self.stream)
-            done = torch.cuda.Event()
+            # blocking: the scatter threads sleep until the copy is done (the default event
+            # spin-waits, one core per waiting thread for the whole forward pass)
+            done = torch.cuda.Event(blocking=True)
             done.record(self.stream)
 
         def scatter(copies: list[tuple[str, slice, slice]]) -> None:

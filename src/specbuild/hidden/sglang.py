@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -346,6 +347,10 @@ class SGLangRunner:
         self._stack = enable_aux_capture(self.model, self.layer_ids)
         self._out: list[Any] = []
         self._stack.register_forward_hook(lambda _m, _i, out: self._out.append(out))
+        # host seconds per part of a prefill (SGLang's step launches the forward and syncs
+        # inside; its Python, not the GPU, can bound a small target: BENCHMARKS.md)
+        self.host_s = {"requests": 0.0, "step": 0.0, "clear": 0.0}
+        self.batches = 0
         log.info(
             "SGLang model runner: %s, tp %d, %d KV tokens, %d requests a forward, capture "
             "inputs of layers %s",
@@ -397,10 +402,18 @@ class SGLangRunner:
             _broadcast(batch)
         self._capture(capture)
         self._out.clear()
+        t0 = time.perf_counter()
+        reqs = _requests(batch)
+        t1 = time.perf_counter()
         try:
-            extend(_requests(batch), self.runner.torch_runner)
+            extend(reqs, self.runner.torch_runner)
         finally:
+            t2 = time.perf_counter()
             self.runner.clear()  # request and KV pools: nothing carries over between batches
+            t3 = time.perf_counter()
+            for key, seconds in zip(self.host_s, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+                self.host_s[key] += seconds
+            self.batches += 1
         (out,) = self._out
         if isinstance(out, tuple):
             last, aux = out[0], out[1]
@@ -410,6 +423,12 @@ class SGLangRunner:
     def close(self) -> None:
         if self._closed:
             return
+        log.info(
+            "SGLang model runner: %d prefills; host seconds building requests %.2f, in SGLang's "
+            "step %.2f, clearing pools %.2f",
+            self.batches,
+            *self.host_s.values(),
+        )
         self._closed = True  # from here on a rank exiting is expected, not a failure
         if self.tp_size > 1:
             try:

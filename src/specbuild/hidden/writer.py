@@ -11,6 +11,11 @@ a pool of threads as soon as the writer says all its rows `landed`, while later 
 compute; `seal` scans what is left and writes the safetensors header last: its length is fixed
 up front because digests are fixed-width hex.
 
+A thread faults the mapping's pages in ahead of the writers (madvise MADV_POPULATE_WRITE, one
+call per 64 MiB): a first write into a page of a shared file mapping takes a page fault per
+4 KiB, and on the 2-core build machine plain copies into a fresh mapping moved 0.2-0.3 GB/s
+against 8-13 GB/s into populated pages, populating itself running at 2.1-2.6 GB/s.
+
     with shard_writer(path, layout, meta) as w:
         w.tensors["aux"][rows] = ...     # views into the file
         w.landed("aux", rows)            # final: hash its pieces when complete
@@ -25,10 +30,12 @@ loads the result.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import math
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,6 +56,26 @@ __all__ = ["Layout", "ShardWriter", "shard_writer"]
 
 # name -> (dtype, shape)
 Layout = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
+# madvise advice (Linux >= 5.14): fault a range in, writable, as a write would
+_MADV_POPULATE_WRITE = 23
+# populated per madvise call: small enough for `close` not to wait long on the thread
+_POPULATE_BYTES = 64 << 20
+
+
+def _populate(data: Tensor, stop: threading.Event) -> None:
+    """Fault in every page of `data` (a shared file mapping, page-aligned) unless `stop` is set;
+    quietly nothing where madvise cannot (another OS, an older kernel): the writers then fault
+    the pages themselves, only slower."""
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    base, n = data.data_ptr(), data.numel()
+    for start in range(0, n, _POPULATE_BYTES):
+        size = min(_POPULATE_BYTES, n - start)
+        if stop.is_set() or madvise(base + start, size, _MADV_POPULATE_WRITE) != 0:
+            return
 
 
 class ShardWriter:
@@ -85,6 +112,11 @@ class ShardWriter:
         finally:
             os.close(fd)
         self._file = torch.from_file(str(tmp), shared=True, size=self.nbytes, dtype=torch.uint8)
+        self._stop = threading.Event()
+        self._populating = threading.Thread(
+            target=_populate, args=(self._file, self._stop), name="specbuild-populate", daemon=True
+        )
+        self._populating.start()
         self.tensors: dict[str, Tensor] = {}
         for name in layout:
             dtype, shape = layout[name]
@@ -126,6 +158,8 @@ class ShardWriter:
 
     def close(self) -> None:
         """Drop the views and the mapping (the data stays in the file)."""
+        self._stop.set()
+        self._populating.join()  # nor may madvise still walk the mapping
         self._scan.close()  # no scan thread may still read the file when it goes
         self.tensors.clear()
         self._file = None
