@@ -12,10 +12,11 @@ Tolerances. Both paths compute in float32 (the reference rounds its softmax thro
 whatever the input dtype; eager flex works in float32); only the order of the sums differs.
 Outputs are convex combinations of N(0,1) values, gradients (|g| < ~6 here) sums over O(T)
 terms: measured max differences 7e-7 (outputs) and 1.6e-6 (gradients) over CASES, asserted
-at 1e-5 and 2e-5 (plus 1e-5 relative). One wrong mask entry moves them by ~1e-2 or more. In bf16 on CUDA each path rounds q k^T, the
-probabilities and the output to bf16 at different points: each is compared with a float64
-evaluation of the reference, and the fused error must be no worse than the reference's own
-(x2 plus a bf16 ulp of slack).
+at 1e-5 and 2e-5 (plus 1e-5 relative). One wrong mask entry moves them by ~1e-2 or more.
+In bf16 on CUDA each path rounds to bf16 at different points (the reference its q k^T scores
+and probabilities, the kernel its probabilities): each is compared with a float64 evaluation
+of the reference, and the fused error must be no worse than the reference's own (x2, plus one
+bf16 ulp of the largest value as slack).
 """
 
 from __future__ import annotations
@@ -235,7 +236,7 @@ def test_compiled_cuda_kernel_in_bf16_is_as_close_to_exact_as_the_reference(
     for f, r, e in pairs:
         err_f = (f.double() - e).abs().max().item()
         err_r = (r.double() - e).abs().max().item()
-        slack = 2 ** -8 * max(e.abs().max().item(), 1.0)  # one bf16 ulp at the largest value
+        slack = 2**-8 * max(e.abs().max().item(), 1.0)  # one bf16 ulp at the largest value
         assert err_f <= 2 * err_r + slack, (err_f, err_r)
 
 

@@ -42,6 +42,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from specbuild import __version__
+from specbuild.drafter import fused_attention
 from specbuild.drafter.config import DrafterConfig, TrainConfig
 from specbuild.drafter.curves import Curves
 from specbuild.drafter.data import (
@@ -52,7 +53,6 @@ from specbuild.drafter.data import (
     split_samples,
     verify_for_training,
 )
-from specbuild.drafter import fused_attention
 from specbuild.drafter.flops import device_name, peak_tflops, step_flops
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import TTTObjective, evaluate
@@ -482,9 +482,7 @@ def train_drafter(
             elapsed = time.perf_counter() - clock
             state.tokens += tokens
             compiled = fused_attention.compiled_graphs() - graphs
-            speed.windows.append(
-                Window(epoch, first, state.step, tokens, flops, elapsed, compiled)
-            )
+            speed.windows.append(Window(epoch, first, state.step, tokens, flops, elapsed, compiled))
             rates = speed.rates(speed.windows[-1:])
             progress = {
                 "loss": sum(torch.stack(losses).tolist()) / len(losses),  # = the .item() sum
@@ -501,8 +499,9 @@ def train_drafter(
                 format_mfu(rates["mfu"]),
             )
             if compiled:  # the first window compiles; a later one should not (see the bench)
-                log.info("%d torch.compile graph(s) compiled in steps %d-%d", compiled, first,
-                         state.step)
+                log.info(
+                    "%d torch.compile graph(s) compiled in steps %d-%d", compiled, first, state.step
+                )
             curves.train(state.step, **progress)
             window, window_flops, first, losses = 0, 0, state.step + 1, []
         if eval_due:
