@@ -7,7 +7,15 @@
 #   bash tools/h200/bench_train.sh                  # tests, bench, profile, bench2 if 2 GPUs
 #   bash tools/h200/bench_train.sh bench profile    # any of: tests bench profile bench2
 # tests:   the GPU-marked tests of stage train (CUDA path: fused AdamW, pinned batches loaded
-#          ahead, kernel-time profile), ~1 min
+#          ahead, kernel-time profile, the compiled fused TTT attention against the reference
+#          and its graph count), ~3-4 min (compiles)
+# Attention: train.attention auto = the fused FlexAttention kernel on CUDA, compiled by the
+# first step of each run (estimated 30-90 s on a fresh machine, less once Inductor's on-disk
+# cache holds it: profile and bench2 reuse bench's; inside the 5 warm-up steps, and eval's
+# forward-only graph compiles in eval time, outside the windows). SPECBUILD_BENCH_ATTENTION=
+# reference runs the materialised-scores path instead (the before). TORCH_LOGS=recompiles
+# puts every recompile, with its reason, in bench_train.log; result-*.json's steady
+# "compiled" counts graphs compiled in the measured windows (0 expected).
 # bench:   1 GPU, 3 epochs of 15 steps (57 training samples; the first 5 steps are warm-up)
 # profile: 1 GPU, 1 epoch, torch.profiler over steps 4-6 (the workspace of `bench` reused)
 # bench2:  torchrun on 2 GPUs, 3 epochs of 7 steps a rank; its tokens/s over bench's
@@ -19,6 +27,8 @@ set -uo pipefail
 source "$(dirname "$0")/env.sh"
 W=results/bench-train
 PRESET=${SPECBUILD_BENCH_PRESET:-llama8b}  # tiny: try this script on a CPU (fake nvidia-smi)
+ATTENTION=${SPECBUILD_BENCH_ATTENTION:-auto}  # auto (flex on CUDA) | reference | flex
+export TORCH_LOGS=${TORCH_LOGS:-recompiles}
 LOG="$OUT/bench_train.log"
 GPUS=$(nvidia-smi -L | grep -c '^GPU ')
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader | tee -a "$LOG"
@@ -27,8 +37,9 @@ python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$LOG"
 
 workspace() {  # $1: nproc, then synthetic's flags; the shards are written once per machine
   local nproc=$1; shift
-  python3 -m specbuild.drafter.synthetic "$W" --preset "$PRESET" --nproc "$nproc" --spec-only "$@" \
-    2>/dev/null || python3 -m specbuild.drafter.synthetic "$W" --preset "$PRESET" --nproc "$nproc" "$@"
+  set -- --preset "$PRESET" --nproc "$nproc" --attention "$ATTENTION" "$@"
+  python3 -m specbuild.drafter.synthetic "$W" --spec-only "$@" 2>/dev/null \
+    || python3 -m specbuild.drafter.synthetic "$W" "$@"
 }
 
 train() {  # $1: nproc
@@ -41,8 +52,9 @@ for step in "$@"; do
   echo "== $step" | tee -a "$LOG"
   case "$step" in
     tests)
-      timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/test_train.py \
-        tests/unit/test_train_speed.py 2>&1 | tee -a "$LOG" | tail -5 || rc=1
+      timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/test_train.py \
+        tests/unit/test_train_speed.py tests/unit/test_fused_attention.py 2>&1 | tee -a "$LOG" \
+        | tail -5 || rc=1
       ;;
     bench)
       workspace 1 --epochs 3 && train 1 && cp "$W/result.json" "$OUT/result-1gpu.json" || rc=1
@@ -69,6 +81,10 @@ runs = {n: json.loads((out / f"result-{n}gpu.json").read_text())
 print("| shape | device | steady steps | tokens/s | TFLOP/s | MFU |\n|---|---|---|---|---|---|")
 for r in runs.values():
     print(benchmarks_row(r))
+for n, r in runs.items():
+    print(f"\n{n} GPU(s): attention {r.get('attention')}, torch {r.get('torch')}; graphs compiled "
+          f"in the steady windows: {r['steady'].get('compiled')} (all steps: "
+          f"{r['all_steps'].get('compiled')})")
 if len(runs) == 2:
     one, two = (runs[n]["steady"]["tokens_per_s"] for n in (1, 2))
     print(f"\n2 GPUs / 1 GPU: {two / one:.2f}x tokens/s")

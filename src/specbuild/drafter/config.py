@@ -141,8 +141,8 @@ class TrainConfig:
 
     Rejected combinations (`check`): max_length > token_budget, ttt_steps < 1, eval_fraction
     or warmup_fraction outside [0, 1), eval_set with eval_fraction > 0, device cuda without
-    CUDA, nproc above the visible GPUs, precision bfloat16 on CPU, init target_last_layer with
-    init_from, and unknown keys (`from_params`).
+    CUDA, nproc above the visible GPUs, precision bfloat16 or attention flex on CPU, init
+    target_last_layer with init_from, and unknown keys (`from_params`).
     """
 
     ttt_steps: int = 7  # drafts chained in training-time test
@@ -168,6 +168,8 @@ class TrainConfig:
     fc_norm: bool = False  # EAGLE-3.1 per-aux RMSNorm before fc
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "auto"  # auto (bf16 autocast on CUDA) | float32 | bfloat16
+    # training-time-test attention: auto (flex on CUDA, reference on CPU) | reference | flex
+    attention: str = "auto"
     nproc: int = 1  # processes (GPUs) for DDP through torchrun
     init_from: str = ""  # an EAGLE-3 drafter folder to warm-start from ("": random init)
     init: str = "random"  # random | target_last_layer (drafter/target_init.py)
@@ -215,5 +217,9 @@ class TrainConfig:
             faults.append(f"nproc {self.nproc} > {torch.cuda.device_count()} visible GPUs")
         if not cuda and self.precision == "bfloat16":
             faults.append("precision bfloat16 needs CUDA (CPU training runs in float32)")
+        if self.attention not in ("auto", "reference", "flex"):
+            faults.append(f"attention {self.attention!r}: choose auto, reference or flex")
+        if not cuda and self.attention == "flex":
+            faults.append("attention flex needs CUDA (its backward has no CPU kernel)")
         if faults:
             raise ValueError("train config: " + "; ".join(faults))

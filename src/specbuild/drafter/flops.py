@@ -10,11 +10,18 @@ sample, R_i = B * T_i rows; H hidden, nh/nkv heads of hd, I MLP width):
 
     projections  q: 2 R_i 2H nh*hd    k, v: 2 R_i 2H nkv*hd each    o: 2 R_i nh*hd H
     mlp          gate, up, down: 3 * 2 R_i H I
-    attention    scores q k0^T and values p v0 over the step-0 prefix: 2 * 2 B nh T_i^2 hd.
-                 The whole T_i x T_i square: `ttt_attention` computes causal scores as a full
-                 matrix and masks it, so that is what runs (a causal kernel would run half).
+    attention    scores q k0^T and values p v0 over the causal step-0 prefix, the
+                 T_i (T_i + 1) / 2 (query, key) pairs query t >= key s: 2 * 2 B nh hd T_i (T_i+1)/2.
+                 Useful work only, whichever implementation runs (`unroll`'s `attention`):
+                 the reference (`ttt_attention`) computes the whole T_i x T_i square and masks
+                 the upper half; the fused kernel (`fused_attention`) computes the causal
+                 blocks, the diagonal blocks whole (128 x 128 tiles, half masked) and the
+                 padding of T_i up to a power of two in its last block. The masked scores of
+                 either are not model FLOPs, so neither is counted.
     extra keys   the i keys of the query's own draft chain (steps 1..i), one score and one
-                 value each: 2 * 2 B nh T_i hd * i. Elementwise (mul + sum) in the code.
+                 value each: 2 * 2 B nh T_i hd * i. Elementwise (mul + sum) in the reference;
+                 in the fused kernel one diagonal 128 x 128 tile per query block and key step,
+                 of which 128 scores count (the rest is masked, as above).
     lm_head      2 N_i H Vd, N_i = the loss rows of step i (logits are computed there only)
 
 Once per step: fc 2 B L 3H_t H over all L positions; the teacher's draft-vocab logits
@@ -24,8 +31,9 @@ samples seen for the first time in this run (memoized after: in `TTTObjective._m
 Backward = 2x forward for every product whose input needs a gradient too (input and weight
 gradients), which is all of the drafter but fc: its input is data (the target's features), so
 fc's backward is the weight gradient alone, 1x. The teacher and full-vocab products have no
-backward. `torch.utils.flop_counter.FlopCounterMode` counts exactly these products except the
-extra keys (it counts matmul-like ops only); tests/unit/test_train_speed.py checks both.
+backward. `torch.utils.flop_counter.FlopCounterMode` on the reference path counts these
+products plus the masked upper half of each T_i x T_i square and minus the extra keys (it
+counts matmul-like ops only, and what runs); tests/unit/test_train_speed.py checks that.
 """
 
 from __future__ import annotations
@@ -76,7 +84,7 @@ def step_flops(cfg: DrafterConfig, work: StepWork) -> dict[str, int]:
         R = B * T
         fwd["projections"] += 2 * R * 2 * H * (q + 2 * kv) + 2 * R * q * H
         fwd["mlp"] += 3 * 2 * R * H * inter
-        fwd["attention"] += 2 * 2 * B * q * T * T  # nh*hd = q: scores and values
+        fwd["attention"] += 2 * B * q * T * (T + 1)  # nh*hd = q: scores, values (causal)
         fwd["attention_extra_keys"] += 2 * 2 * B * q * T * i
         fwd["lm_head"] += 2 * n_loss * H * Vd
     out = {"fc": 2 * (2 * B * L * AUX_LAYERS * cfg.target_hidden_size * H)}  # fwd + weight grad

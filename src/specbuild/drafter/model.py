@@ -28,8 +28,14 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from specbuild.drafter.config import AUX_LAYERS, DrafterConfig, rope_inv_freq
+from specbuild.drafter.fused_attention import fused_ttt_attention
 
-__all__ = ["DrafterConfig", "DrafterCache", "Eagle3Drafter", "ttt_attention"]
+__all__ = ["ATTENTION", "DrafterConfig", "DrafterCache", "Eagle3Drafter", "ttt_attention"]
+
+# Implementations of training-time-test attention (`Eagle3Drafter.unroll`): one attention,
+# two ways to compute it. reference: `ttt_attention`, materialised scores (the CPU path);
+# flex: `fused_attention.fused_ttt_attention`, one fused kernel a step (the CUDA path).
+ATTENTION = ("reference", "flex")
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -121,6 +127,9 @@ def ttt_attention(q: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor
         step 2, query t:   k0[0] k0[1] .. k0[t]   k1[t]   k2[t]
 
     keys[j] / values[j]: [B,nh,>=T,hd] (GQA already expanded); q: [B,nh,T,hd].
+
+    The reference: the definition the fused path (`fused_attention`) is tested against, and
+    the CPU path (no compile). Memory-bound at real shapes: [B,nh,T,T] float32 scores a step.
     """
     T, scale = q.shape[2], q.shape[-1] ** -0.5
     k0, v0 = keys[0][:, :, :T], values[0][:, :, :T]
@@ -236,7 +245,12 @@ class Eagle3Drafter(nn.Module):
         return h, self.logits(h)
 
     def unroll(
-        self, input_ids: Tensor, aux: Tensor, position_ids: Tensor, steps: int
+        self,
+        input_ids: Tensor,
+        aux: Tensor,
+        position_ids: Tensor,
+        steps: int,
+        attention: str = "reference",
     ) -> list[Tensor]:
         """Training-time test: `steps` chained drafter steps over a whole batch.
 
@@ -244,18 +258,28 @@ class Eagle3Drafter(nn.Module):
         train.py); step i reads input_ids shifted left by i at positions + i and its own
         hidden from step i-1. Returns the pre-norm hidden of each step, step i over indices
         0 .. L-1-i (later indices would read past the sequence).
+
+        attention: how each step attends (the same attention, see ATTENTION): `reference`
+        (`ttt_attention`), or `flex` (`fused_attention.fused_ttt_attention`, compiled on CUDA).
         """
+        if attention not in ATTENTION:
+            raise ValueError(f"attention {attention!r}: choose {' or '.join(ATTENTION)}")
         nh, L = self.config.num_attention_heads, input_ids.shape[1]
+        n = min(steps, L)
         keys: list[Tensor] = []
         values: list[Tensor] = []
 
         def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            if attention == "flex":  # GQA inside the kernel: keys stay [B,nkv,T,hd]
+                keys.append(k)
+                values.append(v)
+                return fused_ttt_attention(q, keys, values, segments=n)
             keys.append(_expand_kv(k, nh))
             values.append(_expand_kv(v, nh))
             return ttt_attention(q, keys, values)
 
         hidden, outs = self.project(aux), []
-        for i in range(min(steps, L)):
+        for i in range(n):
             T = L - i  # shape: step i covers indices [0, T)
             hidden = self.step(input_ids[:, i:], hidden[:, :T], position_ids[:, :T] + i, attend)
             outs.append(hidden)

@@ -35,10 +35,12 @@ class TTTObjective(nn.Module):
         decay: float,
         amp: bool,
         temperature: float = 1.0,
+        attention: str = "reference",
     ):
         super().__init__()
         self.drafter, self.teacher = drafter, teacher
         self.steps, self.decay, self.amp = steps, decay, amp
+        self.attention = attention  # model.ATTENTION: how the unroll attends
         self.temperature = temperature
         # Per sample: is the target's argmax at each loss position in the draft vocabulary?
         # One full-vocabulary matmul per sample per run (memoized: it costs like a step).
@@ -78,7 +80,9 @@ class TTTObjective(nn.Module):
             torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp),
         ):
             positions = batch.position_ids.clamp_min(0)
-            hiddens = self.drafter.unroll(batch.input_ids, batch.aux, positions, self.steps)
+            hiddens = self.drafter.unroll(
+                batch.input_ids, batch.aux, positions, self.steps, self.attention
+            )
         # float32 whatever the features' dtype (the batch keeps the shards' bf16)
         loss, loss_rows = torch.zeros((), device=batch.aux.device), []
         for i, h in enumerate(hiddens):

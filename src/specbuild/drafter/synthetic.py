@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--token-budget", type=int, default=8192)
     ap.add_argument("--profile", action="store_true", help="profile steps, no result.json")
     ap.add_argument("--spec-only", action="store_true", help="reuse the workspace in OUT")
+    ap.add_argument(
+        "--attention", choices=["auto", "reference", "flex"], default="auto", help="train.attention"
+    )
     args = ap.parse_args(argv)
     out, preset = Path(args.out), PRESETS[args.preset]
     if args.spec_only:
@@ -214,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
             "eval_fraction": 0.1,
             "log_interval": 5,
             "save_interval": 10_000,
+            "attention": args.attention,
         },
     }
     write_json(out / "spec.json", spec)

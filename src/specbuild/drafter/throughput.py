@@ -25,6 +25,7 @@ class Window:
     tokens: int  # all ranks
     flops: int  # all ranks
     seconds: float
+    compiled: int = 0  # torch.compile graphs compiled in the window (rank 0): 0 once warm
 
 
 @dataclass
@@ -51,6 +52,7 @@ class Throughput:
             "tokens_per_s": tokens / max(seconds, 1e-9),
             "tflops_per_s": tflops,
             "mfu": mfu,
+            "compiled": sum(w.compiled for w in ws),
         }
 
     def steady(self) -> list[Window]:

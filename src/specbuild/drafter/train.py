@@ -42,6 +42,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from specbuild import __version__
+from specbuild.drafter import fused_attention
 from specbuild.drafter.config import DrafterConfig, TrainConfig
 from specbuild.drafter.curves import Curves
 from specbuild.drafter.data import (
@@ -160,6 +161,13 @@ def _check_finite(
         "training diverged: lower train.lr or raise train.warmup_fraction (or use precision "
         "float32), then rerun."
     )
+
+
+def _attention(cfg: TrainConfig, device: torch.device) -> str:
+    """train.attention resolved: `auto` is the fused kernel on CUDA, the reference elsewhere."""
+    if cfg.attention != "auto":
+        return cfg.attention
+    return "flex" if device.type == "cuda" and fused_attention.available() else "reference"
 
 
 def _job_key(cfg: TrainConfig, shards: list[str], vocab: str, fingerprint: str, world: int) -> str:
@@ -382,6 +390,7 @@ def train_drafter(
             clear_state(state_dir)
     if world > 1:
         dist.barrier()
+    attention = _attention(cfg, device)
     objective = TTTObjective(
         model,
         teacher,
@@ -389,6 +398,7 @@ def train_drafter(
         decay=cfg.loss_decay,
         temperature=cfg.teacher_temperature,
         amp=amp,
+        attention=attention,
     )
     step_fn = objective
     if world > 1:
@@ -402,7 +412,7 @@ def train_drafter(
     }
     log.info(
         "drafter %.1fM trainable params; %d train / %d eval samples%s (%d skipped); %d steps "
-        "of <= %d tokens x %d rank(s) on %s",
+        "of <= %d tokens x %d rank(s) on %s; %s attention",
         sum(p.numel() for p in params) / 1e6,
         len(train_refs),
         len(eval_refs),
@@ -412,6 +422,7 @@ def train_drafter(
         cfg.token_budget,
         world,
         device,
+        attention,
     )
     curves = Curves(tensorboard_dir if rank == 0 else None, start_step=state.step)
     name = device_name(device)
@@ -432,6 +443,7 @@ def train_drafter(
     )
     # tokens/s over the steps since the last progress line (eval and checkpoint time excluded)
     clock, window, window_flops, first, losses = time.perf_counter(), 0, 0, state.step + 1, []
+    graphs = fused_attention.compiled_graphs()  # torch.compile graphs when the window opened
     for epoch, b in order:
         plan = plans[epoch]
         if profiler:
@@ -469,7 +481,8 @@ def train_drafter(
             tokens, flops = _sum_ranks([window, window_flops], device, world)
             elapsed = time.perf_counter() - clock
             state.tokens += tokens
-            speed.windows.append(Window(epoch, first, state.step, tokens, flops, elapsed))
+            compiled = fused_attention.compiled_graphs() - graphs
+            speed.windows.append(Window(epoch, first, state.step, tokens, flops, elapsed, compiled))
             rates = speed.rates(speed.windows[-1:])
             progress = {
                 "loss": sum(torch.stack(losses).tolist()) / len(losses),  # = the .item() sum
@@ -485,6 +498,10 @@ def train_drafter(
                 rates["tflops_per_s"],
                 format_mfu(rates["mfu"]),
             )
+            if compiled:  # the first window compiles; a later one should not (see the bench)
+                log.info(
+                    "%d torch.compile graph(s) compiled in steps %d-%d", compiled, first, state.step
+                )
             curves.train(state.step, **progress)
             window, window_flops, first, losses = 0, 0, state.step + 1, []
         if eval_due:
@@ -537,7 +554,7 @@ def train_drafter(
         if stop_after is not None and state.step >= stop_after:
             raise TrainingInterrupted(f"stopped after step {state.step}")
         if window == 0:  # a progress line was just written: restart its clock
-            clock = time.perf_counter()
+            clock, graphs = time.perf_counter(), fused_attention.compiled_graphs()
     curves.close()
     if profiler:
         profiler.close()  # a run shorter than the profile window
@@ -560,6 +577,7 @@ def train_drafter(
             max_length=cfg.max_length,
             token_budget=cfg.token_budget,
             torch=torch.__version__,
+            attention=attention,
         )
         write_json(bench_out, result)
         log.info("bench -> %s; BENCHMARKS.md row (steady, first window left out):", bench_out)
