@@ -71,7 +71,7 @@ def test_sglang_stages_run_end_to_end_against_the_stub(tmp_path, target_dir):
     assert meta["backend"] == "hf" and tensors["aux"].shape[1] == 3 * 576
     assert tensors["last"].shape[0] == tensors["input_ids"].shape[0]
 
-    rows = list(read_jsonl(wd / "results/bench/sglang/baseline.jsonl"))
+    rows = list(read_jsonl(wd / "results/bench/sglang/none/baseline.jsonl"))
     assert {(r["config"], r["accept_length"]) for r in rows} == {("baseline", 1.0)}
     assert {r["phase"] for r in rows} == {"bench", "sweep"}
     assert "| sglang | baseline | 2 |" in (wd / "results/tables/sweep.md").read_text()
