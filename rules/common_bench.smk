@@ -54,9 +54,9 @@ def bench_engines():
 
 def bench_drafters():
     """{name: exported folder} of every drafter the hf and sglang engines bench, ours first."""
-    ours = {v: f"results/drafter/{v}" for v in VARIANTS}
-    ours |= {k: v.rstrip("/") for k, v in config["bench"]["drafters"].items()}
-    return {name: ours[name] for name in bench_drafter_names(config)}
+    folders = {v: f"results/drafter/{v}" for v in VARIANTS}
+    folders |= {k: os.path.normpath(v) for k, v in config["bench"]["drafters"].items()}
+    return {name: folders[name] for name in bench_drafter_names(config)}
 
 
 def bench_runs(engine):

@@ -62,7 +62,9 @@ def is_drafter_dependent(job: tuple[str, str]) -> bool:
 
 
 def is_benchmarking(job: tuple[str, str]) -> bool:
-    return job[0] in {"bench", "bench_report"}
+    """The bench jobs and the tables of their rows (the variants table shows the measured
+    acceptance of each variant)."""
+    return job[0] in {"bench", "bench_report", "variants"}
 
 
 def reads_tokens(job: tuple[str, str]) -> bool:
@@ -361,3 +363,13 @@ def test_a_variant_training_on_one_more_dataset_adds_its_shards_and_reruns_nothi
     assert trained["more"] == trained["base"] + 2  # the two extra prompts, trained on
     table = (workdir / "results" / "tables" / "variants.md").read_text()
     assert f'| more | datasets=["{DATASET}", "extra"] | {DATASET}, extra |' in table
+
+
+def test_a_drafter_built_elsewhere_is_benched_beside_ours_and_rewrites_only_the_bench_tables(
+    built_workflow, tmp_path
+):
+    # any exported folder works; the base drafter's stands in for another trainer's export
+    jobs = dry_run_with(
+        built_workflow, tmp_path, bench={"drafters": {"theirs": "results/drafter/base/"}}
+    )
+    assert jobs == [("bench", "engine=hf, drafter=theirs, chain=2-1-3"), ("bench_report", "")]
