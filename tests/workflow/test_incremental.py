@@ -355,7 +355,7 @@ def test_a_variant_training_on_one_more_dataset_adds_its_shards_and_reruns_nothi
         + [("bench", "engine=hf, drafter=more, chain=2-1-3")]
         + [("bench_report", ""), ("variants", "")]
     )
-    snakemake(workdir, "--cores", "2", "--configfile", str(changed), "variants")
+    snakemake(workdir, "variants", "--cores", "2", "--configfile", str(changed))
     trained = {
         v: int(re.search(r"(\d+) train / ", (workdir / f"logs/train/{v}.log").read_text())[1])
         for v in ("base", "more")
