@@ -13,7 +13,10 @@
 #   results/train/{variant}/, results/drafter/{variant}/   training (best, metrics, state),
 #                                                   exported SGLang folder; variant `base` is
 #                                                   the train recipe, others train.variants
-#   results/bench/, results/tables/, results/plots/ benchmark rows, tables, plots
+#   results/bench/{engine}/{drafter}/{chain}.jsonl  benchmark rows of a drafter (a variant, or a
+#                                                   bench.drafters key) at a chain; the no-drafter
+#                                                   baseline: results/bench/{engine}/none/baseline.jsonl
+#   results/tables/, results/plots/                 tables and plots (variants.md: every variant)
 # Logs mirror results under logs/.
 
 

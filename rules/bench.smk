@@ -1,19 +1,23 @@
-# Stage bench: one job per engine and config (a chain, or the baseline without a drafter),
-# every set in it; a served engine also sweeps concurrency. Rows: specbuild.bench.rows.
+# Stage bench: one job per engine, drafter and config (a chain; the baseline's drafter is
+# `none`), every set in it; a served engine also sweeps concurrency (the baseline's and
+# bench.sweep_drafters'). Rows: specbuild.bench.rows. Drafters: each variant of bench.variants
+# (results/drafter/<variant>) and each of bench.drafters (its folder).
 # A `sglang` job starts one server for its config; an `openai` job measures an existing
 # endpoint (its GPUs are not ours to schedule); `hf` with bench.hf.exclusive claims every core.
 
 
 rule bench:
-    """Bench every set with one engine at one config; one row per request (and sweep request)."""
+    """Bench every set with one engine, drafter and config; one row per request (and sweep
+    request)."""
     input:
         unpack(bench_inputs),
     output:
-        "results/bench/{engine}/{chain}.jsonl",
+        "results/bench/{engine}/{drafter}/{chain}.jsonl",
     log:
-        "logs/bench/{engine}/{chain}.log",
+        "logs/bench/{engine}/{drafter}/{chain}.log",
     wildcard_constraints:
         engine="hf|sglang|openai",
+        drafter=bench_drafter_regex(),
         chain=CONFIG_PATTERN,
     conda:
         bench_env
@@ -25,7 +29,6 @@ rule bench:
     params:
         options=bench_options,
         sets=bench_sets(),
-        drafter_name=config["bench"]["drafter_name"],
         max_new_tokens=config["bench"]["max_new_tokens"],
         prompt_limit=bench_prompt_limit,
         concurrency=bench_concurrency,

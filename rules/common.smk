@@ -2,7 +2,13 @@
 
 import os
 
-from specbuild.config_check import ConfigError, check_config, train_variants
+from specbuild.config_check import (
+    ConfigError,
+    bench_drafter_names,
+    check_config,
+    train_datasets,
+    train_variants,
+)
 from specbuild.rejects import check_rejected_share
 from specbuild.samples import record_digests
 
@@ -128,8 +134,18 @@ def train_gpus(wildcards):
 @job_function
 def train_hparams(wildcards):
     """Every training hyper-parameter of the job's variant (schema defaults filled in), as one
-    plain dict: a variant's jobs rerun when its own keys or the base recipe's change."""
-    return dict(variant_train(wildcards))
+    plain dict: a variant's jobs rerun when its own keys or the base recipe's change. Its
+    `datasets` are its input shards (`variant_shards`), not a trainer setting."""
+    return {k: v for k, v in variant_train(wildcards).items() if k != "datasets"}
+
+
+@job_function
+def variant_shards(wildcards):
+    """Hidden shards of the datasets the job's variant trains on (train.datasets)."""
+    return per_shard(
+        "results/hidden/{dataset}/{shard}.safetensors",
+        train_datasets(config, variant_train(wildcards)),
+    )
 
 
 def engine_env(backend):
@@ -265,9 +281,12 @@ def per_shard(pattern, datasets=None):
     ]
 
 
-def training_datasets():
-    """Every dataset but train.eval_set, which is held out: extracted, never trained on."""
-    return [d for d in config["datasets"] if d != config["train"]["eval_set"]]
+def vocab_datasets():
+    """The datasets the base recipe trains on (train.datasets; default every one but the
+    held-out train.eval_set): the shared draft vocabulary counts these only, so a variant
+    training on more data (a multi-turn set, say) adds its jobs and reruns none of the base's.
+    """
+    return train_datasets(config, config["train"])
 
 
 def eval_set_shards():

@@ -13,11 +13,19 @@ from specbuild.bench.chain import BASELINE, CONFIG_PATTERN
 
 
 def align_shards():
-    """The first hidden shard of each dataset: a fixed sample that appending data never moves."""
+    """The first hidden shard of each dataset but those only variants train on: a fixed sample
+    that appending data never moves, and that a variant's own data (extracted by the same
+    backend) never reruns, since every variant's training waits for this check."""
+    variant_only = {
+        d
+        for name, train in VARIANTS.items()
+        for d in train_datasets(config, train)
+        if name != "base"
+    } - set(vocab_datasets())
     return [
         f"results/hidden/{d}/{shard_ids(d)[0]}.safetensors"
         for d in config["datasets"]
-        if shard_ids(d)
+        if shard_ids(d) and d not in variant_only
     ]
 
 
@@ -32,46 +40,84 @@ def align_gpus():
     return device_gpus(config["align"]["device"])
 
 
-# Bench (rules/bench.smk): one job per engine and config, every set in it.
+# Bench (rules/bench.smk): one job per engine, drafter and config, every set in it. A drafter
+# is one of our variants (bench.variants) or one built elsewhere (bench.drafters); the baseline
+# has none: results/bench/{engine}/none/baseline.jsonl, once per engine.
 
 SERVED_ENGINES = ("sglang", "openai")
+NO_DRAFTER = "none"  # the baseline's `drafter` (its rows and its folder)
 
 
 def bench_engines():
     return list(config["bench"]["engines"]) if config["bench"]["enabled"] else []
 
 
-def bench_configs(engine):
-    """Configs one engine is benched at: the baseline (if on) and every chain; an existing
-    endpoint (openai) only at what it serves."""
+def bench_drafters():
+    """{name: exported folder} of every drafter the hf and sglang engines bench, ours first."""
+    folders = {v: f"results/drafter/{v}" for v in VARIANTS}
+    folders |= {k: os.path.normpath(v) for k, v in config["bench"]["drafters"].items()}
+    return {name: folders[name] for name in bench_drafter_names(config)}
+
+
+def bench_runs(engine):
+    """(drafter, config) pairs one engine is benched at: the baseline (if on) and each drafter
+    at every chain; an existing endpoint (openai) only at what it serves."""
     b = config["bench"]
     if engine == "openai":
-        return [b["openai"]["serves"]]
-    return ([BASELINE] if b["baseline"] else []) + list(b["chains"])
+        serves = b["openai"]["serves"]
+        return [(NO_DRAFTER if serves == BASELINE else b["openai"]["drafter"], serves)]
+    runs = [(NO_DRAFTER, BASELINE)] if b["baseline"] else []
+    return runs + [(d, c) for d in bench_drafters() for c in b["chains"]]
+
+
+def bench_row_file(engine, drafter, chain):
+    return f"results/bench/{engine}/{drafter}/{chain}.jsonl"
 
 
 def bench_row_files():
-    return [
-        f"results/bench/{e}/{c}.jsonl"
-        for e in bench_engines()
-        for c in bench_configs(e)
-    ]
+    return [bench_row_file(e, d, c) for e in bench_engines() for d, c in bench_runs(e)]
 
 
-def bench_drafter_files():
-    folder = config["bench"]["drafter"].rstrip("/")
+def bench_drafter_files(drafter):
+    """The files of a drafter's folder (our variant's: its export rule's outputs)."""
+    folder = bench_drafters().get(drafter, f"results/drafter/{drafter}")
     return [f"{folder}/config.json", f"{folder}/model.safetensors"]
+
+
+def bench_drafter_regex():
+    """Wildcard constraint of `drafter`: the baseline's `none` or a benched drafter's name."""
+    names = [NO_DRAFTER, *bench_drafters()]
+    if "openai" in bench_engines():
+        names.append(config["bench"]["openai"]["drafter"])
+    return "|".join(dict.fromkeys(names))
+
+
+def variant_bench_rows():
+    """Row files of our benched variants by the engines that count verify steps (hf, sglang),
+    at every chain: the measured columns of the variants table."""
+    return [
+        bench_row_file(e, d, c)
+        for e in bench_engines()
+        if e != "openai"
+        for d, c in bench_runs(e)
+        if d in VARIANTS
+    ]
 
 
 @job_function
 def bench_inputs(wildcards):
     """Target fingerprint and every set's file; the drafter's files for a chain we serve."""
+    if (wildcards.drafter == NO_DRAFTER) != (wildcards.chain == BASELINE):
+        raise ValueError(
+            f"results/bench/{wildcards.engine}/{wildcards.drafter}/{wildcards.chain}.jsonl: the "
+            f"baseline is {NO_DRAFTER}/{BASELINE}.jsonl, a drafter's runs are its chains"
+        )
     inputs = {
         "fp": target_file("fingerprint.json"),
         "sets": [s["path"] for s in config["bench"]["sets"].values()],
     }
     if wildcards.chain != BASELINE and wildcards.engine != "openai":
-        inputs["drafter"] = bench_drafter_files()
+        inputs["drafter"] = bench_drafter_files(wildcards.drafter)
     return inputs
 
 
@@ -99,9 +145,15 @@ def bench_prompt_limit(wildcards):
 
 @job_function
 def bench_concurrency(wildcards):
-    """Sweep levels of a served engine; the hf engine serves one request at a time."""
+    """Sweep levels of a served engine for the baseline and the drafters of
+    bench.sweep_drafters (null: all); the hf engine serves one request at a time."""
+    b = config["bench"]
+    swept = b["sweep_drafters"]
+    sweeps = (
+        wildcards.drafter == NO_DRAFTER or swept is None or wildcards.drafter in swept
+    )
     served = wildcards.engine in SERVED_ENGINES
-    return list(config["bench"]["concurrency"]) if served else []
+    return list(b["concurrency"]) if served and sweeps else []
 
 
 def bench_env(wildcards):
@@ -135,7 +187,7 @@ def tuning_inputs(wildcards):
         "help": "results/tuning/launch_server.help.txt",
     }
     if config["sglang"]["tuning"]["chain"] != BASELINE:
-        inputs["drafter"] = bench_drafter_files()
+        inputs["drafter"] = bench_drafter_files(served_drafter())
     return inputs
 
 
@@ -162,11 +214,19 @@ def tuning_points():
     return list(t["points"]) if t["enabled"] else []
 
 
+def served_drafter():
+    """The drafter `make serve` and a tuning chain serve: the first benched one (bench.variants,
+    `base` unless it says otherwise); `base`, always built, where none is benched."""
+    return next(iter(bench_drafters()), "base")
+
+
 def serve_rows():
-    """The sglang engine's rows at each chain, which `make serve` picks the fastest from."""
+    """The sglang engine's rows of the served drafter at each chain, which `make serve` picks
+    the fastest from."""
     if "sglang" not in bench_engines():
         return []
-    return [f"results/bench/sglang/{c}.jsonl" for c in config["bench"]["chains"]]
+    drafter = served_drafter()
+    return [bench_row_file("sglang", drafter, c) for c in config["bench"]["chains"]]
 
 
 # Report (rules/report.smk): every table (.csv, .md, .html) and plot, flagged for the HTML
@@ -247,6 +307,18 @@ def pipeline_report_inputs(wildcards):
     if config["report"]["train_metrics"]:
         inputs["train"] = config["report"]["train_metrics"]
     return inputs
+
+
+def train_metrics_variant():
+    """The variant whose metrics report.train_metrics names (results/train/<variant>/...), whose
+    bench rows train_vs_bench compares; None for metrics trained elsewhere."""
+    for variant in VARIANTS:
+        if (
+            config["report"]["train_metrics"]
+            == f"results/train/{variant}/metrics.jsonl"
+        ):
+            return variant
+    return None
 
 
 def train_curves_dir():

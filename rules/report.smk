@@ -15,6 +15,7 @@ rule bench_report:
         "../envs/specbuild.yaml"
     params:
         sets=list(config["bench"]["sets"]),
+        train_drafter=train_metrics_variant(),
     script:
         "../scripts/bench_report.py"
 

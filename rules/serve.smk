@@ -4,7 +4,7 @@
 rule serve:
     """Write results/serve.sh: SGLang serving the drafter at the fastest measured chain."""
     input:
-        drafter=bench_drafter_files(),
+        drafter=bench_drafter_files(served_drafter()),
         fp=target_file("fingerprint.json"),
         rows=serve_rows(),
     output:

@@ -2,9 +2,8 @@ rule train:
     """Train one variant of the EAGLE-3 drafter on every hidden-state shard; keep its best
     checkpoint."""
     input:
-        shards=per_shard(
-            "results/hidden/{dataset}/{shard}.safetensors", training_datasets()
-        ),
+        # the variant's train.datasets (default: every dataset but train.eval_set)
+        shards=variant_shards,
         # the held-out train.eval_set: evaluated to pick the best epoch, never trained on
         eval_shards=eval_set_shards(),
         vocab="results/vocab/vocab.safetensors",

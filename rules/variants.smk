@@ -1,7 +1,10 @@
 rule variants:
-    """Compare every drafter variant (train.variants and base) in one table and one plot."""
+    """Compare every drafter variant (train.variants and base) in one table and one plot:
+    training's estimate and, for the benched ones, the acceptance each engine measured.
+    """
     input:
         metrics=expand("results/train/{variant}/metrics.jsonl", variant=VARIANTS),
+        rows=variant_bench_rows(),
     output:
         md="results/tables/variants.md",
         csv="results/tables/variants.csv",
@@ -27,5 +30,7 @@ rule variants:
     params:
         names=list(VARIANTS),
         changes={k: dict(v) for k, v in config["train"]["variants"].items()},
+        datasets={v: train_datasets(config, t) for v, t in VARIANTS.items()},
+        sets=list(config["bench"]["sets"]),
     script:
         "../scripts/variants.py"

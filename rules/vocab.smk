@@ -1,17 +1,16 @@
 rule vocab:
     """Count loss-masked target tokens over all tokenized shards; write the draft vocab map."""
     input:
-        # training data only: the held-out train.eval_set must not shape the draft vocabulary
-        tokens=per_shard(
-            "results/tokenized/{dataset}/{shard}.jsonl", training_datasets()
-        ),
+        # the base recipe's training data: never the held-out train.eval_set, nor data
+        # only a variant trains on (common.smk vocab_datasets)
+        tokens=per_shard("results/tokenized/{dataset}/{shard}.jsonl", vocab_datasets()),
         metas=per_shard(
-            "results/tokenized/{dataset}/{shard}.meta.json", training_datasets()
+            "results/tokenized/{dataset}/{shard}.meta.json", vocab_datasets()
         ),
         fp=target_file("fingerprint.json"),
         # every tokenized shard passed its rejected-row check (rules/rejects.smk)
         checked=per_shard(
-            "results/checks/tokenized/{dataset}/{shard}.json", training_datasets()
+            "results/checks/tokenized/{dataset}/{shard}.json", vocab_datasets()
         ),
     output:
         vocab="results/vocab/vocab.safetensors",

@@ -15,7 +15,7 @@ run_bench(
     out=snakemake.output[0],
     options=snakemake.params.options,
     drafter_dir=str(Path(drafter[0]).parent) if drafter else None,
-    drafter_name=snakemake.params.drafter_name,
+    drafter_name=snakemake.wildcards.drafter,
     max_new_tokens=snakemake.params.max_new_tokens,
     prompt_limit=snakemake.params.prompt_limit,
     concurrency=snakemake.params.concurrency,

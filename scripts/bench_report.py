@@ -5,6 +5,7 @@ start_job_log(snakemake.log[0])
 write_bench_report(
     rows=list(snakemake.input.rows),
     train_metrics=snakemake.input.get("train"),
+    train_drafter=snakemake.params.train_drafter,
     set_order=snakemake.params.sets,
     outputs=list(snakemake.output),
 )

@@ -35,7 +35,10 @@ from jsonschema import Draft202012Validator, ValidationError, validators
 from specbuild.bench.chain import BASELINE, Chain
 
 __all__ = [
+    "RESERVED_DRAFTER_NAMES",
     "VARIANT_FIXED",
+    "bench_drafter_names",
+    "train_datasets",
     "train_variants",
     "ConfigError",
     "check_config",
@@ -86,6 +89,9 @@ class ConfigError(ValueError):
 
 # train keys a variant cannot change: the held-out set decides the shared vocabulary
 VARIANT_FIXED = ("eval_set", "variants")
+# names a variant (or a bench.drafters entry) cannot take: the bench's no-drafter run
+# (results/bench/<engine>/none/baseline.jsonl, `drafter` "none" in its rows)
+RESERVED_DRAFTER_NAMES = ("none", BASELINE)
 
 
 def load_schema(path: str | os.PathLike) -> dict:
@@ -121,6 +127,22 @@ def train_variants(config: Mapping) -> dict[str, dict]:
     for name, changes in (config["train"].get("variants") or {}).items():
         variants[name] = {**train, **changes}
     return variants
+
+
+def train_datasets(config: Mapping, train: Mapping) -> list[str]:
+    """Datasets a train recipe (`train` or a variant's merged keys) trains on: its `datasets`,
+    else every dataset but the held-out eval_set, in config order."""
+    if train.get("datasets"):
+        return list(train["datasets"])
+    return [d for d in config["datasets"] if d != config["train"].get("eval_set")]
+
+
+def bench_drafter_names(config: Mapping) -> list[str]:
+    """Every drafter the hf and sglang engines bench: our variants in `bench.variants` (null:
+    all, `base` first) and then each of `bench.drafters`."""
+    bench = config["bench"]
+    ours = list(train_variants(config)) if bench.get("variants") is None else bench["variants"]
+    return list(ours) + list(bench.get("drafters") or {})
 
 
 def check_config(
@@ -341,6 +363,14 @@ MOVED = {
     "bench.device": "bench.hf.device",
     "bench.threads": "bench.hf.threads",
     "bench.exclusive": "bench.hf.exclusive",
+    # the bench measures every variant (issue 15): our drafters by name, others' by folder
+    "bench.drafter": (
+        "bench.variants (which of ours to bench; each variant's results/drafter/<name> by "
+        "default) and bench.drafters (name: folder, a drafter built elsewhere)"
+    ),
+    "bench.drafter_name": (
+        "the rows' `drafter` (each variant's name, each bench.drafters key, bench.openai.drafter)"
+    ),
 }
 
 
@@ -438,6 +468,53 @@ def _eval_set_faults(config: Mapping) -> list[str]:
     return []
 
 
+def _train_datasets_faults(key: str, train: Mapping, config: Mapping) -> list[str]:
+    """A recipe's `datasets` are datasets of the config, and not the held-out eval_set."""
+    names = train.get("datasets")
+    if not isinstance(names, list):
+        return []
+    datasets = _mapping(config.get("datasets"))
+    held_out = _mapping(config.get("train")).get("eval_set")
+    faults = []
+    for name in names:
+        if name not in datasets:
+            faults.append(
+                f"{key}: {name!r} is no dataset (datasets: {', '.join(datasets)})"
+                f"{_suggest(str(name), datasets)}"
+            )
+        elif name == held_out:
+            faults.append(f"{key}: {name!r} is train.eval_set, held out: never trained on")
+    return faults
+
+
+def _bench_drafters_faults(bench: Mapping, variants: list[str]) -> list[str]:
+    """bench.variants names variants, bench.drafters takes no variant's name (both are folders
+    under results/bench/<engine>/), and bench.sweep_drafters names benched drafters."""
+    faults = []
+    chosen = bench.get("variants")
+    ours = variants if not isinstance(chosen, list) else chosen
+    for i, name in enumerate(chosen if isinstance(chosen, list) else []):
+        if name not in variants:
+            faults.append(
+                f"bench.variants[{i}]: {name!r} is no variant (variants: {', '.join(variants)})"
+                f"{_suggest(str(name), variants)}"
+            )
+    others = _mapping(bench.get("drafters"))
+    for name in others:
+        if name in variants or name in RESERVED_DRAFTER_NAMES:
+            what = "a variant's" if name in variants else "the no-drafter run's"
+            faults.append(f"bench.drafters.{name}: the name is {what}; give this drafter another")
+    benched = [*ours, *others]
+    sweep = bench.get("sweep_drafters")
+    for i, name in enumerate(sweep if isinstance(sweep, list) else []):
+        if name not in benched:
+            faults.append(
+                f"bench.sweep_drafters[{i}]: {name!r} is not benched (bench.variants and "
+                f"bench.drafters: {', '.join(benched) or 'none'}){_suggest(str(name), benched)}"
+            )
+    return faults
+
+
 def rule_faults(config: Mapping, workdir: Path) -> list[str]:
     """Faults across keys and on disk: input files that are missing, chains the engines
     cannot run, a backend without its endpoint, a tensor-parallel size that is no integer."""
@@ -455,6 +532,12 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
             "train.variants.base: `base` is the recipe of `train` itself, always built; give "
             "this variant another name"
         )
+    for name in variants:
+        if name in RESERVED_DRAFTER_NAMES:
+            faults.append(
+                f"train.variants.{name}: the name is the bench's no-drafter run; give this "
+                "variant another name"
+            )
     for name, changes in {"": {}, **variants}.items():
         merged = {**train, **_mapping(changes)}
         key = f"train.variants.{name}" if name else "train"
@@ -463,6 +546,7 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
                 f"{key}.init: {merged['init']!r} with {key}.init_from {merged['init_from']!r}: a "
                 "warm start replaces every weight; give one of them"
             )
+        faults += _train_datasets_faults(f"{key}.datasets", merged, config)
 
     bench = _mapping(config.get("bench"))
     engines = bench.get("engines") if isinstance(bench.get("engines"), list) else []
@@ -481,6 +565,7 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
             "bench.openai.endpoint: bench.engines has openai; give the endpoint's base URL "
             "(e.g. http://host:8000/v1)"
         )
+    faults += _bench_drafters_faults(bench, ["base", *variants])
     if tuning.get("chain") not in (None, BASELINE):
         faults += _chain_fault("sglang.tuning.chain", tuning["chain"], hf=False)
 

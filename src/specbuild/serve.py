@@ -1,6 +1,7 @@
 """`make serve`: the command that serves the built drafter with SGLang, written as a script.
 
-    results/serve.sh  <-  bench.drafter (results/drafter/base/) + the sglang engine's bench rows
+    results/serve.sh  <-  the first benched drafter (results/drafter/base/ unless
+                          bench.variants says otherwise) + the sglang engine's rows of it
 
 The chain is the one the sglang engine measured fastest single-stream (the latency a
 speculative drafter is for: `bench.metrics` tokens/s over every set's requests); without

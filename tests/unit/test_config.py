@@ -324,3 +324,56 @@ def test_variants_keep_the_base_recipe_and_change_only_their_keys():
     assert list(variants) == ["base", "long"]
     assert variants["long"] == {**variants["base"], "epochs": 12}
     assert "variants" not in variants["base"]
+
+
+def test_the_bench_picks_variants_by_name_and_others_drafters_by_folder_never_clashing():
+    cfg = _default()
+    cfg["train"]["variants"] = {"long": {"epochs": 12}, "none": {"lr": 1e-3}}
+    cfg["bench"] |= {
+        "variants": ["base", "lnog"],
+        "drafters": {"long": "elsewhere/drafter", "theirs": "elsewhere/other"},
+        "sweep_drafters": ["theirs", "warm"],
+    }
+    faults = _faults(cfg)
+    assert any(
+        f.startswith("train.variants.none: the name is the bench's no-drafter") for f in faults
+    )
+    assert (
+        "bench.variants[1]: 'lnog' is no variant (variants: base, long, none); did you mean 'long'?"
+        in faults
+    )
+    assert "bench.drafters.long: the name is a variant's; give this drafter another" in faults
+    assert any(f.startswith("bench.sweep_drafters[1]: 'warm' is not benched") for f in faults)
+    assert not any(f.startswith("bench.drafters.theirs") for f in faults)
+
+
+def test_the_single_bench_drafter_keys_are_refused_naming_their_successors():
+    cfg = _default()
+    cfg["bench"] |= {"drafter": "results/drafter/base", "drafter_name": "mine"}
+    faults = _faults(cfg)
+    assert len(faults) == 2
+    assert faults[0].startswith("bench.drafter: moved to bench.variants (which of ours")
+    assert "bench.drafters (name: folder" in faults[0]
+    assert faults[1].startswith("bench.drafter_name: moved to the rows' `drafter`")
+
+
+def test_a_recipe_trains_only_on_datasets_of_the_config_and_never_on_the_held_out_one():
+    from specbuild.config_check import train_datasets, train_variants
+
+    cfg = _default()
+    cfg["train"] |= {"eval_set": "chat", "eval_fraction": 0}
+    cfg["train"]["variants"] = {
+        "mt": {"datasets": ["gsm8k", "chat"]},
+        "typo": {"datasets": ["gms8k"]},
+    }
+    faults = _faults(cfg)
+    assert faults == [
+        "train.variants.mt.datasets: 'chat' is train.eval_set, held out: never trained on",
+        "train.variants.typo.datasets: 'gms8k' is no dataset (datasets: gsm8k, chat); did you "
+        "mean 'gsm8k'?",
+    ]
+    cfg["train"]["variants"] = {"mt": {"datasets": ["gsm8k"]}}
+    check_config(cfg, schema=SCHEMA, source="test.yaml", workdir=REPO)
+    variants = train_variants(cfg)
+    assert train_datasets(cfg, variants["base"]) == ["gsm8k"]  # all but the held-out chat
+    assert train_datasets(cfg, variants["mt"]) == ["gsm8k"]

@@ -366,3 +366,74 @@ def test_the_variants_table_takes_each_variants_best_eval_row_and_names_its_chan
     assert table.loc[1, "acc 1"] == 0.6 and table.loc[1, "acc 2"] == 0.3
     assert (tmp_path / "variants.csv").exists() and (tmp_path / "variants.html").exists()
     assert (tmp_path / "variants.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_drafter_at_a_chain_is_its_own_line_and_train_vs_bench_keeps_the_trained_one():
+    rows = synthetic_rows() + [
+        row("gsm8k", "3-1-4", 30, 10, wall=1.0, prompt="a", drafter="d2"),
+        row("gsm8k", "3-1-4", 30, 20, wall=1.0, prompt="b", drafter="d2"),
+    ]
+    bench = build_bench(pd.DataFrame(rows))
+    lines = bench[bench["set"] == "gsm8k"][["config", "drafter", "accept_length"]]
+    assert lines.values.tolist() == [
+        ["baseline", "none", 1.0],
+        ["3-1-4", "d1", 64 / 24],
+        ["3-1-4", "d2", 60 / 30],  # not pooled with d1's requests
+    ]
+    t = build_train_vs_bench(bench, {"step": 9, "acc": [0.5], "acceptance_length": 1.5}, "d2")
+    assert list(t["drafter"]) == ["d2"] and list(t["accept_length"]) == [2.0]
+
+
+def test_with_several_drafters_each_chain_bar_is_labelled_with_its_drafter(drawn):
+    rows = synthetic_rows() + [row("gsm8k", "3-1-4", 30, 10, drafter="d2")]
+    plots.plot_acceptance(build_bench(pd.DataFrame(rows)), "unused.png")
+    labels = drawn[0].axes[-1].get_legend_handles_labels()[1] or [
+        t.get_text() for t in drawn[0].axes[-1].get_legend().get_texts()
+    ]
+    assert labels == ["3-1-4 d1", "3-1-4 d2"]
+
+
+def _variant_metrics(tmp_path, accs: dict[str, float]) -> dict:
+    metrics = {}
+    for name, a in accs.items():
+        metrics[name] = write_rows(
+            tmp_path / f"{name}.jsonl",
+            [{"step": 5, "epoch": 1, "tokens": 500, "acc": [a, a / 2], "tokens_per_s": 80.0,
+              "acceptance_length": 1 + a + a * a / 2}],
+        )  # fmt: skip
+    return metrics
+
+
+def test_the_variants_table_puts_each_engines_measured_acceptance_beside_the_simulated(tmp_path):
+    from specbuild.variants import write_variants
+
+    metrics = _variant_metrics(tmp_path, {"base": 0.5, "long": 0.8, "warm": 0.4})
+    served = [  # sglang counts verify steps but not positions; hf both
+        row("mt_bench", "3-1-4", 40, 20, engine="sglang", drafter="base", prompt="1"),
+        row("mt_bench", "3-1-4", 20, 5, engine="sglang", drafter="base", prompt="1", turn=2),
+        row("mt_bench", "3-1-4", 60, 20, engine="sglang", drafter="long", prompt="1"),
+        row("mt_bench", "3-1-4", 30, 10, engine="hf", drafter="base", accepted=[8, 2, 0]),
+    ]
+    files = [write_rows(tmp_path / f"rows{i}.jsonl", [r]) for i, r in enumerate(served)]
+    table = write_variants(
+        metrics=metrics,
+        changes={"long": {"epochs": 12}, "warm": {"init": "target_last_layer"}},
+        datasets={"base": ["gsm8k"], "long": ["gsm8k"], "warm": ["gsm8k", "chat_mt"]},
+        rows=files,
+        set_order=["mt_bench"],
+        table=tmp_path / "variants.md",
+        plot=tmp_path / "variants.png",
+    ).set_index("variant")
+    # Σcompletion/Σverify over both turns: (40 + 20) / (20 + 5)
+    assert table.loc["base", "sglang mt_bench 3-1-4"] == 60 / 25
+    assert table.loc["long", "sglang mt_bench 3-1-4"] == 3.0
+    assert pd.isna(table.loc["warm", "sglang mt_bench 3-1-4"])  # not benched: blank
+    assert table.loc["base", "hf mt_bench 3-1-4"] == 3.0
+    assert table.loc["base", "hf mt_bench 3-1-4 pos1"] == 0.8
+    assert "sglang mt_bench 3-1-4 pos1" not in table.columns  # sglang reports no positions
+    # training's estimate at the benched chain (3 drafts): 1 + .5 + .125 + .03125
+    assert table.loc["base", "simulated 3-1-4"] == 1 + 0.5 + 0.125 + 0.5 * 0.25 * 0.25
+    assert table.loc["warm", "datasets"] == "gsm8k, chat_mt"
+    md = (tmp_path / "variants.md").read_text()
+    assert "| long | epochs=12 | gsm8k |" in md
+    assert (tmp_path / "variants.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

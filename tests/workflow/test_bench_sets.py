@@ -28,7 +28,8 @@ def test_a_set_added_by_config_alone_gets_bench_jobs_and_reaches_the_tables(tmp_
     jobs = planned_jobs(workdir, "report")
     for engine in ("hf", "sglang"):
         for chain in ["baseline", *config["bench"]["chains"]]:
-            assert ("bench", f"engine={engine}, chain={chain}") in jobs
+            drafter = "none" if chain == "baseline" else "base"
+            assert ("bench", f"engine={engine}, drafter={drafter}, chain={chain}") in jobs
     assert ("bench_report", "") in jobs
     proc = snakemake(workdir, "--dry-run", "--cores", "1", "--printshellcmds", "report")
     assert "my_prompts.jsonl" in proc.stdout  # the set's file is an input of every bench job

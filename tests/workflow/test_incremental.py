@@ -5,10 +5,11 @@ dry-run, and, where it runs them, that every other file kept its mtime and conte
 runs for real on a copy of the built workflow; setting changes are dry-runs against it.
 
 What the stages after the shards read (so what a change must rerun):
-  vocab    every tokenized shard             align   the first hidden shard of each dataset
-  train    every hidden shard, vocab, align  export  train (both per variant)
-  variants every variant's train metrics
-  bench    a drafter chain: export; baseline: only the target and the prompts
+  vocab    every tokenized shard of the base recipe's datasets
+  align    the first hidden shard of each dataset (but those only a variant trains on)
+  train    its variant's datasets' hidden shards, vocab, align   export  train (per variant)
+  bench    a drafter chain: its variant's export; baseline: only the target and the prompts
+  variants every variant's train metrics and its bench rows
   bench_report      every bench row file and train's metrics
   pipeline_report   every samples, generated, tokenized and hidden shard, vocab, align, train
   check_rejects  one shard's counts (the next stage waits for it)
@@ -16,6 +17,8 @@ What the stages after the shards read (so what a change must rerun):
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from workflow_helpers import (
@@ -59,7 +62,9 @@ def is_drafter_dependent(job: tuple[str, str]) -> bool:
 
 
 def is_benchmarking(job: tuple[str, str]) -> bool:
-    return job[0] in {"bench", "bench_report"}
+    """The bench jobs and the tables of their rows (the variants table shows the measured
+    acceptance of each variant)."""
+    return job[0] in {"bench", "bench_report", "variants"}
 
 
 def reads_tokens(job: tuple[str, str]) -> bool:
@@ -147,13 +152,13 @@ def test_training_hyperparameter_reruns_train_export_and_the_drafter_benches(
     # The no-drafter baseline bench reads only the target and the prompts: it stays.
     jobs = dry_run_with(built_workflow, tmp_path, train={"lr": 3e-3})
     assert jobs == expected_jobs(built_workflow, None, [], is_drafter_dependent)
-    assert ("bench", "engine=hf, chain=2-1-3") in jobs
+    assert ("bench", "engine=hf, drafter=base, chain=2-1-3") in jobs
 
 
 def test_benchmark_setting_reruns_only_benchmarking(built_workflow, tmp_path):
     jobs = dry_run_with(built_workflow, tmp_path, bench={"max_new_tokens": 12})
     assert jobs == expected_jobs(built_workflow, None, [], is_benchmarking)
-    assert ("bench", "engine=hf, chain=baseline") in jobs
+    assert ("bench", "engine=hf, drafter=none, chain=baseline") in jobs
 
 
 def test_appending_records_reruns_only_the_partial_and_new_shards(built_workflow, tmp_path):
@@ -270,24 +275,101 @@ def test_a_shard_over_its_limit_stops_before_generate_and_a_raised_limit_reruns_
     assert (workdir / target).exists()
 
 
-def test_adding_a_variant_runs_only_its_training_and_export_and_removing_it_nothing_else(
+def test_adding_a_variant_runs_only_its_training_export_and_benches_and_removing_it_only_tables(
     built_workflow, tmp_path
 ):
-    # The shards, vocab, base drafter and benches stay; the table compares one more variant.
-    jobs = dry_run_with(built_workflow, tmp_path, train={"variants": {"long": {"epochs": 2}}})
-    assert jobs == [("export", "variant=long"), ("train", "variant=long"), ("variants", "")]
+    # The shards, vocab, base drafter and benches stay; the tables compare one more variant.
+    long = {"variants": {"long": {"epochs": 2}}}
+    jobs = dry_run_with(built_workflow, tmp_path, train=long)
+    assert jobs == [
+        ("bench", "engine=hf, drafter=long, chain=2-1-3"),
+        ("bench_report", ""),
+        ("export", "variant=long"),
+        ("train", "variant=long"),
+        ("variants", ""),
+    ]
     workdir = copy_workdir(built_workflow.workdir, tmp_path / "wf")
-    with_long = write_config(
-        tmp_path, tiny_config(train={"variants": {"long": {"epochs": 2}}}), name="long.yaml"
-    )
-    before = {stage: results_state(workdir, stage) for stage in ("hidden", "vocab", "drafter")}
+    with_long = write_config(tmp_path, tiny_config(train=long), name="long.yaml")
+    kept = ("hidden", "vocab", "drafter", "bench")
+    before = {stage: results_state(workdir, stage) for stage in kept}
     snakemake(workdir, "--cores", "2", "--configfile", str(with_long))
     assert results_state(workdir, "hidden") == before["hidden"]
     assert results_state(workdir, "vocab") == before["vocab"]
     drafters = results_state(workdir, "drafter")
     assert {k: v for k, v in drafters.items() if "/base/" in k} == before["drafter"]
     assert "results/drafter/long/model.safetensors" in drafters
+    benches = results_state(workdir, "bench")
+    assert {k: v for k, v in benches.items() if "/long/" not in k} == before["bench"]
+    long_rows = list(read_jsonl(workdir / "results/bench/hf/long/2-1-3.jsonl"))
+    assert long_rows and {r["drafter"] for r in long_rows} == {"long"}
     table = (workdir / "results" / "tables" / "variants.md").read_text()
     assert "| base |" in table and "| long |" in table and "epochs=2" in table
-    # back to the built config: only the table is rewritten, without the removed variant
-    assert planned_jobs(workdir) == [("variants", "")]
+    assert "hf gsm8k 2-1-3" in table  # the measured acceptance beside training's estimate
+    bench_table = (workdir / "results" / "tables" / "bench.md").read_text()
+    assert "| hf | gsm8k | 2-1-3 | long |" in bench_table
+    # back to the built config: only the tables are rewritten, without the removed variant
+    assert planned_jobs(workdir) == [("bench_report", ""), ("variants", "")]
+
+
+def test_a_variant_left_out_of_bench_variants_is_trained_and_tabled_but_never_benched(
+    built_workflow, tmp_path
+):
+    jobs = dry_run_with(
+        built_workflow,
+        tmp_path,
+        train={"variants": {"long": {"epochs": 2}}},
+        bench={"variants": ["base"]},
+    )
+    assert jobs == [("export", "variant=long"), ("train", "variant=long"), ("variants", "")]
+    # and benching only the new one drops base's rows from the tables, rerunning no bench
+    jobs = dry_run_with(
+        built_workflow,
+        tmp_path,
+        train={"variants": {"long": {"epochs": 2}}},
+        bench={"variants": ["long"]},
+    )
+    assert ("bench", "engine=hf, drafter=long, chain=2-1-3") in jobs
+    assert not [j for j in jobs if j[0] == "bench" and "drafter=long" not in j[1]]
+
+
+def test_a_variant_training_on_one_more_dataset_adds_its_shards_and_reruns_nothing_of_base(
+    built_workflow, tmp_path
+):
+    # The base recipe names its datasets, so the new one is the variant's alone: the shared
+    # vocabulary, the alignment gate and the base drafter stay.
+    workdir = copy_workdir(built_workflow.workdir, tmp_path / "wf")
+    extra = workdir / "raw" / "extra.jsonl"
+    extra.write_text("".join(f'{{"prompt": "{p}"}}\n' for p in ["Spell cat.", "Add 1 and 1."]))
+    config = tiny_config(
+        datasets={"extra": {"path": "raw/extra.jsonl", "format": "prompt", "shard_size": 4}},
+        train={"datasets": [DATASET], "variants": {"more": {"datasets": [DATASET, "extra"]}}},
+    )
+    changed = write_config(tmp_path, config, name="more.yaml")
+    jobs = planned_jobs(workdir, "--configfile", str(changed))
+    extra_shard = "dataset=extra, shard=00000"
+    assert jobs == sorted(
+        [(stage, extra_shard) for stage in SHARD_STAGES]
+        + [("check_rejects", f"stage={stage}, {extra_shard}") for stage in CHECKED.values()]
+        + [("reject_table", ""), ("pipeline_report", "")]
+        + [("train", "variant=more"), ("export", "variant=more")]
+        + [("bench", "engine=hf, drafter=more, chain=2-1-3")]
+        + [("bench_report", ""), ("variants", "")]
+    )
+    snakemake(workdir, "variants", "--cores", "2", "--configfile", str(changed))
+    trained = {
+        v: int(re.search(r"(\d+) train / ", (workdir / f"logs/train/{v}.log").read_text())[1])
+        for v in ("base", "more")
+    }
+    assert trained["more"] == trained["base"] + 2  # the two extra prompts, trained on
+    table = (workdir / "results" / "tables" / "variants.md").read_text()
+    assert f'| more | datasets=["{DATASET}", "extra"] | {DATASET}, extra |' in table
+
+
+def test_a_drafter_built_elsewhere_is_benched_beside_ours_and_rewrites_only_the_bench_tables(
+    built_workflow, tmp_path
+):
+    # any exported folder works; the base drafter's stands in for another trainer's export
+    jobs = dry_run_with(
+        built_workflow, tmp_path, bench={"drafters": {"theirs": "results/drafter/base/"}}
+    )
+    assert jobs == [("bench", "engine=hf, drafter=theirs, chain=2-1-3"), ("bench_report", "")]

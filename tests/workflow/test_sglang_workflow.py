@@ -71,10 +71,10 @@ def test_sglang_stages_run_end_to_end_against_the_stub(tmp_path, target_dir):
     assert meta["backend"] == "hf" and tensors["aux"].shape[1] == 3 * 576
     assert tensors["last"].shape[0] == tensors["input_ids"].shape[0]
 
-    rows = list(read_jsonl(wd / "results/bench/sglang/baseline.jsonl"))
+    rows = list(read_jsonl(wd / "results/bench/sglang/none/baseline.jsonl"))
     assert {(r["config"], r["accept_length"]) for r in rows} == {("baseline", 1.0)}
     assert {r["phase"] for r in rows} == {"bench", "sweep"}
-    assert "| sglang | baseline | 2 |" in (wd / "results/tables/sweep.md").read_text()
+    assert "| sglang | baseline | none | 2 |" in (wd / "results/tables/sweep.md").read_text()
     rows = {r["point"]: r for r in (read_json(p) for p in (wd / "results/tuning").glob("*.json"))}
     assert rows["base"]["status"] == "ok" and rows["typo"]["status"] == "rejected"
     assert json.loads(rows["base"]["server_args"]) == {"attention_backend": "triton"}
@@ -111,7 +111,7 @@ def test_openai_endpoint_key_never_reaches_params_metadata_or_logs(
         snakemake(wd, "--cores", "1", *outputs)
     rows = list(read_jsonl(wd / "results/generated/tiny/00000.jsonl"))
     assert rows and all(r["finish_reason"] in ("stop", "length") for r in rows)
-    assert "| vllm | baseline | 2 |" in (wd / "results/tables/sweep.md").read_text()
+    assert "| vllm | baseline | none | 2 |" in (wd / "results/tables/sweep.md").read_text()
     leaks = [
         p
         for p in wd.rglob("*")
@@ -152,3 +152,48 @@ def test_gpu_jobs_pin_distinct_devices_and_their_servers_see_only_those(
         pinned = re.search(r"pinned to GPU\(s\) (\S+) \(of 5,6\)", text)
         assert pinned and pinned.group(1) in ("5", "6"), text[-2000:]
         assert f"(CUDA_VISIBLE_DEVICES={pinned.group(1)})" in text  # the server inherited it
+
+
+def test_each_drafter_is_served_by_its_own_server_and_only_the_named_ones_sweep(
+    tmp_path, target_dir, random_drafter
+):
+    from workflow_helpers import REPO, make_workdir, snakemake, tiny_config, write_config
+
+    launcher = [sys.executable, str(REPO / "tests" / "stubs" / "sglang_stub.py")]
+    wd = make_workdir(tmp_path / "wf", target_dir)
+    if not (wd / "envs").exists():
+        shutil.copytree(REPO / "envs", wd / "envs")
+    folder = random_drafter(tmp_path / "theirs", read_json(target_dir / "config.json"), [1, 14, 26])
+    config = tiny_config()
+    mt = {"path": "resources/bench/mt_bench.jsonl", "format": "turns", "id_key": "question_id"}
+    config["bench"] = {
+        "engines": ["sglang"],
+        "chains": ["3-1-4"],
+        "variants": [],  # none of ours: nothing to train first
+        "drafters": {"theirs": str(folder), "again": str(folder)},
+        "sweep_drafters": ["theirs"],
+        "sets": {"mt": {**mt, "limit": 1}},
+        "max_new_tokens": 8,
+        "concurrency": [2],
+        "sweep_min_requests": 2,
+    }
+    config["report"] = {"train_metrics": None}
+    config["sglang"] = {"launcher": launcher, "startup_timeout_s": 30}
+    write_config(wd, config)
+    snakemake(wd, "--cores", "2", "results/tables/sweep.md")
+
+    phases = {
+        run: {
+            (r["drafter"], r["phase"]) for r in read_jsonl(wd / f"results/bench/sglang/{run}.jsonl")
+        }
+        for run in ("none/baseline", "theirs/3-1-4", "again/3-1-4")
+    }
+    assert phases == {
+        "none/baseline": {("none", "bench"), ("none", "sweep")},
+        "theirs/3-1-4": {("theirs", "bench"), ("theirs", "sweep")},
+        "again/3-1-4": {("again", "bench")},  # not in sweep_drafters: single stream only
+    }
+    bench = (wd / "results/tables/bench.md").read_text()
+    assert (
+        "| sglang | mt | 3-1-4 | theirs |" in bench and "| sglang | mt | 3-1-4 | again |" in bench
+    )

@@ -14,12 +14,14 @@
 # Each call runs snakemake for at most SPECBUILD_BUDGET_S seconds (the device's limit is
 # 600 s per command), stops it cleanly (servers included), and resumes where it stopped on
 # the next call; results/ stays on the machine between calls. Extra arguments go to
-# snakemake (targets such as `align`, `bench_report`, `tuning_report`,
-# `results/bench/sglang/3-1-4.jsonl`, or flags); a run that finishes also writes
-# results/report.html (every table and plot of the example).
+# snakemake (targets such as `align`, `bench_report`, `tuning_report`, `variants`,
+# `results/bench/sglang/base/3-1-4.jsonl` (engine/drafter/chain; the baseline is
+# none/baseline.jsonl), or flags); a run that finishes also writes results/report.html (every
+# table and plot of the example, the variants table among them).
 # Every GPU of the machine is a schedulable resource; each GPU job pins its own device ids
 # (specbuild.gpus), so on nvidia-h200-x2 two servers run side by side. SPECBUILD_TRAIN_NPROC=2
-# trains with torchrun on both GPUs (the config's train.nproc, overridden in a derived copy).
+# trains with torchrun on both GPUs (the config's train.nproc, overridden in a derived copy;
+# every variant inherits it): with several variants leave it unset, so two train at once.
 # Tables, plots and logs come back in $OUT: summary.md, snakemake.log, specbuild-h200.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -61,7 +63,9 @@ fi
   for t in results/tables/*.md; do [ -f "$t" ] && { echo; echo "## $t"; cat "$t"; }; done
   echo; echo '## snakemake summary'; python3 -m snakemake --configfile "$CONFIG" --summary 2>/dev/null | cut -f1,4,5 | head -80
 } > "$OUT/summary.md"
-tar -czf "$OUT/specbuild-h200.tar.gz" --exclude='*.safetensors' logs results/tables results/plots \
-  results/align results/tuning results/generated results/bench results/report.html 2>/dev/null
+# results/train without checkpoints: each variant's metrics.jsonl and TensorBoard curves
+tar -czf "$OUT/specbuild-h200.tar.gz" --exclude='*.safetensors' --exclude='results/train/*/state' \
+  logs results/tables results/plots results/align results/tuning results/generated results/bench \
+  results/train results/report.html 2>/dev/null
 if [ "$rc" -eq 0 ]; then echo "specbuild: done"; else echo "specbuild: rc=$rc (124: budget reached; call again to resume)"; fi
 exit "$rc"

@@ -4,7 +4,8 @@ An engine (`hf` in the job, `sglang` behind a server the job starts, `openai` be
 endpoint) implements `BenchEngine.complete` and nothing else; turns, timing, the sweep and the
 row format are written once, here. Every table and plot reads only these rows (`bench.metrics`).
 
-Row schema (`results/bench/{engine}/{config}.jsonl`; every key present, null where unknown):
+Row schema (`results/bench/{engine}/{drafter}/{config}.jsonl`, the baseline's drafter `none`;
+every key present, null where unknown):
 
   set                    str    benchmark set name (config `bench.sets` key)
   prompt_id              str    the prompt's id in its set
@@ -15,7 +16,8 @@ Row schema (`results/bench/{engine}/{config}.jsonl`; every key present, null whe
   engine                 str    "hf", "sglang", or the openai endpoint's name ("vllm", ...)
   device                 str    where it ran ("cpu", "cuda (NVIDIA H200)", an endpoint's host)
   config                 str    chain "steps-topk-draft_tokens" (e.g. "3-1-4") or "baseline"
-  drafter                str    drafter name ("none" for the baseline)
+  drafter                str    drafter name: the variant's, a bench.drafters key ("none" for the
+                                baseline)
   completion_tokens      int    tokens generated (the first one comes from prefill)
   verify_steps           int    target verify forwards (SGLang's spec_verify_ct); null for the
                                 baseline and for engines that do not report it

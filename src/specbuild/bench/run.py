@@ -1,6 +1,7 @@
 """Stage `bench`: one engine at one config (a chain, or the baseline without a drafter) over
 every benchmark set, one request at a time, then the throughput sweep of a served engine; all
-of it as rows of one file (`results/bench/{engine}/{config}.jsonl`, schema in `bench.rows`).
+of it as rows of one file (`results/bench/{engine}/{drafter}/{config}.jsonl`, schema in
+`bench.rows`).
 
 Engines (config `bench.engines`), chosen here at construction and nothing else:
 

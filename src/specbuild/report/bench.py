@@ -19,9 +19,12 @@ def write_bench_report(
     set_order: Sequence[str],
     outputs: Sequence[str | os.PathLike],
     train_metrics: str | os.PathLike | None = None,
+    train_drafter: str | None = None,
 ) -> dict:
     """Write bench, positions, latency (+ sweep, train_vs_bench) tables and their plots into
-    the folders of the declared `outputs`; raise if one of those was not written."""
+    the folders of the declared `outputs`; raise if one of those was not written.
+    `train_drafter` names the drafter `train_metrics` trained (None: unknown, every drafter's
+    rows sit beside it)."""
     tables_dir, plots_dir = tables.output_folders(outputs)
     df = tables.read_rows(rows)
     out = {
@@ -35,7 +38,7 @@ def write_bench_report(
         out["sweep"] = tables.build_sweep(df)
     if train_metrics:
         best = tables.best_train_row(train_metrics)
-        out["train_vs_bench"] = tables.build_train_vs_bench(out["bench"], best)
+        out["train_vs_bench"] = tables.build_train_vs_bench(out["bench"], best, train_drafter)
     for name, table in out.items():
         tables.write_table(table, Path(tables_dir) / name)
     figures = Path(plots_dir)

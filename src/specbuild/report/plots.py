@@ -11,7 +11,8 @@ train.png       training loss, per-step accuracy and simulated acceptance length
 
 Every panel (or the sweep's and tuning's title) names the engine and the device its rows name,
 the one actually used. Sets keep their configured order; configs the baseline first, then
-chains by size, each chain one colour in every panel under one legend beside the panels.
+chains by size, each chain one colour in every panel under one legend beside the panels;
+with several drafters benched, each drafter at each chain ("3-1-4 long") is one.
 """
 
 from __future__ import annotations
@@ -136,11 +137,22 @@ def _headroom(axes, *columns: pd.Series) -> None:
         ax.set_ylim(0, 1.15 * top)
 
 
+def _by_drafter(table: pd.DataFrame) -> pd.DataFrame:
+    """`config` labelled with its drafter ("3-1-4 long") where several drafters were benched,
+    so each (drafter, chain) is its own bar, line and colour; as is with one drafter."""
+    drafted = table["config"] != BASELINE
+    if table.loc[drafted, "drafter"].nunique() <= 1:
+        return table
+    label = table["config"].where(~drafted, table["config"] + " " + table["drafter"])
+    return table.assign(config=label)
+
+
 def _num(v: Any) -> float:
     return float("nan") if v is None or pd.isna(v) else float(v)
 
 
 def plot_acceptance(bench: pd.DataFrame, path: str | os.PathLike) -> None:
+    bench = _by_drafter(bench)
     spec = bench[(bench["config"] != BASELINE) & bench["accept_length"].notna()]
     engines = list(dict.fromkeys(spec["engine"]))
     fig, axes = _panels(len(engines))
@@ -162,6 +174,7 @@ def plot_acceptance(bench: pd.DataFrame, path: str | os.PathLike) -> None:
 
 
 def plot_positions(positions: pd.DataFrame, bench: pd.DataFrame, path: str | os.PathLike) -> None:
+    positions, bench = _by_drafter(positions), _by_drafter(bench)
     engines = list(dict.fromkeys(positions["engine"]))
     fig, axes = _panels(len(engines))
     colors = _colors(positions["config"])
@@ -195,6 +208,7 @@ def plot_positions(positions: pd.DataFrame, bench: pd.DataFrame, path: str | os.
 
 
 def plot_speedup(bench: pd.DataFrame, path: str | os.PathLike) -> None:
+    bench = _by_drafter(bench)
     spec = bench[(bench["config"] != BASELINE) & bench["speedup"].notna()]
     engines = list(dict.fromkeys(spec["engine"]))
     fig, axes = _panels(len(engines))
@@ -215,6 +229,7 @@ def plot_speedup(bench: pd.DataFrame, path: str | os.PathLike) -> None:
 
 
 def plot_sweep(sweep: pd.DataFrame, path: str | os.PathLike) -> None:
+    sweep = _by_drafter(sweep)
     data = sweep.assign(
         line=sweep["engine"] + " " + sweep["config"], itl_ms=sweep["itl_s_p50"] * 1e3
     )

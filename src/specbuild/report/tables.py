@@ -4,15 +4,19 @@ bench tables built from the per-request rows (schema: `specbuild.bench.rows`).
 Every number comes from `specbuild.bench.metrics`, group by group, and the plots draw these
 tables, so tables and figures agree:
 
-  bench           one line per engine, set and config: acceptance length with its interval,
+  bench           one line per engine, set, config and drafter: acceptance length with its
+                  interval,
                   acceptance per draft position, tokens/s, speedup over the same engine's
                   baseline on the set
   positions       the per-position acceptance in long form
-  latency         TTFT and ITL mean, p50, p90, p99 per engine, set and config
-  sweep           per engine, config and concurrency: output tokens/s, acceptance, latencies
-  train_vs_bench  measured acceptance length beside training's simulated one
+  latency         TTFT and ITL mean, p50, p90, p99 per engine, set, config and drafter
+  sweep           per engine, config, drafter and concurrency: output tokens/s, acceptance,
+                  latencies
+  train_vs_bench  the base recipe's measured acceptance length beside training's simulated one
+                  (every variant's: specbuild.variants)
 
-Lines are ordered engines, sets and configs as configured (the baseline first, then chains).
+Lines are ordered engines, sets and configs as configured (the baseline first, then chains),
+then drafters as benched (bench.variants, then bench.drafters).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ __all__ = [
     "check_written",
 ]
 
-GROUP_KEYS = ["engine", "set", "config"]
+GROUP_KEYS = ["engine", "set", "config", "drafter"]
 LATENCY_COLUMNS = [f"{m}_{s}" for m in ("ttft_s", "itl_s") for s in ("mean", "p50", "p90", "p99")]
 
 
@@ -64,11 +68,13 @@ def read_rows(paths: Sequence[str | os.PathLike]) -> pd.DataFrame:
 
 
 def _ordered(df: pd.DataFrame, set_order: Sequence[str] | None = None) -> pd.DataFrame:
-    """Engines in order of appearance, sets in `set_order`, configs baseline first."""
+    """Engines in order of appearance, sets in `set_order`, configs baseline first, drafters
+    in order of appearance (the row files' order)."""
     keys = {
         "engine": list(dict.fromkeys(df["engine"])),
         "set": list(set_order or dict.fromkeys(df["set"])),
         "config": chain_order(df["config"]),
+        "drafter": list(dict.fromkeys(df["drafter"])),
     }
     order = [k for k in keys if k in df.columns]
     cat = df.assign(**{k: pd.Categorical(df[k], keys[k], ordered=True) for k in order})
@@ -82,27 +88,24 @@ def _groups(rows: pd.DataFrame, keys: list[str]):
 
 
 def build_bench(rows: pd.DataFrame, set_order: Sequence[str] | None = None) -> pd.DataFrame:
-    """Phase-bench rows per engine, set and config, with the speedup over that engine's
-    baseline on the set (none without one)."""
+    """Phase-bench rows per engine, set, config and drafter, with the speedup over that
+    engine's baseline on the set (none without one)."""
     out = []
     for key, group in _groups(rows[rows["phase"] == "bench"], GROUP_KEYS):
-        first = group[0]
-        out.append(
-            key | {"drafter": first["drafter"], "device": first["device"]} | summarize(group)
-        )
+        out.append(key | {"device": group[0]["device"]} | summarize(group))
     table = pd.DataFrame(out)
     base = table[table["config"] == BASELINE].set_index(["engine", "set"])["tokens_per_s"]
     table["speedup"] = [
         speedup(r.tokens_per_s, base.get((r.engine, r.set))) for r in table.itertuples()
     ]
     pos = sorted((c for c in table if c.startswith("accept_pos")), key=lambda c: int(c[10:]))
-    lead = GROUP_KEYS + ["drafter", "device", "requests", "completion_tokens", "verify_steps"]
+    lead = GROUP_KEYS + ["device", "requests", "completion_tokens", "verify_steps"]
     lead += ["accept_length", "accept_length_lo", "accept_length_hi"]
     return _ordered(table[lead + pos + ["tokens_per_s", "speedup"]], set_order)
 
 
 def build_positions(bench: pd.DataFrame) -> pd.DataFrame:
-    """Long form of the per-position acceptance: engine, set, config, position, rate."""
+    """Long form of the per-position acceptance: engine, set, config, drafter, position, rate."""
     cols = [c for c in bench.columns if c.startswith("accept_pos")]
     long = bench.melt(id_vars=GROUP_KEYS, value_vars=cols, var_name="position", value_name="rate")
     long = long.dropna(subset=["rate"])
@@ -113,7 +116,8 @@ def build_positions(bench: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_latency(rows: pd.DataFrame, set_order: Sequence[str] | None = None) -> pd.DataFrame:
-    """TTFT and ITL statistics of the phase-bench requests per engine, set and config."""
+    """TTFT and ITL statistics of the phase-bench requests per engine, set, config and
+    drafter."""
     out = [
         key | {"requests": len(group)} | {k: summarize(group)[k] for k in LATENCY_COLUMNS}
         for key, group in _groups(rows[rows["phase"] == "bench"], GROUP_KEYS)
@@ -122,8 +126,9 @@ def build_latency(rows: pd.DataFrame, set_order: Sequence[str] | None = None) ->
 
 
 def build_sweep(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per engine, config and concurrency level: output throughput and the requests' numbers."""
-    keys = ["engine", "config", "concurrency"]
+    """Per engine, config, drafter and concurrency level: output throughput and the requests'
+    numbers."""
+    keys = ["engine", "config", "drafter", "concurrency"]
     out = []
     for key, group in _groups(rows[rows["phase"] == "sweep"], keys):
         s = summarize(group)
@@ -162,9 +167,14 @@ def simulated_accept_length(train_row: dict, steps: int) -> float:
     return total
 
 
-def build_train_vs_bench(bench: pd.DataFrame, train_row: dict) -> pd.DataFrame:
-    """Measured acceptance length per engine, set and chain beside training's simulated one."""
+def build_train_vs_bench(
+    bench: pd.DataFrame, train_row: dict, drafter: str | None = None
+) -> pd.DataFrame:
+    """Measured acceptance length per engine, set and chain beside training's simulated one,
+    of the rows of `drafter` (the drafter `train_row` trained; None: every drafter's)."""
     spec = bench[(bench["config"] != BASELINE) & bench["accept_length"].notna()]
+    if drafter is not None:
+        spec = spec[spec["drafter"] == drafter]
     cols = GROUP_KEYS + ["requests", "accept_length", "accept_length_lo", "accept_length_hi"]
     out = spec[cols].copy().reset_index(drop=True)
     out["simulated_accept_length"] = [
