@@ -104,6 +104,24 @@ def test_the_peak_comes_from_the_device_name_and_a_cpu_has_none():
     assert peak_tflops("cpu") is None
 
 
+def test_steady_leaves_out_windows_that_compiled_a_graph():
+    """A new padded length compiles the fused attention mid-run (one-time seconds): the steady
+    rate measures the training, the all-step rate keeps every window."""
+    speed = Throughput("NVIDIA H200", 1, 989.5)
+    speed.windows += [
+        Window(0, 1, 5, tokens=1_000, flops=10**15, seconds=10.0, compiled=1),
+        Window(0, 6, 10, tokens=4_000, flops=10**15, seconds=2.0),
+        Window(0, 11, 15, tokens=4_000, flops=10**15, seconds=8.0, compiled=1),
+        Window(1, 16, 20, tokens=4_000, flops=10**15, seconds=2.0),
+    ]
+    steady = speed.rates(speed.steady())
+    assert steady["steps"] == 10 and steady["tokens_per_s"] == 2_000 and steady["compiled"] == 0
+    assert speed.rates()["compiled"] == 2 and speed.rates()["tokens"] == 13_000
+    only_compiling = Throughput("NVIDIA H200", 1, 989.5)
+    only_compiling.windows += speed.windows[:1] + speed.windows[2:3]
+    assert only_compiling.steady() == [speed.windows[2]]  # nothing better to report
+
+
 def test_mfu_divides_by_every_ranks_peak_and_leaves_the_warmup_window_out():
     speed = Throughput("NVIDIA H200", 2, 989.5)
     speed.windows += [

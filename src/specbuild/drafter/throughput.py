@@ -6,8 +6,10 @@
 Seconds are wall time of optimizer steps, eval and checkpoints excluded, measured in windows
 that close at the trainer's progress lines (every `log_interval` steps and at each epoch's end);
 on CUDA a window closes only after the device has finished its queued work. The first window is
-warm-up (CUDA context, allocator growth, kernel selection): `steady` leaves it out, and the
-bench (`make bench-train`) reports the steady figures.
+warm-up (CUDA context, allocator growth, kernel selection), and a later window in which
+torch.compile compiled a graph (the fused attention meeting a new padded length: a one-time
+cost of the run, seconds against hours) measures the compiler: `steady` leaves both out, and
+the bench (`make bench-train`) reports the steady figures beside the all-step ones.
 """
 
 from __future__ import annotations
@@ -56,8 +58,10 @@ class Throughput:
         }
 
     def steady(self) -> list[Window]:
-        """Every window but the first (warm-up), or the only one there is."""
-        return self.windows[1:] or self.windows
+        """Every window but the first (warm-up) and those that compiled a graph; the first
+        compile-free one where that leaves none, or the only one there is."""
+        later = self.windows[1:]
+        return [w for w in later if not w.compiled] or later[:1] or self.windows
 
     def result(self, **context: object) -> dict:
         """The bench's JSON: steady and all-step rates, every window, and `context`."""
