@@ -50,8 +50,11 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 GPUS=$(nvidia-smi -L | grep -c '^GPU ')
 
 # greedy scheduler: the ILP one needs pulp (16 MB of solver binaries) for no gain here.
+# The base recipe's drafter first: a budget that runs out leaves variants, not the recipe, unbuilt
+# (the sixth session's hold trained two variants and never started base).
 timeout -s TERM -k 45 "$BUDGET_S" python3 -m snakemake --configfile "$CONFIG" --cores 16 \
-  --resources gpu="$GPUS" --scheduler greedy --rerun-incomplete --keep-going "$@" \
+  --resources gpu="$GPUS" --scheduler greedy --rerun-incomplete --keep-going \
+  --prioritize results/drafter/base/model.safetensors "$@" \
   2>&1 | tee "$OUT/snakemake.log"
 rc=${PIPESTATUS[0]}
 if [ "$rc" -eq 0 ]; then
