@@ -15,7 +15,9 @@ rule generate:
         "logs/generate/{dataset}/{shard}.log",
     conda:
         engine_env(config["generate"]["backend"])
-    threads: 2
+    # one torch thread: a second one sped a 32-prompt decode up 1.3x, two shards side by
+    # side on 2 cores 2x (BENCHMARKS.md, `make run`)
+    threads: 1
     resources:
         gpu=generate_gpus(),
         mem_mb=4000,
