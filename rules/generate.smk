@@ -15,8 +15,8 @@ rule generate:
         "logs/generate/{dataset}/{shard}.log",
     conda:
         engine_env(config["generate"]["backend"])
-    # one torch thread: a second one sped a 32-prompt decode up 1.3x, two shards side by
-    # side on 2 cores 2x (BENCHMARKS.md, `make run`)
+    # one torch thread: a second one sped a 32-prompt decode up only 1.3-1.4x, so two shards
+    # side by side, a thread each, use 2 cores better (BENCHMARKS.md, `make run`)
     threads: 1
     resources:
         gpu=generate_gpus(),
