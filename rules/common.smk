@@ -6,12 +6,6 @@ from specbuild.config_check import ConfigError, check_config, train_variants
 from specbuild.rejects import check_rejected_share
 from specbuild.samples import record_digests
 
-# Torch's OpenMP threads spin while they wait for each other; on cores shared with other jobs
-# or other users the spinning starves the thread being waited for: a 2-thread generate batch
-# ran 5.7x slower under load 4 than with passive waits (BENCHMARKS.md, `make run`). Every job
-# inherits this; a value already in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 
 def config_source():
     """The config as given, for messages: its file(s) and the keys --config overrides."""
