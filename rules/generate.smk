@@ -15,8 +15,9 @@ rule generate:
         "logs/generate/{dataset}/{shard}.log",
     conda:
         engine_env(config["generate"]["backend"])
-    # one torch thread: a second one sped a 32-prompt decode up only 1.3-1.4x, so two shards
-    # side by side, a thread each, use 2 cores better (BENCHMARKS.md, `make run`)
+    # one torch thread: two spinning threads decoded 32 prompts 4x slower than one under
+    # load 4 (1.3x faster with passive waits), so two shards side by side, a thread each
+    # (BENCHMARKS.md, `make run`)
     threads: 1
     resources:
         gpu=generate_gpus(),
