@@ -44,7 +44,10 @@ rule synthesize:
         dataset=datasets_regex(synthetic=True),
     conda:
         engine_env(config["generate"]["backend"])
-    threads: 2
+    # one torch thread: two spinning threads decoded 32 prompts 4x slower than one under
+    # load 4 (1.3x faster with passive waits), so two shards side by side, a thread each
+    # (BENCHMARKS.md, `make run`)
+    threads: 1
     resources:
         gpu=generate_gpus(),
         mem_mb=4000,
