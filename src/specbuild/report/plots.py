@@ -277,7 +277,8 @@ def plot_train(evals: pd.DataFrame, loss: pd.DataFrame, path: str | os.PathLike)
     if len(loss):
         axes[0].plot(loss["step"], loss["loss"], lw=1, label="train (progress lines)")
     axes[0].plot(evals["step"], evals["eval_loss"], "o-", label="eval")
-    axes[0].set(title="loss", xlabel="optimizer step", ylabel="loss")
+    # log scale: the first steps' loss is several times the rest and would flatten the curve
+    axes[0].set(title="loss (log scale)", xlabel="optimizer step", ylabel="loss", yscale="log")
     axes[0].legend(fontsize=8)
     for col in [c for c in evals.columns if c.startswith("acc_")]:
         axes[1].plot(evals["step"], evals[col], "o-", label=f"step {col[4:]}")
