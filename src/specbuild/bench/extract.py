@@ -114,7 +114,7 @@ def _extract_run(
                     "in_backend": written.forward_s,
                     "waiting_for_host_copies": written.wait_s,
                     "seal": written.seal_s,
-                    **{f"sglang_{k}": after[k] - before[k] for k in after},
+                    **_host_delta(before, after),
                 }
             )
         sizes[storage] = os.path.getsize(path) / shard.num_tokens
@@ -287,9 +287,7 @@ def run_sglang_extract_bench(
                 runner.prefill(batch, capture=False)
             torch.cuda.synchronize()
             after = host()
-            phases.setdefault("sglang_bare", []).append(
-                {f"sglang_{k}": after[k] - before[k] for k in after}
-            )
+            phases.setdefault("sglang_bare", []).append(_host_delta(before, after))
 
         def extract(backend, storage: str) -> Callable[[], None]:
             return _extract_run(
@@ -349,6 +347,11 @@ def run_sglang_extract_bench(
         "seconds_best": {k: round(min(v), 3) for k, v in wall.items()},
         "repeats": repeats,
     }
+
+
+def _host_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The SGLang runner's host seconds (`SGLangRunner.host_s`) spent between two readings."""
+    return {f"sglang_{k}": after[k] - before[k] for k in after}
 
 
 def _best(times: list[float]) -> int:

@@ -53,7 +53,6 @@ __all__ = [
     "Features",
     "BACKENDS",
     "ExtractStats",
-    "Pass",
     "Written",
     "default_layer_ids",
     "resolve_layer_ids",
@@ -135,23 +134,15 @@ class ExtractStats:
         return self.file_bytes / max(self.tokens, 1)
 
 
-class Pass(NamedTuple):
-    """What `extract_features` did, and where the caller's thread spent its time."""
+class Written(NamedTuple):
+    """What `extract_features` (seal_s 0) and `write_features` did, and where the caller's
+    thread spent its time."""
 
     batches: int
     padded_tokens: int  # tokens computed, pads included
     forward_s: float  # in the backend's extract (on a GPU: launching it, and its syncs)
     wait_s: float  # blocked on the host copies (the ring of staging slots was full)
-
-
-class Written(NamedTuple):
-    """What `write_features` did."""
-
-    batches: int
-    padded_tokens: int  # tokens computed, pads included
-    seal_s: float  # after the last batch: the checksums left, NaN/Inf counts, checks
-    forward_s: float  # see Pass
-    wait_s: float
+    seal_s: float = 0.0  # after the last batch: the checksums left, NaN/Inf counts, checks
 
 
 def default_layer_ids(num_layers: int) -> list[int]:
@@ -258,7 +249,7 @@ def extract_features(
     storage: str = "bf16",
     batch_tokens: int = 2048,
     landed: Landed | None = None,
-) -> Pass:
+) -> Written:
     """Fill out["aux"], out["last"] (and out["aux_scale"] for fp8), host tensors of the shard's
     layout, with `backend`'s states of every sample of `tokens`, telling `landed` (key, rows)
     as rows are final."""
@@ -294,7 +285,7 @@ def extract_features(
                 log.info("batch %d/%d done", b, len(batches))
     finally:
         copier.finish()  # also on error: no copy may still write into a file being deleted
-    return Pass(len(batches), padded, forward_s, copier.wait_s)
+    return Written(len(batches), padded, forward_s, copier.wait_s)
 
 
 def write_features(
@@ -339,7 +330,7 @@ def write_features(
             nonfinite=scan.nonfinite,
         )
         seal_s = time.perf_counter() - sealing
-    return Written(done.batches, done.padded_tokens, seal_s, done.forward_s, done.wait_s)
+    return done._replace(seal_s=seal_s)
 
 
 def extract_shard(
