@@ -6,7 +6,8 @@ Tokens walk a fixed permutation (x[t+1] = perm[x[t]]) inside the draft vocabular
 target's `last` at t points at lm_head row x[t+1], so the next token is predictable from the
 current one and a drafter that learns anything reaches high accuracy.
 
-    python -m specbuild.drafter.synthetic OUT [--preset llama8b|tiny] [--epochs N] [--profile]
+    python -m specbuild.drafter.synthetic OUT [--preset llama8b|smollm2|tiny] [--epochs N]
+        [--profile]
 
 writes OUT/{target,vocab,hidden} and OUT/spec.json (`--spec-only`: the spec alone, for the
 workspace a previous call wrote there); then, printing tokens/s, TFLOP/s and MFU in the log:
@@ -55,6 +56,8 @@ PRESETS = {
     "tiny": SyntheticSpec(),
     # Llama-3.1-8B shapes: what a real EAGLE-3 drafter trains at
     "llama8b": SyntheticSpec(4096, 14336, 32, 8, 128256, 32000, 32, 64, 2048, 4),
+    # SmolLM2-135M shapes: the GPU example's drafter (config/examples/smollm2-sglang-h200.yaml)
+    "smollm2": SyntheticSpec(576, 1536, 9, 3, 49152, 32000, 30, 256, 1024, 2),
 }
 
 
