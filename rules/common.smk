@@ -195,8 +195,9 @@ def generate_backend_args():
 def sampling_params(wildcards):
     """SamplingParams fields; the seed is offset per shard so shards sample independently."""
     gen = config["generate"]
+    own = dataset_config(wildcards.dataset).get("max_new_tokens")
     return {
-        "max_new_tokens": gen["max_new_tokens"],
+        "max_new_tokens": gen["max_new_tokens"] if own is None else own,
         "temperature": gen["temperature"],
         "top_p": gen["top_p"],
         "seed": gen["seed"] + int(wildcards.shard),

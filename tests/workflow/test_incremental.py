@@ -134,6 +134,23 @@ def test_generation_temperature_reruns_from_generate_down(built_workflow, tmp_pa
     assert jobs == expected_jobs(built_workflow, "generate", SHARDS, reads_tokens)
 
 
+def test_a_datasets_own_answer_cap_reruns_its_generate_only_when_it_changes_the_cap(
+    built_workflow, tmp_path
+):
+    # datasets.<name>.max_new_tokens overrides generate.max_new_tokens for that dataset: the
+    # value reaches the job, not the key, so naming today's cap again reruns nothing.
+    cap = tiny_config()["generate"]["max_new_tokens"]
+    same = tiny_config()
+    same["datasets"][DATASET]["max_new_tokens"] = cap
+    config = write_config(tmp_path, same, name="same_cap.yaml")
+    assert planned_jobs(built_workflow.workdir, "--configfile", str(config)) == []
+    longer = tiny_config()
+    longer["datasets"][DATASET]["max_new_tokens"] = cap + 4
+    config = write_config(tmp_path, longer, name="longer_cap.yaml")
+    jobs = planned_jobs(built_workflow.workdir, "--configfile", str(config))
+    assert jobs == expected_jobs(built_workflow, "generate", SHARDS, reads_tokens)
+
+
 def test_tokenize_max_length_reruns_from_tokenize_down_but_not_generate(built_workflow, tmp_path):
     jobs = dry_run_with(built_workflow, tmp_path, tokenize={"max_length": 200})
     assert jobs == expected_jobs(built_workflow, "tokenize", SHARDS, reads_tokens)
