@@ -29,7 +29,7 @@ matplotlib.use("Agg")  # files only: no display on cluster nodes
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
 
 from specbuild.bench.chain import BASELINE  # noqa: E402
 from specbuild.io import atomic_path  # noqa: E402
@@ -279,6 +279,9 @@ def plot_train(evals: pd.DataFrame, loss: pd.DataFrame, path: str | os.PathLike)
     axes[0].plot(evals["step"], evals["eval_loss"], "o-", label="eval")
     # log scale: the first steps' loss is several times the rest and would flatten the curve
     axes[0].set(title="loss (log scale)", xlabel="optimizer step", ylabel="loss", yscale="log")
+    # plain numbers on the log axis (matplotlib's default writes 6x10^1 beside 2x10^1)
+    axes[0].yaxis.set_major_formatter(ScalarFormatter())
+    axes[0].yaxis.set_minor_formatter(ScalarFormatter())
     axes[0].legend(fontsize=8)
     for col in [c for c in evals.columns if c.startswith("acc_")]:
         axes[1].plot(evals["step"], evals[col], "o-", label=f"step {col[4:]}")
