@@ -22,7 +22,7 @@
 # (specbuild.gpus), so on nvidia-h200-x2 two servers run side by side. SPECBUILD_TRAIN_NPROC=2
 # trains with torchrun on both GPUs (the config's train.nproc, overridden in a derived copy;
 # every variant inherits it): with several variants leave it unset, so two train at once.
-# SPECBUILD_VARIANTS="warm fc_norm" builds only those variants (and base), and only the
+# SPECBUILD_VARIANTS="fc_norm long" builds only those variants (and base), and only the
 # datasets they train on; the same value on every call of one run.
 # Tables, plots and logs come back in $OUT: summary.md, snakemake.log, specbuild-h200.tar.gz.
 set -uo pipefail
