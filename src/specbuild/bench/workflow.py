@@ -48,6 +48,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -176,334 +177,168 @@ def make_project(repo: Path, workdir: Path, shards: int) -> Path:
     return workdir
 
 
-def bare_snakefile(shape: Shape) -> str:
-    """A Snakefile of `shape` with nothing but literal paths: the floor of Snakemake's cost.
+def _rule(name: str, output: list[str], *, input: list[str] = (), log: str | None = None) -> str:
+    """One rule of a bare twin: its items are Snakefile source ("key=expression"), its job
+    `touch`es the outputs."""
+    lines = [f"rule {name}:"]
+    for directive, items in (("input", input), ("output", output), ("log", [log] if log else [])):
+        if items:
+            lines += [f"    {directive}:", *(f"        {item}," for item in items)]
+    return "\n".join([*lines, "    shell:", '        "touch {output}"', "", ""])
 
-    Files per job mirror the project's rules (samples 2 outputs, tokenize 3, ...); vocab reads
-    every tokenized shard and train every hidden shard, as ours do; `extra` jobs make up the
-    project's one-off jobs (target, vocab, train and all are here by name).
+
+def _shard_files(folder: str, *names: str) -> list[str]:
+    """`name="results/<folder>/{dataset}/{shard}<suffix>"` for each output name of a stage."""
+    suffix = {"rejected": ".rejected.jsonl", "counts": ".counts.json", "meta": ".meta.json"}
+    return [f'{n}="results/{folder}/{{dataset}}/{{shard}}{suffix.get(n, ".jsonl")}"' for n in names]
+
+
+def bare_snakefile(shape: Shape, *, matched: bool = False) -> str:
+    """A Snakefile of `shape` with nothing but literal paths, `touch` jobs and no config,
+    params, resources, conda or scripts: the floor of what Snakemake spends on such a DAG.
+
+    `matched=False` (the goal's yardstick): the four per-shard rules (samples 2 outputs,
+    generate 2, tokenize 3, hidden 1) and the vocab and train fan-ins, `extra` jobs without
+    inputs standing in for the rest of the project's jobs (its reject checks among them).
+    `matched=True`: the project's files and edges too: per shard the seven jobs of rules/ with
+    their outputs, logs and inputs (the reject check of the samples, generated and tokenized
+    shard that each next stage waits for), and the fan-ins reading what ours read (vocab:
+    tokens, metas and checks; train and `all`: hidden shards; the reject table: every counts
+    file; the pipeline report: counts, metas and hidden shards; align: the first hidden shard).
+    What the project spends beyond it is what its rules add to the DAG's shape.
     """
-    n_extra = shape.jobs - 4 * shape.shards - 4
+    per_shard, one_off = (7, 7) if matched else (4, 4)  # one-off: target vocab train all (+3)
+    n_extra = shape.jobs - per_shard * shape.shards - one_off
     if n_extra < 0:
-        raise ValueError(f"{shape}: fewer jobs than 4 per shard plus 4")
-    return f"""# Bare twin of the specbuild DAG, written by specbuild.bench.workflow:
-# {shape.shards} shards, {shape.jobs} jobs; literal paths, no config, params, resources, conda or
-# scripts.
+        raise ValueError(f"{shape}: fewer jobs than {per_shard} per shard plus {one_off}")
+    counts = ["counts"] if matched else []
 
-SHARDS = [f"{{i:05d}}" for i in range({shape.shards})]
-FP = "results/target/t/fingerprint.json"
+    def each(path: str) -> str:
+        return f'expand("{path}", shard=SHARDS)'
 
+    def checked(stage: str) -> list[str]:
+        return [f'checked="results/checks/{stage}/{{dataset}}/{{shard}}.json"'] if matched else []
 
-wildcard_constraints:
-    dataset="[A-Za-z0-9_]+",
-    shard="[0-9]{{5}}",
+    def log(stage: str) -> str:
+        return f'"logs/{stage}/{{dataset}}/{{shard}}.log"'
 
-
-rule all:
-    input:
-        expand("results/hidden/d/{{shard}}.safetensors", shard=SHARDS),
-        "results/train/best.safetensors",
-        expand("results/extra/{{i}}.txt", i=range({n_extra})),
-
-
-rule target:
-    output:
-        FP,
-    log:
-        "logs/target/t.log",
-    shell:
-        "touch {{output}}"
-
-
-rule samples:
-    input:
-        raw="raw/d.jsonl",
-    output:
-        samples="results/samples/{{dataset}}/{{shard}}.jsonl",
-        rejected="results/samples/{{dataset}}/{{shard}}.rejected.jsonl",
-    log:
-        "logs/samples/{{dataset}}/{{shard}}.log",
-    shell:
-        "touch {{output}}"
-
-
-rule generate:
-    input:
-        samples="results/samples/{{dataset}}/{{shard}}.jsonl",
-        fp=FP,
-    output:
-        generated="results/generated/{{dataset}}/{{shard}}.jsonl",
-        rejected="results/generated/{{dataset}}/{{shard}}.rejected.jsonl",
-    log:
-        "logs/generate/{{dataset}}/{{shard}}.log",
-    shell:
-        "touch {{output}}"
-
-
-rule tokenize:
-    input:
-        generated="results/generated/{{dataset}}/{{shard}}.jsonl",
-        fp=FP,
-    output:
-        tokens="results/tokenized/{{dataset}}/{{shard}}.jsonl",
-        meta="results/tokenized/{{dataset}}/{{shard}}.meta.json",
-        rejected="results/tokenized/{{dataset}}/{{shard}}.rejected.jsonl",
-    log:
-        "logs/tokenize/{{dataset}}/{{shard}}.log",
-    shell:
-        "touch {{output}}"
-
-
-rule hidden:
-    input:
-        tokens="results/tokenized/{{dataset}}/{{shard}}.jsonl",
-        meta="results/tokenized/{{dataset}}/{{shard}}.meta.json",
-        fp=FP,
-    output:
-        "results/hidden/{{dataset}}/{{shard}}.safetensors",
-    log:
-        "logs/hidden/{{dataset}}/{{shard}}.log",
-    shell:
-        "touch {{output}}"
-
-
-rule vocab:
-    input:
-        tokens=expand("results/tokenized/d/{{shard}}.jsonl", shard=SHARDS),
-        metas=expand("results/tokenized/d/{{shard}}.meta.json", shard=SHARDS),
-        fp=FP,
-    output:
-        vocab="results/vocab/vocab.safetensors",
-        stats="results/vocab/vocab_stats.json",
-    log:
-        "logs/vocab/vocab.log",
-    shell:
-        "touch {{output}}"
-
-
-rule train:
-    input:
-        shards=expand("results/hidden/d/{{shard}}.safetensors", shard=SHARDS),
-        vocab="results/vocab/vocab.safetensors",
-        fp=FP,
-    output:
-        best="results/train/best.safetensors",
-    log:
-        "logs/train/train.log",
-    shell:
-        "touch {{output}}"
-
-
-rule extra:
-    output:
-        "results/extra/{{i}}.txt",
-    shell:
-        "touch {{output}}"
-"""
-
-
-def matched_snakefile(shape: Shape) -> str:
-    """A bare Snakefile with the project's files and edges: what Snakemake spends on our DAG's
-    shape alone, with none of our config, params, functions, resources, conda or scripts.
-
-    Per shard, the seven jobs of rules/ (samples, a reject check of samples, generated and
-    tokenized shards, generate, tokenize, hidden) with the same outputs, logs and inputs (the
-    check each next stage waits for); the fan-ins read what ours read (vocab: tokens, metas and
-    checks; train and `all`: hidden shards; the reject table: every counts file; the pipeline
-    report: counts, metas and hidden shards; align: the first hidden shard). The one-off jobs
-    left (bench, export, serve, the other reports) are `extra` jobs, as in `bare_snakefile`.
-    """
-    n_extra = shape.jobs - 7 * shape.shards - 7  # target vocab align train tables report all
-    if n_extra < 0:
-        raise ValueError(f"{shape}: fewer jobs than 7 per shard plus 7")
-    return f"""# Shape-matched bare twin of the specbuild DAG, written by specbuild.bench.workflow:
-# {shape.shards} shards, {shape.jobs} jobs; the project's files and edges, literal paths only.
-
-SHARDS = [f"{{i:05d}}" for i in range({shape.shards})]
-FP = "results/target/t/fingerprint.json"
-STAGES = ["samples", "generated", "tokenized"]
-
-
-def each(pattern):
-    return expand(pattern, shard=SHARDS)
-
-
-wildcard_constraints:
-    dataset="[A-Za-z0-9_]+",
-    shard="[0-9]{{5}}",
-    stage="samples|generated|tokenized",
-
-
-rule all:
-    input:
-        each("results/hidden/d/{{shard}}.safetensors"),
-        "results/vocab/vocab.safetensors",
-        "results/train/best.safetensors",
-        "results/tables/rejects.md",
-        "results/tables/data.md",
-        expand("results/extra/{{i}}.txt", i=range({n_extra})),
-
-
-rule target:
-    output:
-        FP,
-    log:
-        "logs/target/t.log",
-    shell:
-        "touch {{output}}"
-
-
-rule samples:
-    input:
-        raw=ancient("raw/d.jsonl"),
-        fp=FP,
-    output:
-        samples="results/samples/{{dataset}}/{{shard}}.jsonl",
-        rejected="results/samples/{{dataset}}/{{shard}}.rejected.jsonl",
-        counts="results/samples/{{dataset}}/{{shard}}.counts.json",
-    log:
-        "logs/samples/{{dataset}}/{{shard}}.log",
-    shell:
-        "touch {{output}}"
-
-
-rule check_rejects:
-    input:
-        counts="results/{{stage}}/{{dataset}}/{{shard}}.counts.json",
-    output:
-        "results/checks/{{stage}}/{{dataset}}/{{shard}}.json",
-    log:
-        "logs/checks/{{stage}}/{{dataset}}/{{shard}}.log",
-    shell:
-        "touch {{output}}"
-
-
-rule generate:
-    input:
-        samples="results/samples/{{dataset}}/{{shard}}.jsonl",
-        fp=FP,
-        checked="results/checks/samples/{{dataset}}/{{shard}}.json",
-    output:
-        generated="results/generated/{{dataset}}/{{shard}}.jsonl",
-        rejected="results/generated/{{dataset}}/{{shard}}.rejected.jsonl",
-        counts="results/generated/{{dataset}}/{{shard}}.counts.json",
-    log:
-        "logs/generate/{{dataset}}/{{shard}}.log",
-    shell:
-        "touch {{output}}"
-
-
-rule tokenize:
-    input:
-        generated="results/generated/{{dataset}}/{{shard}}.jsonl",
-        fp=FP,
-        checked="results/checks/generated/{{dataset}}/{{shard}}.json",
-    output:
-        tokens="results/tokenized/{{dataset}}/{{shard}}.jsonl",
-        meta="results/tokenized/{{dataset}}/{{shard}}.meta.json",
-        rejected="results/tokenized/{{dataset}}/{{shard}}.rejected.jsonl",
-        counts="results/tokenized/{{dataset}}/{{shard}}.counts.json",
-    log:
-        "logs/tokenize/{{dataset}}/{{shard}}.log",
-    shell:
-        "touch {{output}}"
-
-
-rule hidden:
-    input:
-        tokens="results/tokenized/{{dataset}}/{{shard}}.jsonl",
-        meta="results/tokenized/{{dataset}}/{{shard}}.meta.json",
-        fp=FP,
-        checked="results/checks/tokenized/{{dataset}}/{{shard}}.json",
-    output:
-        "results/hidden/{{dataset}}/{{shard}}.safetensors",
-    log:
-        "logs/hidden/{{dataset}}/{{shard}}.log",
-    shell:
-        "touch {{output}}"
-
-
-rule reject_table:
-    input:
-        [f for stage in STAGES for f in each(f"results/{{stage}}/d/{{{{shard}}}}.counts.json")],
-    output:
-        csv="results/tables/rejects.csv",
-        md="results/tables/rejects.md",
-    log:
-        "logs/report/rejects.log",
-    shell:
-        "touch {{output}}"
-
-
-rule vocab:
-    input:
-        tokens=each("results/tokenized/d/{{shard}}.jsonl"),
-        metas=each("results/tokenized/d/{{shard}}.meta.json"),
-        fp=FP,
-        checked=each("results/checks/tokenized/d/{{shard}}.json"),
-    output:
-        vocab="results/vocab/vocab.safetensors",
-        stats="results/vocab/vocab_stats.json",
-    log:
-        "logs/vocab/vocab.log",
-    shell:
-        "touch {{output}}"
-
-
-rule align:
-    input:
-        shards="results/hidden/d/00000.safetensors",
-        fp=FP,
-    output:
-        "results/align/report.json",
-    log:
-        "logs/align/align.log",
-    shell:
-        "touch {{output}}"
-
-
-rule train:
-    input:
-        shards=each("results/hidden/d/{{shard}}.safetensors"),
-        vocab="results/vocab/vocab.safetensors",
-        fp=FP,
-        align="results/align/report.json",
-    output:
-        best="results/train/best.safetensors",
-        metrics="results/train/metrics.jsonl",
-    log:
-        "logs/train/train.log",
-    shell:
-        "touch {{output}}"
-
-
-rule pipeline_report:
-    input:
-        samples=each("results/samples/d/{{shard}}.counts.json"),
-        generated=each("results/generated/d/{{shard}}.counts.json"),
-        tokenized=each("results/tokenized/d/{{shard}}.meta.json"),
-        hidden=each("results/hidden/d/{{shard}}.safetensors"),
-        vocab="results/vocab/vocab_stats.json",
-        align="results/align/report.json",
-    output:
-        "results/tables/data.md",
-    log:
-        "logs/report/pipeline.log",
-    shell:
-        "touch {{output}}"
-
-
-rule extra:
-    output:
-        "results/extra/{{i}}.txt",
-    shell:
-        "touch {{output}}"
-"""
+    rules = [
+        _rule("target", ["FP"], log='"logs/target/t.log"'),
+        _rule(
+            "samples",
+            _shard_files("samples", "samples", "rejected", *counts),
+            input=['raw=ancient("raw/d.jsonl")', "fp=FP"] if matched else ['raw="raw/d.jsonl"'],
+            log=log("samples"),
+        ),
+        _rule(
+            "generate",
+            _shard_files("generated", "generated", "rejected", *counts),
+            input=[*_shard_files("samples", "samples"), "fp=FP", *checked("samples")],
+            log=log("generate"),
+        ),
+        _rule(
+            "tokenize",
+            _shard_files("tokenized", "tokens", "meta", "rejected", *counts),
+            input=[*_shard_files("generated", "generated"), "fp=FP", *checked("generated")],
+            log=log("tokenize"),
+        ),
+        _rule(
+            "hidden",
+            ['"results/hidden/{dataset}/{shard}.safetensors"'],
+            input=[*_shard_files("tokenized", "tokens", "meta"), "fp=FP", *checked("tokenized")],
+            log=log("hidden"),
+        ),
+        _rule(
+            "vocab",
+            ['vocab="results/vocab/vocab.safetensors"', 'stats="results/vocab/vocab_stats.json"'],
+            input=[
+                "tokens=" + each("results/tokenized/d/{shard}.jsonl"),
+                "metas=" + each("results/tokenized/d/{shard}.meta.json"),
+                "fp=FP",
+            ]
+            + (["checked=" + each("results/checks/tokenized/d/{shard}.json")] if matched else []),
+            log='"logs/vocab/vocab.log"',
+        ),
+        _rule(
+            "train",
+            ['best="results/train/best.safetensors"']
+            + (['metrics="results/train/metrics.jsonl"'] if matched else []),
+            input=[
+                "shards=" + each("results/hidden/d/{shard}.safetensors"),
+                'vocab="results/vocab/vocab.safetensors"',
+                "fp=FP",
+            ]
+            + (['align="results/align/report.json"'] if matched else []),
+            log='"logs/train/train.log"',
+        ),
+        _rule("extra", ['"results/extra/{i}.txt"']),
+    ]
+    targets = [
+        each("results/hidden/d/{shard}.safetensors"),
+        '"results/train/best.safetensors"',
+        f'expand("results/extra/{{i}}.txt", i=range({n_extra}))',
+    ]
+    if matched:
+        rules += [
+            _rule(
+                "check_rejects",
+                ['"results/checks/{stage}/{dataset}/{shard}.json"'],
+                input=['counts="results/{stage}/{dataset}/{shard}.counts.json"'],
+                log='"logs/checks/{stage}/{dataset}/{shard}.log"',
+            ),
+            _rule(
+                "reject_table",
+                ['csv="results/tables/rejects.csv"', 'md="results/tables/rejects.md"'],
+                input=[
+                    each(f"results/{stage}/d/{{shard}}.counts.json")
+                    for stage in ("samples", "generated", "tokenized")
+                ],
+                log='"logs/report/rejects.log"',
+            ),
+            _rule(
+                "align",
+                ['"results/align/report.json"'],
+                input=['shards="results/hidden/d/00000.safetensors"', "fp=FP"],
+                log='"logs/align/align.log"',
+            ),
+            _rule(
+                "pipeline_report",
+                ['"results/tables/data.md"'],
+                input=[
+                    "samples=" + each("results/samples/d/{shard}.counts.json"),
+                    "generated=" + each("results/generated/d/{shard}.counts.json"),
+                    "tokenized=" + each("results/tokenized/d/{shard}.meta.json"),
+                    "hidden=" + each("results/hidden/d/{shard}.safetensors"),
+                    'vocab="results/vocab/vocab_stats.json"',
+                    'align="results/align/report.json"',
+                ],
+                log='"logs/report/pipeline.log"',
+            ),
+        ]
+        targets += [f'"results/{f}"' for f in ("vocab/vocab.safetensors", "tables/rejects.md")]
+        targets += ['"results/tables/data.md"']
+    stage = ',\n    stage="samples|generated|tokenized"' if matched else ""
+    return (
+        f"# Bare twin (matched={matched}) of the specbuild DAG, written by"
+        f" specbuild.bench.workflow:\n# {shape.shards} shards, {shape.jobs} jobs; literal paths,"
+        " no config, params, resources, conda or scripts.\n\n"
+        f'SHARDS = [f"{{i:05d}}" for i in range({shape.shards})]\n'
+        'FP = "results/target/t/fingerprint.json"\n\n\n'
+        "wildcard_constraints:\n"
+        f'    dataset="[A-Za-z0-9_]+",\n    shard="[0-9]{{5}}"{stage},\n\n\n'
+        + "rule all:\n    input:\n"
+        + "".join(f"        {t},\n" for t in targets)
+        + "\n\n"
+        + "".join(rules)
+    )
 
 
 # The bare twins, by name: `bare` is the yardstick of the goal (GOAL); `matched` has the
 # project's files and edges too, so project / matched is what our rules add beyond the shape.
-TWINS = {"bare": bare_snakefile, "matched": matched_snakefile}
+TWINS = {
+    "bare": partial(bare_snakefile, matched=False),
+    "matched": partial(bare_snakefile, matched=True),
+}
 
 
 def make_bare(workdir: Path, shape: Shape, raw: Path, twin: str = "bare") -> Path:
