@@ -126,6 +126,14 @@ def _snakemake(*args: str) -> list[str]:
     return [sys.executable, "-m", "snakemake", *args]
 
 
+def _env(workdir: Path) -> dict[str, str]:
+    """The environment of a snakemake in `workdir`: a project's own src/ first on the path."""
+    if not (workdir / "src").is_dir():
+        return dict(os.environ)
+    path = [str(workdir / "src"), os.environ.get("PYTHONPATH", "")]
+    return os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, path))}
+
+
 def grow_dataset(path: Path, source: Path, n_records: int) -> None:
     """`n_records` JSONL lines: the source's records cycled (real sizes, distinct shards)."""
     lines = [line for line in source.read_text().splitlines() if line.strip()]
@@ -174,6 +182,9 @@ def make_project(repo: Path, workdir: Path, shards: int) -> Path:
     }
     (workdir / "config").mkdir(exist_ok=True)
     (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    # the checkout's own package, which its workflow imports (`_env`): a --compare checkout is
+    # measured with its specbuild, not with the one installed
+    (workdir / "src").symlink_to(repo / "src", target_is_directory=True)
     return workdir
 
 
@@ -380,6 +391,7 @@ def build_all(workdir: Path) -> Shape:
         [sys.executable, "-c", _TOUCH_WRAPPER, "all", "--touch", "--forceall", "--cores"]
         + ["100000", "--scheduler", "greedy", "--max-jobs-per-timespan", "1000000/1s"],
         cwd=workdir,
+        env=_env(workdir),
         capture_output=True,
         text=True,
     )
@@ -406,7 +418,11 @@ def time_snakemake(workdir: Path, state: str, log: Path, shape: Shape) -> tuple[
     with open(log, "w") as out:
         start = time.perf_counter()
         proc = subprocess.Popen(
-            _snakemake(*_command(state)), cwd=workdir, stdout=out, stderr=subprocess.STDOUT
+            _snakemake(*_command(state)),
+            cwd=workdir,
+            env=_env(workdir),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
@@ -428,6 +444,7 @@ def cprofile(workdir: Path, state: str, out: Path) -> None:
     subprocess.run(
         [sys.executable, "-c", _PROFILE_WRAPPER, str(out), *_command(state)],
         cwd=workdir,
+        env=_env(workdir),
         capture_output=True,
         check=True,
     )
