@@ -12,8 +12,8 @@ possible: the shards are the expensive part and are shared.
          at each benched chain) and per-position accuracies, its step, epoch and trained
          tokens, the run's training tokens/s at that row; then per engine, set and chain the
          measured acceptance length (Σcompletion/Σverify over the set's requests, both turns:
-         `bench.metrics`) and, where the engine reports it (hf), acceptance per draft position
-         (with its request count n)
+         `bench.metrics`), its request count ("... n") and, where the engine reports it (hf),
+         acceptance per draft position
       -> results/plots/variants.png: simulated and measured acceptance length by variant
          (`report.plots.plot_variants`, the report's plot style)
 
