@@ -479,6 +479,7 @@ def run_workflow_bench(
     load_start = os.getloadavg()
     t0 = time.perf_counter()
     repos = {"project": repo} | ({"baseline": compare} if compare is not None else {})
+    commits = {w: _commit(r) for w, r in repos.items()}  # as copied, before any runs
     dirs: dict[tuple[str, str], Path] = {}
     shape = None
     # The projects are built first: their job table gives the shape the bare twins copy.
@@ -497,7 +498,10 @@ def run_workflow_bench(
             raise RuntimeError(f"{workflow} built {built_shape}, the project {shape}")
         shape = built_shape
         dirs[workflow, "dry-run"], dirs[workflow, "no-op"] = fresh, built
-        print(f"  {workflow:8} built: {shape.jobs} jobs ({time.perf_counter() - t0:.0f} s so far)")
+        print(
+            f"  {workflow:8} built: {shape.jobs} jobs ({time.perf_counter() - t0:.0f} s so far)",
+            flush=True,
+        )
     setup_s = time.perf_counter() - t0
 
     runs: list[Run] = []
@@ -509,7 +513,10 @@ def run_workflow_bench(
                 log = logs / f"{workflow}-{state}-{i}.log"
                 wall, cpu = time_snakemake(dirs[workflow, state], state, log, shape)
                 runs.append(Run(workflow, state, wall, cpu))
-                print(f"  {workflow:8} {state:7} #{i}: {wall:6.2f} s wall, {cpu:6.2f} s CPU")
+                print(
+                    f"  {workflow:8} {state:7} #{i}: {wall:6.2f} s wall, {cpu:6.2f} s CPU",
+                    flush=True,
+                )
     if profile_dir is not None:
         profile_dir.mkdir(parents=True, exist_ok=True)
         for (workflow, state), workdir in dirs.items():
@@ -537,7 +544,7 @@ def run_workflow_bench(
         "load_start": list(load_start),
         "load_end": list(os.getloadavg()),
         "snakemake": snakemake.__version__,
-        "repos": {w: {"path": str(r), "commit": _commit(r)} for w, r in repos.items()},
+        "repos": {w: {"path": str(r), "commit": commits[w]} for w, r in repos.items()},
         "shards": shape.shards,
         "jobs": shape.jobs,
         "repeats": repeats,
