@@ -90,10 +90,13 @@ bench-train: setup
 
 # Workflow overhead: `snakemake -n` and the no-op rerun on ~2,000 shards, against a bare Snakefile
 # of the same shape in the same run (scratch workdirs in $TMPDIR; a few minutes on 2 cores).
+# COMPARE=<another checkout> measures it too, interleaved (the commit before a change, say).
 SHARDS  ?= 2000
 REPEATS ?= 3
+COMPARE ?=
 bench-workflow: setup
-	$(BIN)/python -m specbuild.bench.workflow --shards $(SHARDS) --repeats $(REPEATS)
+	$(BIN)/python -m specbuild.bench.workflow --shards $(SHARDS) --repeats $(REPEATS) \
+		$(if $(COMPARE),--compare $(COMPARE))
 
 # Every job through sbatch, with the profile's resources (README "Running on a cluster").
 # profiles/slurm needs its account/partition placeholders filled in first;

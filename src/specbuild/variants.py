@@ -12,8 +12,10 @@ possible: the shards are the expensive part and are shared.
          at each benched chain) and per-position accuracies, its step, epoch and trained
          tokens, the run's training tokens/s at that row; then per engine, set and chain the
          measured acceptance length (Σcompletion/Σverify over the set's requests, both turns:
-         `bench.metrics`) and, where the engine reports it (hf), acceptance per draft position
+         `bench.metrics`), its request count ("... n") and, where the engine reports it (hf),
+         acceptance per draft position
       -> results/plots/variants.png: simulated and measured acceptance length by variant
+         (`report.plots.plot_variants`, the report's plot style)
 
 The simulated acceptance length is training's own estimate (1 + sum over k of the product of
 per-position accuracies up to k, on its eval samples); the bench measures the served one.
@@ -27,26 +29,17 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")  # files only: no display on cluster nodes
+from specbuild.bench.chain import BASELINE, Chain
+from specbuild.report.plots import plot_variants
+from specbuild.report.tables import build_bench, read_rows, simulated_accept_length, write_table
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from specbuild.bench.chain import BASELINE, Chain  # noqa: E402
-from specbuild.io import atomic_path  # noqa: E402
-from specbuild.report.tables import (  # noqa: E402
-    build_bench,
-    read_rows,
-    simulated_accept_length,
-    write_table,
-)
-
-__all__ = ["BASE", "variant_table", "plot_variants", "write_variants"]
+__all__ = ["BASE", "SIMULATED", "variant_table", "variant_bars", "write_variants"]
 
 BASE = "base"  # the recipe of `train` itself (config_check.train_variants)
 SIMULATED = "simulated acceptance length"  # training's estimate at the variant's ttt_steps
+REQUESTS = " n"  # suffix of a measured column's request count
 
 
 def _best_row(path: str | os.PathLike) -> dict:
@@ -88,10 +81,8 @@ def variant_table(
     groups = list(dict.fromkeys(keys))
     # per-position columns only where the engine reported positions (hf; sglang does not)
     reported = [c for c in measured.columns if c.startswith("accept_pos")]
-    positions = {
-        key: [c for c in reported if measured.loc[_same(measured, key), c].notna().any()]
-        for key in groups
-    }
+    by_key = measured.set_index(["engine", "set", "config"]).sort_index()
+    positions = {key: [c for c in reported if by_key.loc[[key], c].notna().any()] for key in groups}
     table = []
     for name, path in metrics.items():
         best = _best_row(path)
@@ -114,6 +105,7 @@ def variant_table(
             label = " ".join(key)
             found = mine.loc[key] if key in mine.index else None
             row[label] = None if found is None else found["accept_length"]
+            row[label + REQUESTS] = None if found is None else found["requests"]
             for col in positions[key]:
                 rate = None if found is None else found[col]
                 row[f"{label} pos{col.removeprefix('accept_pos')}"] = rate
@@ -121,56 +113,24 @@ def variant_table(
     return pd.DataFrame(table)
 
 
-def _same(measured: pd.DataFrame, key: tuple[str, str, str]) -> pd.Series:
-    engine, bench_set, config = key
-    return (
-        (measured["engine"] == engine)
-        & (measured["set"] == bench_set)
-        & (measured["config"] == config)
-    )
-
-
-def _bar_columns(table: pd.DataFrame) -> list[str]:
-    """What the plot draws per variant: training's estimate at each benched chain (or at its
-    ttt_steps when nothing was benched), then each engine, set and chain measured."""
+def variant_bars(table: pd.DataFrame) -> pd.DataFrame:
+    """What the plot draws, one row a bar: `variant`, `bar` (training's estimate at each benched
+    chain, or at its ttt_steps when nothing was benched; then each engine, set and chain
+    measured), `accept_length` and `requests` (none for training's estimate)."""
     simulated = [c for c in table if c.startswith("simulated ") and c != SIMULATED]
-    measured = [
-        c
-        for c in table.columns[table.columns.get_loc("training tokens_per_s") + 1 :]
-        if " pos" not in c
+    after = table.columns[table.columns.get_loc("training tokens_per_s") + 1 :]
+    measured = [c for c in after if " pos" not in c and not c.endswith(REQUESTS)]
+    bars = [
+        {"variant": r["variant"], "bar": c, "accept_length": r[c], "requests": None}
+        for c in simulated or [SIMULATED]
+        for r in table.to_dict("records")
     ]
-    return (simulated or [SIMULATED]) + measured
-
-
-def plot_variants(table: pd.DataFrame, path: str | os.PathLike) -> None:
-    """Acceptance length per variant, simulated and measured side by side (one colour each),
-    with the 1.0 of no drafter."""
-    columns = _bar_columns(table)
-    n = len(table)
-    height = 0.8 / len(columns)
-    fig, ax = plt.subplots(figsize=(7.0, (0.35 * len(columns) + 0.3) * n + 1.2))
-    colors = plt.get_cmap("tab10").colors
-    top = 1.1
-    for i, col in enumerate(columns):
-        ys = [v + (i - (len(columns) - 1) / 2) * height for v in range(n)]
-        values = pd.to_numeric(table[col], errors="coerce")
-        bars = ax.barh(ys, values.fillna(0), height, color=colors[i % 10], label=col)
-        ax.bar_label(bars, labels=[_label(v) for v in values], padding=3, fontsize=7)
-        top = max(top, float(values.max()) if values.notna().any() else 0)
-    ax.set_yticks(range(n), table["variant"])
-    ax.invert_yaxis()  # base on top, variants in config order below
-    ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)  # 1.0: nothing accepted
-    ax.set_xlim(0, top * 1.2)
-    ax.set_xlabel("acceptance length (tokens per verify step)")
-    ax.set_title("Drafter variants: training's estimate and measured acceptance")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-
-def _label(value: float) -> str:
-    return "" if pd.isna(value) else f"{value:.3f}"
+    bars += [
+        {"variant": r["variant"], "bar": c, "accept_length": r[c], "requests": r[c + REQUESTS]}
+        for c in measured
+        for r in table.to_dict("records")
+    ]
+    return pd.DataFrame(bars, columns=["variant", "bar", "accept_length", "requests"])
 
 
 def write_variants(
@@ -186,5 +146,5 @@ def write_variants(
     """The table (`table` is its .md; .csv and .html beside it) and the plot."""
     df = variant_table(metrics, changes, datasets=datasets, rows=rows, set_order=set_order)
     write_table(df, Path(table).with_suffix(""))
-    plot_variants(df, plot)
+    plot_variants(variant_bars(df), plot)
     return df

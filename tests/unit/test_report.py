@@ -405,7 +405,7 @@ def _variant_metrics(tmp_path, accs: dict[str, float]) -> dict:
 
 
 def test_the_variants_table_puts_each_engines_measured_acceptance_beside_the_simulated(tmp_path):
-    from specbuild.variants import write_variants
+    from specbuild.variants import variant_bars, write_variants
 
     metrics = _variant_metrics(tmp_path, {"base": 0.5, "long": 0.8, "warm": 0.4})
     served = [  # sglang counts verify steps but not positions; hf both
@@ -436,4 +436,9 @@ def test_the_variants_table_puts_each_engines_measured_acceptance_beside_the_sim
     assert table.loc["warm", "datasets"] == "gsm8k, chat_mt"
     md = (tmp_path / "variants.md").read_text()
     assert "| long | epochs=12 | gsm8k |" in md
+    # the plot's bars: training's estimate without a request count, each measurement with its n
+    bars = variant_bars(table.reset_index()).set_index(["variant", "bar"])
+    assert pd.isna(bars.loc[("base", "simulated 3-1-4"), "requests"])
+    assert bars.loc[("base", "sglang mt_bench 3-1-4"), "requests"] == 2
+    assert bars.loc[("long", "sglang mt_bench 3-1-4"), "accept_length"] == 3.0
     assert (tmp_path / "variants.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -7,13 +7,16 @@ against a bare Snakefile of the same shape, on a dataset grown to ~2,000 shards.
 Copies of the workflow go into a scratch folder (never the repo's results/): the project
 (Snakefile, rules, scripts, schema, resources, profiles, envs, report) with config/config.yaml
 whose first file dataset (GSM8K in the default) is its own records cycled into shards of 4, so
-that all datasets together hold `--shards` shards; and a generated bare Snakefile with the same
-four per-shard rules (samples, generate, tokenize, hidden), the same files per job (inputs,
-outputs, logs), the same fan-in rules and the same job count, but literal paths, `shell: touch`
-and no config, params, resources, conda or scripts. What the project costs beyond the bare twin
-is what its rules ask of Snakemake: config validation, digests, input functions, params,
-resources, scripts. `--compare` adds another checkout (the commit before a change, say) as
-`baseline`, measured in the same run.
+that all datasets together hold `--shards` shards; and two generated bare Snakefiles of the same
+job count, with literal paths, `shell: touch` and no config, params, resources, conda or
+scripts. `bare`, the goal's yardstick: four per-shard rules (samples, generate, tokenize,
+hidden) and the vocab and train fan-ins, `extra` jobs with no input making up the rest (our
+reject checks among them). `matched`: the project's files and edges as well (each job's outputs,
+logs and inputs, the reject checks and the fan-ins reading them), so that project / matched is
+what our rules add beyond the DAG's shape (config validation, digests, input and params
+functions, resources, conda, scripts) and matched / bare what the shape itself costs Snakemake.
+`--compare` adds another checkout (the commit before a change, say) as `baseline`, measured in
+the same run.
 
 Each workflow is measured in two states, each in its own folder:
   dry-run  `snakemake -n` with nothing built (every job planned and printed)
@@ -45,6 +48,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import yaml
@@ -122,6 +126,14 @@ def _snakemake(*args: str) -> list[str]:
     return [sys.executable, "-m", "snakemake", *args]
 
 
+def _env(workdir: Path) -> dict[str, str]:
+    """The environment of a snakemake in `workdir`: a project's own src/ first on the path."""
+    if not (workdir / "src").is_dir():
+        return dict(os.environ)
+    path = [str(workdir / "src"), os.environ.get("PYTHONPATH", "")]
+    return os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, path))}
+
+
 def grow_dataset(path: Path, source: Path, n_records: int) -> None:
     """`n_records` JSONL lines: the source's records cycled (real sizes, distinct shards)."""
     lines = [line for line in source.read_text().splitlines() if line.strip()]
@@ -170,139 +182,180 @@ def make_project(repo: Path, workdir: Path, shards: int) -> Path:
     }
     (workdir / "config").mkdir(exist_ok=True)
     (workdir / "config" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    # the checkout's own package, which its workflow imports (`_env`): a --compare checkout is
+    # measured with its specbuild, not with the one installed
+    (workdir / "src").symlink_to(repo / "src", target_is_directory=True)
     return workdir
 
 
-def bare_snakefile(shape: Shape) -> str:
-    """A Snakefile of `shape` with nothing but literal paths: the floor of Snakemake's cost.
+def _rule(name: str, output: list[str], *, input: list[str] = (), log: str | None = None) -> str:
+    """One rule of a bare twin: its items are Snakefile source ("key=expression"), its job
+    `touch`es the outputs."""
+    lines = [f"rule {name}:"]
+    for directive, items in (("input", input), ("output", output), ("log", [log] if log else [])):
+        if items:
+            lines += [f"    {directive}:", *(f"        {item}," for item in items)]
+    return "\n".join([*lines, "    shell:", '        "touch {output}"', "", ""])
 
-    Files per job mirror the project's rules (samples 2 outputs, tokenize 3, ...); vocab reads
-    every tokenized shard and train every hidden shard, as ours do; `extra` jobs make up the
-    project's one-off jobs (target, vocab, train and all are here by name).
+
+def _shard_files(folder: str, *names: str) -> list[str]:
+    """`name="results/<folder>/{dataset}/{shard}<suffix>"` for each output name of a stage."""
+    suffix = {"rejected": ".rejected.jsonl", "counts": ".counts.json", "meta": ".meta.json"}
+    return [f'{n}="results/{folder}/{{dataset}}/{{shard}}{suffix.get(n, ".jsonl")}"' for n in names]
+
+
+def bare_snakefile(shape: Shape, *, matched: bool = False) -> str:
+    """A Snakefile of `shape` with nothing but literal paths, `touch` jobs and no config,
+    params, resources, conda or scripts: the floor of what Snakemake spends on such a DAG.
+
+    `matched=False` (the goal's yardstick): the four per-shard rules (samples 2 outputs,
+    generate 2, tokenize 3, hidden 1) and the vocab and train fan-ins, `extra` jobs without
+    inputs standing in for the rest of the project's jobs (its reject checks among them).
+    `matched=True`: the project's files and edges too: per shard the seven jobs of rules/ with
+    their outputs, logs and inputs (the reject check of the samples, generated and tokenized
+    shard that each next stage waits for), and the fan-ins reading what ours read (vocab:
+    tokens, metas and checks; train and `all`: hidden shards; the reject table: every counts
+    file; the pipeline report: counts, metas and hidden shards; align: the first hidden shard).
+    What the project spends beyond it is what its rules add to the DAG's shape.
     """
-    n_extra = shape.jobs - 4 * shape.shards - 4
+    per_shard, one_off = (7, 7) if matched else (4, 4)  # one-off: target vocab train all (+3)
+    n_extra = shape.jobs - per_shard * shape.shards - one_off
     if n_extra < 0:
-        raise ValueError(f"{shape}: fewer jobs than 4 per shard plus 4")
-    return f"""# Bare twin of the specbuild DAG, written by specbuild.bench.workflow:
-# {shape.shards} shards, {shape.jobs} jobs; literal paths, no config, params, resources, conda or
-# scripts.
+        raise ValueError(f"{shape}: fewer jobs than {per_shard} per shard plus {one_off}")
+    counts = ["counts"] if matched else []
 
-SHARDS = [f"{{i:05d}}" for i in range({shape.shards})]
-FP = "results/target/t/fingerprint.json"
+    def each(path: str) -> str:
+        return f'expand("{path}", shard=SHARDS)'
+
+    def checked(stage: str) -> list[str]:
+        return [f'checked="results/checks/{stage}/{{dataset}}/{{shard}}.json"'] if matched else []
+
+    def log(stage: str) -> str:
+        return f'"logs/{stage}/{{dataset}}/{{shard}}.log"'
+
+    rules = [
+        _rule("target", ["FP"], log='"logs/target/t.log"'),
+        _rule(
+            "samples",
+            _shard_files("samples", "samples", "rejected", *counts),
+            input=['raw=ancient("raw/d.jsonl")', "fp=FP"] if matched else ['raw="raw/d.jsonl"'],
+            log=log("samples"),
+        ),
+        _rule(
+            "generate",
+            _shard_files("generated", "generated", "rejected", *counts),
+            input=[*_shard_files("samples", "samples"), "fp=FP", *checked("samples")],
+            log=log("generate"),
+        ),
+        _rule(
+            "tokenize",
+            _shard_files("tokenized", "tokens", "meta", "rejected", *counts),
+            input=[*_shard_files("generated", "generated"), "fp=FP", *checked("generated")],
+            log=log("tokenize"),
+        ),
+        _rule(
+            "hidden",
+            ['"results/hidden/{dataset}/{shard}.safetensors"'],
+            input=[*_shard_files("tokenized", "tokens", "meta"), "fp=FP", *checked("tokenized")],
+            log=log("hidden"),
+        ),
+        _rule(
+            "vocab",
+            ['vocab="results/vocab/vocab.safetensors"', 'stats="results/vocab/vocab_stats.json"'],
+            input=[
+                "tokens=" + each("results/tokenized/d/{shard}.jsonl"),
+                "metas=" + each("results/tokenized/d/{shard}.meta.json"),
+                "fp=FP",
+            ]
+            + (["checked=" + each("results/checks/tokenized/d/{shard}.json")] if matched else []),
+            log='"logs/vocab/vocab.log"',
+        ),
+        _rule(
+            "train",
+            ['best="results/train/best.safetensors"']
+            + (['metrics="results/train/metrics.jsonl"'] if matched else []),
+            input=[
+                "shards=" + each("results/hidden/d/{shard}.safetensors"),
+                'vocab="results/vocab/vocab.safetensors"',
+                "fp=FP",
+            ]
+            + (['align="results/align/report.json"'] if matched else []),
+            log='"logs/train/train.log"',
+        ),
+        _rule("extra", ['"results/extra/{i}.txt"']),
+    ]
+    targets = [
+        each("results/hidden/d/{shard}.safetensors"),
+        '"results/train/best.safetensors"',
+        f'expand("results/extra/{{i}}.txt", i=range({n_extra}))',
+    ]
+    if matched:
+        rules += [
+            _rule(
+                "check_rejects",
+                ['"results/checks/{stage}/{dataset}/{shard}.json"'],
+                input=['counts="results/{stage}/{dataset}/{shard}.counts.json"'],
+                log='"logs/checks/{stage}/{dataset}/{shard}.log"',
+            ),
+            _rule(
+                "reject_table",
+                ['csv="results/tables/rejects.csv"', 'md="results/tables/rejects.md"'],
+                input=[
+                    each(f"results/{stage}/d/{{shard}}.counts.json")
+                    for stage in ("samples", "generated", "tokenized")
+                ],
+                log='"logs/report/rejects.log"',
+            ),
+            _rule(
+                "align",
+                ['"results/align/report.json"'],
+                input=['shards="results/hidden/d/00000.safetensors"', "fp=FP"],
+                log='"logs/align/align.log"',
+            ),
+            _rule(
+                "pipeline_report",
+                ['"results/tables/data.md"'],
+                input=[
+                    "samples=" + each("results/samples/d/{shard}.counts.json"),
+                    "generated=" + each("results/generated/d/{shard}.counts.json"),
+                    "tokenized=" + each("results/tokenized/d/{shard}.meta.json"),
+                    "hidden=" + each("results/hidden/d/{shard}.safetensors"),
+                    'vocab="results/vocab/vocab_stats.json"',
+                    'align="results/align/report.json"',
+                ],
+                log='"logs/report/pipeline.log"',
+            ),
+        ]
+        targets += [f'"results/{f}"' for f in ("vocab/vocab.safetensors", "tables/rejects.md")]
+        targets += ['"results/tables/data.md"']
+    stage = ',\n    stage="samples|generated|tokenized"' if matched else ""
+    return (
+        f"# Bare twin (matched={matched}) of the specbuild DAG, written by"
+        f" specbuild.bench.workflow:\n# {shape.shards} shards, {shape.jobs} jobs; literal paths,"
+        " no config, params, resources, conda or scripts.\n\n"
+        f'SHARDS = [f"{{i:05d}}" for i in range({shape.shards})]\n'
+        'FP = "results/target/t/fingerprint.json"\n\n\n'
+        "wildcard_constraints:\n"
+        f'    dataset="[A-Za-z0-9_]+",\n    shard="[0-9]{{5}}"{stage},\n\n\n'
+        + "rule all:\n    input:\n"
+        + "".join(f"        {t},\n" for t in targets)
+        + "\n\n"
+        + "".join(rules)
+    )
 
 
-wildcard_constraints:
-    dataset="[A-Za-z0-9_]+",
-    shard="[0-9]{{5}}",
+# The bare twins, by name: `bare` is the yardstick of the goal (GOAL); `matched` has the
+# project's files and edges too, so project / matched is what our rules add beyond the shape.
+TWINS = {
+    "bare": partial(bare_snakefile, matched=False),
+    "matched": partial(bare_snakefile, matched=True),
+}
 
 
-rule all:
-    input:
-        expand("results/hidden/d/{{shard}}.safetensors", shard=SHARDS),
-        "results/train/best.safetensors",
-        expand("results/extra/{{i}}.txt", i=range({n_extra})),
-
-
-rule target:
-    output:
-        FP,
-    log:
-        "logs/target/t.log",
-    shell:
-        "touch {{output}}"
-
-
-rule samples:
-    input:
-        raw="raw/d.jsonl",
-    output:
-        samples="results/samples/{{dataset}}/{{shard}}.jsonl",
-        rejected="results/samples/{{dataset}}/{{shard}}.rejected.jsonl",
-    log:
-        "logs/samples/{{dataset}}/{{shard}}.log",
-    shell:
-        "touch {{output}}"
-
-
-rule generate:
-    input:
-        samples="results/samples/{{dataset}}/{{shard}}.jsonl",
-        fp=FP,
-    output:
-        generated="results/generated/{{dataset}}/{{shard}}.jsonl",
-        rejected="results/generated/{{dataset}}/{{shard}}.rejected.jsonl",
-    log:
-        "logs/generate/{{dataset}}/{{shard}}.log",
-    shell:
-        "touch {{output}}"
-
-
-rule tokenize:
-    input:
-        generated="results/generated/{{dataset}}/{{shard}}.jsonl",
-        fp=FP,
-    output:
-        tokens="results/tokenized/{{dataset}}/{{shard}}.jsonl",
-        meta="results/tokenized/{{dataset}}/{{shard}}.meta.json",
-        rejected="results/tokenized/{{dataset}}/{{shard}}.rejected.jsonl",
-    log:
-        "logs/tokenize/{{dataset}}/{{shard}}.log",
-    shell:
-        "touch {{output}}"
-
-
-rule hidden:
-    input:
-        tokens="results/tokenized/{{dataset}}/{{shard}}.jsonl",
-        meta="results/tokenized/{{dataset}}/{{shard}}.meta.json",
-        fp=FP,
-    output:
-        "results/hidden/{{dataset}}/{{shard}}.safetensors",
-    log:
-        "logs/hidden/{{dataset}}/{{shard}}.log",
-    shell:
-        "touch {{output}}"
-
-
-rule vocab:
-    input:
-        tokens=expand("results/tokenized/d/{{shard}}.jsonl", shard=SHARDS),
-        metas=expand("results/tokenized/d/{{shard}}.meta.json", shard=SHARDS),
-        fp=FP,
-    output:
-        vocab="results/vocab/vocab.safetensors",
-        stats="results/vocab/vocab_stats.json",
-    log:
-        "logs/vocab/vocab.log",
-    shell:
-        "touch {{output}}"
-
-
-rule train:
-    input:
-        shards=expand("results/hidden/d/{{shard}}.safetensors", shard=SHARDS),
-        vocab="results/vocab/vocab.safetensors",
-        fp=FP,
-    output:
-        best="results/train/best.safetensors",
-    log:
-        "logs/train/train.log",
-    shell:
-        "touch {{output}}"
-
-
-rule extra:
-    output:
-        "results/extra/{{i}}.txt",
-    shell:
-        "touch {{output}}"
-"""
-
-
-def make_bare(workdir: Path, shape: Shape, raw: Path) -> Path:
-    """The bare twin in `workdir`, reading the same raw file as the project."""
+def make_bare(workdir: Path, shape: Shape, raw: Path, twin: str = "bare") -> Path:
+    """A bare twin (`TWINS`) in `workdir`, reading the same raw file as the project."""
     workdir.mkdir(parents=True)
-    (workdir / "Snakefile").write_text(bare_snakefile(shape))
+    (workdir / "Snakefile").write_text(TWINS[twin](shape))
     (workdir / "raw").mkdir()
     shutil.copy2(raw, workdir / "raw" / "d.jsonl")
     return workdir
@@ -338,6 +391,7 @@ def build_all(workdir: Path) -> Shape:
         [sys.executable, "-c", _TOUCH_WRAPPER, "all", "--touch", "--forceall", "--cores"]
         + ["100000", "--scheduler", "greedy", "--max-jobs-per-timespan", "1000000/1s"],
         cwd=workdir,
+        env=_env(workdir),
         capture_output=True,
         text=True,
     )
@@ -364,7 +418,11 @@ def time_snakemake(workdir: Path, state: str, log: Path, shape: Shape) -> tuple[
     with open(log, "w") as out:
         start = time.perf_counter()
         proc = subprocess.Popen(
-            _snakemake(*_command(state)), cwd=workdir, stdout=out, stderr=subprocess.STDOUT
+            _snakemake(*_command(state)),
+            cwd=workdir,
+            env=_env(workdir),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
@@ -386,6 +444,7 @@ def cprofile(workdir: Path, state: str, out: Path) -> None:
     subprocess.run(
         [sys.executable, "-c", _PROFILE_WRAPPER, str(out), *_command(state)],
         cwd=workdir,
+        env=_env(workdir),
         capture_output=True,
         check=True,
     )
@@ -420,13 +479,16 @@ def run_workflow_bench(
     load_start = os.getloadavg()
     t0 = time.perf_counter()
     repos = {"project": repo} | ({"baseline": compare} if compare is not None else {})
+    commits = {w: _commit(r) for w, r in repos.items()}  # as copied, before any runs
     dirs: dict[tuple[str, str], Path] = {}
     shape = None
-    # The projects are built first: their job table gives the shape the bare twin copies.
-    for workflow in [*repos, "bare"]:
+    # The projects are built first: their job table gives the shape the bare twins copy.
+    workflows = [*repos, *TWINS]
+    for workflow in workflows:
         fresh = scratch / f"{workflow}-fresh"
-        if workflow == "bare":
-            make_bare(fresh, shape, dirs["project", "dry-run"] / "raw" / "grown.jsonl")
+        if workflow in TWINS:
+            raw = dirs["project", "dry-run"] / "raw" / "grown.jsonl"
+            make_bare(fresh, shape, raw, twin=workflow)
         else:
             make_project(repos[workflow], fresh, shards)
         built = scratch / f"{workflow}-built"
@@ -436,10 +498,12 @@ def run_workflow_bench(
             raise RuntimeError(f"{workflow} built {built_shape}, the project {shape}")
         shape = built_shape
         dirs[workflow, "dry-run"], dirs[workflow, "no-op"] = fresh, built
-        print(f"  {workflow:8} built: {shape.jobs} jobs ({time.perf_counter() - t0:.0f} s so far)")
+        print(
+            f"  {workflow:8} built: {shape.jobs} jobs ({time.perf_counter() - t0:.0f} s so far)",
+            flush=True,
+        )
     setup_s = time.perf_counter() - t0
 
-    workflows = [*repos, "bare"]
     runs: list[Run] = []
     logs = scratch / "logs"
     logs.mkdir()
@@ -449,17 +513,25 @@ def run_workflow_bench(
                 log = logs / f"{workflow}-{state}-{i}.log"
                 wall, cpu = time_snakemake(dirs[workflow, state], state, log, shape)
                 runs.append(Run(workflow, state, wall, cpu))
-                print(f"  {workflow:8} {state:7} #{i}: {wall:6.2f} s wall, {cpu:6.2f} s CPU")
+                print(
+                    f"  {workflow:8} {state:7} #{i}: {wall:6.2f} s wall, {cpu:6.2f} s CPU",
+                    flush=True,
+                )
     if profile_dir is not None:
         profile_dir.mkdir(parents=True, exist_ok=True)
         for (workflow, state), workdir in dirs.items():
             cprofile(workdir, state, profile_dir / f"{workflow}-{state}.prof")
 
     best = {state: {w: _best(runs, w, state) for w in workflows} for state in STATES}
+    # project / twin per state, checkout and twin: ratio[state][workflow] vs bare, and
+    # ratio[state][f"{workflow} / matched"] vs the shape-matched twin
     ratio = {
         state: {
-            w: {k: best[state][w][k] / best[state]["bare"][k] for k in ("wall_s", "cpu_s")}
+            w + ("" if twin == "bare" else f" / {twin}"): {
+                k: best[state][w][k] / best[state][twin][k] for k in ("wall_s", "cpu_s")
+            }
             for w in repos
+            for twin in TWINS
         }
         for state in STATES
     }
@@ -472,7 +544,7 @@ def run_workflow_bench(
         "load_start": list(load_start),
         "load_end": list(os.getloadavg()),
         "snakemake": snakemake.__version__,
-        "repos": {w: {"path": str(r), "commit": _commit(r)} for w, r in repos.items()},
+        "repos": {w: {"path": str(r), "commit": commits[w]} for w, r in repos.items()},
         "shards": shape.shards,
         "jobs": shape.jobs,
         "repeats": repeats,
@@ -487,15 +559,16 @@ def run_workflow_bench(
 
 def markdown(result: dict) -> str:
     """The table BENCHMARKS.md shows: best wall and CPU seconds per workflow and state, and the
-    ratio of each project checkout to the bare twin."""
+    ratio of each project checkout to the bare twin and (CPU) to the shape-matched one."""
     rows = [
-        "| state | workflow | wall s | CPU s | wall / bare | CPU / bare |",
-        "|---|---|---|---|---|---|",
+        "| state | workflow | wall s | CPU s | wall / bare | CPU / bare | CPU / matched |",
+        "|---|---|---|---|---|---|---|",
     ]
     for state, best in result["best"].items():
         for workflow, b in best.items():
             r = result["ratio"][state].get(workflow)
-            ratios = f"{r['wall_s']:.2f}x | {r['cpu_s']:.2f}x" if r else "1 | 1"
+            m = result["ratio"][state].get(f"{workflow} / matched")
+            ratios = f"{r['wall_s']:.2f}x | {r['cpu_s']:.2f}x | {m['cpu_s']:.2f}x" if r else "| |"
             rows.append(
                 f"| {state} | {workflow} | {b['wall_s']:.2f} | {b['cpu_s']:.2f} | {ratios} |"
             )

@@ -8,6 +8,8 @@ speedup.png     tokens/s over the same engine's baseline on the set (reference l
 sweep.png       output tokens/s and ITL p50 against concurrent streams, per engine and config
 tuning.png      single-stream and peak tokens/s per tuning point, its status in the label
 train.png       training loss, per-step accuracy and simulated acceptance length by step
+variants.png    acceptance length per drafter variant: training's estimate and each engine's
+                measurement (its request count on top), reference line at 1.0
 
 Every panel (or the sweep's and tuning's title) names the engine and the device its rows name,
 the one actually used. Sets keep their configured order; configs the baseline first, then
@@ -41,6 +43,7 @@ __all__ = [
     "plot_sweep",
     "plot_tuning",
     "plot_train",
+    "plot_variants",
 ]
 
 PANEL = (6.5, 4.2)  # inches per engine panel
@@ -113,11 +116,11 @@ def _bars(
                 if not math.isnan(low):
                     ax.errorbar(x, y, [[y - low], [high - y]], color="black", capsize=3, lw=1)
         for x, y, s in zip(xs, ys, sets, strict=True):
-            if not math.isnan(y):
+            n = _num(part["requests"].get(s))
+            if not math.isnan(y) and not math.isnan(n):  # no count: training's estimate
                 top = max(y, _num(part[hi].get(s)) if hi else y)
-                n = int(part["requests"].get(s))
                 ax.annotate(
-                    f"n={n}",
+                    f"n={int(n)}",
                     (x, 0 if math.isnan(top) else top),
                     ha="center",
                     va="bottom",
@@ -292,4 +295,19 @@ def plot_train(evals: pd.DataFrame, loss: pd.DataFrame, path: str | os.PathLike)
     axes[2].set(title="simulated acceptance length (eval)", xlabel="optimizer step", ylim=(0, None))
     for ax in axes:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _save(fig, path)
+
+
+def plot_variants(bars: pd.DataFrame, path: str | os.PathLike) -> None:
+    """`bars` (`variants.variant_bars`): variant, bar, accept_length, requests. Variants on x
+    in config order (base first), one colour per bar label."""
+    table = bars.rename(columns={"variant": "set", "bar": "config"})
+    fig, axes = _panels(1)
+    fig.set_size_inches(max(PANEL[0], 0.45 * len(table) + 2), PANEL[1])  # ~0.45 in a bar
+    _bars(axes[0], table, "accept_length", _colors(table["config"]))
+    _headroom(axes, table["accept_length"])
+    axes[0].axhline(1.0, color="black", lw=0.8, ls="--")  # 1.0: no draft token accepted
+    axes[0].set(xlabel="variant", ylabel="acceptance length (tokens per verify step)")
+    _legend(axes, "")
+    fig.suptitle("Drafter variants: training's estimate and measured acceptance")
     _save(fig, path)
