@@ -307,7 +307,7 @@ def plot_variants(bars: pd.DataFrame, path: str | os.PathLike) -> None:
     _bars(axes[0], table, "accept_length", _colors(table["config"]))
     _headroom(axes, table["accept_length"])
     axes[0].axhline(1.0, color="black", lw=0.8, ls="--")  # 1.0: no draft token accepted
-    axes[0].set(xlabel="variant", ylabel="acceptance length (tokens per verify step)")
+    axes[0].set(xlabel="variant", ylabel="Σ tokens / Σ verify steps")
     _legend(axes, "")
-    fig.suptitle("Drafter variants: training's estimate and measured acceptance")
+    fig.suptitle("Drafter variants: simulated and measured acceptance length")
     _save(fig, path)
