@@ -231,10 +231,15 @@ def load_tokenizer(folder: str | os.PathLike):
 
 
 def load_target_model(folder: str | os.PathLike, *, dtype: str = "float32", device: str = "cpu"):
-    """The target as a transformers causal LM, eval mode, from safetensors only."""
+    """The target as a transformers causal LM, eval mode, from safetensors only; for inference:
+    on CPU in float32 its linear layers run through oneDNN (`specbuild.onednn_linear`)."""
     from transformers import AutoModelForCausalLM
+
+    from specbuild.onednn_linear import use_onednn_linears
 
     model = AutoModelForCausalLM.from_pretrained(
         str(folder), dtype=torch_dtype(dtype), use_safetensors=True
     )
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    use_onednn_linears(model)
+    return model
