@@ -34,7 +34,18 @@ def onednn_usable(model: torch.nn.Module) -> bool:
         and param.device.type == "cpu"
         and param.dtype == torch.float32
         and torch.backends.mkldnn.is_available()
+        and _has_ops()
     )
+
+
+def _has_ops() -> bool:
+    # private ops (torch 2.x builds with oneDNN): a torch without them keeps nn.Linear
+    try:
+        return all(
+            hasattr(torch.ops.mkldnn, op) for op in ("_reorder_linear_weight", "_linear_pointwise")
+        )
+    except (AttributeError, RuntimeError):
+        return False
 
 
 class OneDNNLinear(torch.nn.Module):
