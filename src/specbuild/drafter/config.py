@@ -13,11 +13,22 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import Tensor
 
-__all__ = ["AUX_LAYERS", "DrafterConfig", "TrainConfig", "rope_from_hf", "rope_inv_freq"]
+__all__ = [
+    "ATTENTION",
+    "AUX_LAYERS",
+    "DrafterConfig",
+    "TrainConfig",
+    "rope_from_hf",
+    "rope_inv_freq",
+]
 
 AUX_LAYERS = 3  # EAGLE-3 fuses the low, mid and high layer outputs of the target
 ROPE_TYPES = ("default", "linear", "llama3")
 INITS = ("random", "target_last_layer")  # train.init
+# training-time-test attention, one attention two ways (`Eagle3Drafter.unroll`): reference,
+# `ttt_attention`'s materialised scores (the CPU path); flex, one fused kernel a step
+# (`fused_attention`, the CUDA path). train.attention also takes `auto` (flex on CUDA).
+ATTENTION = ("reference", "flex")
 
 
 @dataclass
@@ -217,8 +228,8 @@ class TrainConfig:
             faults.append(f"nproc {self.nproc} > {torch.cuda.device_count()} visible GPUs")
         if not cuda and self.precision == "bfloat16":
             faults.append("precision bfloat16 needs CUDA (CPU training runs in float32)")
-        if self.attention not in ("auto", "reference", "flex"):
-            faults.append(f"attention {self.attention!r}: choose auto, reference or flex")
+        if self.attention not in ("auto", *ATTENTION):
+            faults.append(f"attention {self.attention!r}: choose auto, {' or '.join(ATTENTION)}")
         if not cuda and self.attention == "flex":
             faults.append("attention flex needs CUDA (its backward has no CPU kernel)")
         if faults:

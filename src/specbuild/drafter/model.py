@@ -27,15 +27,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from specbuild.drafter.config import AUX_LAYERS, DrafterConfig, rope_inv_freq
+from specbuild.drafter.config import ATTENTION, AUX_LAYERS, DrafterConfig, rope_inv_freq
 from specbuild.drafter.fused_attention import fused_ttt_attention
 
 __all__ = ["ATTENTION", "DrafterConfig", "DrafterCache", "Eagle3Drafter", "ttt_attention"]
-
-# Implementations of training-time-test attention (`Eagle3Drafter.unroll`): one attention,
-# two ways to compute it. reference: `ttt_attention`, materialised scores (the CPU path);
-# flex: `fused_attention.fused_ttt_attention`, one fused kernel a step (the CUDA path).
-ATTENTION = ("reference", "flex")
 
 
 def rotate_half(x: Tensor) -> Tensor:

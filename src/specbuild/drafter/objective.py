@@ -40,7 +40,7 @@ class TTTObjective(nn.Module):
         super().__init__()
         self.drafter, self.teacher = drafter, teacher
         self.steps, self.decay, self.amp = steps, decay, amp
-        self.attention = attention  # model.ATTENTION: how the unroll attends
+        self.attention = attention  # config.ATTENTION: how the unroll attends
         self.temperature = temperature
         # Per sample: is the target's argmax at each loss position in the draft vocabulary?
         # One full-vocabulary matmul per sample per run (memoized: it costs like a step).

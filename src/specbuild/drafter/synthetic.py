@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from specbuild.drafter.config import ATTENTION
 from specbuild.hidden.fp8 import quantize_fp8
 from specbuild.hidden.shards import write_shard
 from specbuild.io import atomic_path, write_json
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", action="store_true", help="profile steps, no result.json")
     ap.add_argument("--spec-only", action="store_true", help="reuse the workspace in OUT")
     ap.add_argument(
-        "--attention", choices=["auto", "reference", "flex"], default="auto", help="train.attention"
+        "--attention", choices=["auto", *ATTENTION], default="auto", help="train.attention"
     )
     args = ap.parse_args(argv)
     out, preset = Path(args.out), PRESETS[args.preset]
