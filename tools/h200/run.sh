@@ -9,11 +9,14 @@
 # 30 s and /tmp must survive):
 #   carry [.ship1]: bash .ship1/stage.sh .ship1
 #   carry [.ship2]: bash .ship2/stage.sh .ship2 && bash .ship2/setup_site.sh
-#   carry [.ship3]: bash .ship3/stage.sh .ship3 && bash .ship3/model.sh /tmp/smol
-#   carry [.whl]:   bash tools/h200/run.sh          (repeat until it prints "specbuild: done")
-# Each call runs snakemake for at most SPECBUILD_BUDGET_S seconds (the device's limit is
-# 600 s per command), stops it cleanly (servers included), and resumes where it stopped on
-# the next call; results/ stays on the machine between calls. Extra arguments go to
+#   carry [.ship3, .whl]: bash .ship3/stage.sh .ship3 && bash .ship3/model.sh /tmp/smol &&
+#                   bash tools/h200/run.sh
+#   no carry:       bash tools/h200/run.sh          (repeat until it prints "specbuild: done")
+# The first call starts snakemake in its own process session (setsid: it outlives the call
+# and runs on until the machine goes back) and waits for it at most SPECBUILD_BUDGET_S seconds
+# (the device's limit is 600 s per command); each later call waits on the same run, so no job
+# is stopped at a call's end. A call after the run ended starts a new one (a no-op when nothing
+# changed; with more variants named, only theirs). Extra arguments go to
 # snakemake (targets such as `align`, `bench_report`, `tuning_report`, `variants`,
 # `results/bench/sglang/base/3-1-4.jsonl` (engine/drafter/chain; the baseline is
 # none/baseline.jsonl), or flags); a run that finishes also writes results/report.html (every
@@ -23,22 +26,26 @@
 # trains with torchrun on both GPUs (the config's train.nproc, overridden in a derived copy;
 # every variant inherits it): with several variants leave it unset, so two train at once.
 # SPECBUILD_VARIANTS="fc_norm long" builds only those variants (and base), and only the
-# datasets they train on; the same value on every call of one run.
+# datasets they train on. SPECBUILD_SET="sglang.tuning.enabled=false bench.sweep_drafters=[]"
+# sets config keys (dotted path = a YAML value, no spaces in either) in the derived copy.
 # Tables, plots and logs come back in $OUT: summary.md, snakemake.log, specbuild-h200.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 CONFIG=${SPECBUILD_CONFIG:-config/examples/smollm2-sglang-h200.yaml}
-BUDGET_S=${SPECBUILD_BUDGET_S:-470}  # + 45 s to stop + setup and packing: under 600 s
+BUDGET_S=${SPECBUILD_BUDGET_S:-540}  # + packing: under the device's 600 s a command
 OUT=${OUT:-/tmp/specbuild-out}
-mkdir -p "$OUT"
+RUN=/tmp/specbuild-run  # the detached run's pid, log and exit status
+mkdir -p "$OUT" "$RUN"
 NPROC=${SPECBUILD_TRAIN_NPROC:-}
 VARIANTS=${SPECBUILD_VARIANTS-all}
-if [ -n "$NPROC" ] || [ "$VARIANTS" != all ]; then
-  # a derived copy: train.nproc, and only the named variants (base is always built) with the
-  # datasets they train on, so a hold that cannot fit every variant still ends with a report
-  python3 - "$CONFIG" "$NPROC" "$VARIANTS" <<'PY' || exit 1
+SET=${SPECBUILD_SET:-}
+if [ -n "$NPROC$SET" ] || [ "$VARIANTS" != all ]; then
+  # a derived copy: train.nproc, only the named variants (base is always built) with the
+  # datasets they train on, so a hold that cannot fit every variant still ends with a report,
+  # and the SPECBUILD_SET keys
+  python3 - "$CONFIG" "$NPROC" "$VARIANTS" "$SET" <<'PY' || exit 1
 import sys, yaml
-config, nproc, variants = sys.argv[1], sys.argv[2], sys.argv[3]
+config, nproc, variants, sets = sys.argv[1:5]
 c = yaml.safe_load(open(config))
 train = c["train"]
 if nproc:
@@ -53,6 +60,17 @@ if variants != "all":
     for v in train["variants"].values():
         used |= set(v.get("datasets", []))
     c["datasets"] = {k: v for k, v in c["datasets"].items() if k in used}
+for item in sets.split():
+    key, sep, value = item.partition("=")
+    if not sep:
+        sys.exit(f"SPECBUILD_SET: {item!r} is not key.path=value")
+    *parents, leaf = key.split(".")
+    node = c
+    for k in parents:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            sys.exit(f"SPECBUILD_SET: {key}: {k} is not a mapping in {config}")
+    node[leaf] = yaml.safe_load(value)
 yaml.safe_dump(c, open("/tmp/specbuild-run.yaml", "w"), sort_keys=False)
 PY
   CONFIG=/tmp/specbuild-run.yaml
@@ -60,6 +78,25 @@ fi
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 # NVLink multicast stays off on shared hosts (device notes); servers inherit this environment.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+GPUS=$(nvidia-smi -L | grep -c '^GPU ')
+
+if [ "${SPECBUILD_RUN_CHILD:-}" = 1 ]; then
+  echo $$ >"$RUN/pid"
+  # the detached run itself: snakemake, then the report when it succeeded, then the status.
+  # greedy scheduler: the ILP one needs pulp (16 MB of solver binaries) for no gain here.
+  # The base recipe's drafter first: a hold that ends early leaves variants, not the recipe,
+  # unbuilt (the sixth session's hold trained two variants and never started base).
+  python3 -m snakemake --configfile "$CONFIG" --cores 16 --resources gpu="$GPUS" \
+    --scheduler greedy --rerun-incomplete --keep-going \
+    --prioritize results/drafter/base/model.safetensors "$@" >>"$RUN/snakemake.log" 2>&1
+  rc=$?
+  if [ "$rc" -eq 0 ]; then
+    python3 -m snakemake --configfile "$CONFIG" --report results/report.html >>"$RUN/snakemake.log" 2>&1
+    rc=$?
+  fi
+  echo "$rc" >"$RUN/rc.tmp" && mv "$RUN/rc.tmp" "$RUN/rc"
+  exit "$rc"
+fi
 
 [ -d /tmp/site/sglang ] || { echo "specbuild: /tmp/site has no sglang: run the kit's three staging calls first"; exit 2; }
 [ -f /tmp/smol/config.json ] || { echo "specbuild: /tmp/smol missing: run .ship3/model.sh /tmp/smol"; exit 2; }
@@ -67,30 +104,37 @@ if [ ! -f /tmp/site/.specbuild-wheels ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && touch /tmp/site/.specbuild-wheels || exit 1
 fi
-python3 -c "import snakemake, sglang, transformers, specbuild; print('snakemake', snakemake.__version__, 'sglang', sglang.__version__, 'transformers', transformers.__version__)" || exit 1
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-GPUS=$(nvidia-smi -L | grep -c '^GPU ')
 
-# greedy scheduler: the ILP one needs pulp (16 MB of solver binaries) for no gain here.
-# The base recipe's drafter first: a budget that runs out leaves variants, not the recipe, unbuilt
-# (the sixth session's hold trained two variants and never started base).
-timeout -s TERM -k 45 "$BUDGET_S" python3 -m snakemake --configfile "$CONFIG" --cores 16 \
-  --resources gpu="$GPUS" --scheduler greedy --rerun-incomplete --keep-going \
-  --prioritize results/drafter/base/model.safetensors "$@" \
-  2>&1 | tee "$OUT/snakemake.log"
-rc=${PIPESTATUS[0]}
-if [ "$rc" -eq 0 ]; then
-  python3 -m snakemake --configfile "$CONFIG" --report results/report.html 2>&1 | tail -3
+alive() { [ -f "$RUN/pid" ] && kill -0 "$(cat "$RUN/pid")" 2>/dev/null; }
+if alive; then
+  echo "specbuild: waiting on the run started $(stat -c %y "$RUN/pid" | cut -d. -f1)"
+else
+  python3 -c "import snakemake, sglang, transformers, specbuild; print('snakemake', snakemake.__version__, 'sglang', sglang.__version__, 'transformers', transformers.__version__)" || exit 1
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+  rm -f "$RUN/rc"
+  echo "=== $(date -u +%FT%TZ) run: $CONFIG $*" >>"$RUN/snakemake.log"
+  SPECBUILD_RUN_CHILD=1 setsid nohup bash "$PWD/tools/h200/run.sh" "$@" </dev/null >>"$RUN/child.log" 2>&1 &
+  echo $! >"$RUN/pid"
+  sleep 3  # the child writes its own pid (setsid may fork)
 fi
+start=$SECONDS
+while alive && [ $((SECONDS - start)) -lt "$BUDGET_S" ]; do sleep 5; done
+sleep 1
 
+grep -E '^\[|^(local)?rule |wildcards:|^Finished|Error|error:|Exiting|specbuild' "$RUN/snakemake.log" | tail -60
 {
-  echo "# specbuild on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), rc=$rc"
+  echo "# specbuild on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%FT%TZ)"
   for t in results/tables/*.md; do [ -f "$t" ] && { echo; echo "## $t"; cat "$t"; }; done
-  echo; echo '## snakemake summary'; python3 -m snakemake --configfile "$CONFIG" --summary 2>/dev/null | cut -f1,4,5 | head -80
-} > "$OUT/summary.md"
+} >"$OUT/summary.md"
+cp "$RUN/snakemake.log" "$OUT/snakemake.log"
 # results/train without checkpoints: each variant's metrics.jsonl and TensorBoard curves
 tar -czf "$OUT/specbuild-h200.tar.gz" --exclude='*.safetensors' --exclude='results/train/*/state' \
   logs results/tables results/plots results/align results/tuning results/generated results/bench \
   results/train results/report.html 2>/dev/null
-if [ "$rc" -eq 0 ]; then echo "specbuild: done"; else echo "specbuild: rc=$rc (124: budget reached; call again to resume)"; fi
+if alive; then
+  echo "specbuild: still running after ${BUDGET_S}s: call again to wait on it"
+  exit 124
+fi
+rc=$(cat "$RUN/rc" 2>/dev/null || echo 1)
+if [ "$rc" -eq 0 ]; then echo "specbuild: done"; else echo "specbuild: rc=$rc (see snakemake.log)"; fi
 exit "$rc"
