@@ -10,6 +10,12 @@ job's SGLang servers and torchrun workers inherit it. Where CUDA_VISIBLE_DEVICES
 set, the ids are drawn from that set. Inside a SLURM job nothing is pinned: SLURM allocated the
 job's GPUs, and with device cgroups every job on a node sees its own as id 0, so host-wide
 locks on ids would make jobs wait for each other's unrelated GPUs.
+
+SPECBUILD_GPU_SLOTS=N lets N jobs share each GPU (a small target on a large GPU: a server
+start, a single-stream bench or a 135M drafter's training leaves most of an H200 idle). Each
+slot is its own lock; a job's ids are distinct GPUs, spread over GPUs before sharing one. Give
+Snakemake `--resources gpu=<GPUs x N>` to match; SGLang servers then size their memory from
+what is free when they start (`mem_fraction_static` is a fraction of that), so they fit.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["pin_gpus", "visible_gpu_ids"]
+__all__ = ["gpu_slots", "pin_gpus", "visible_gpu_ids"]
 
 log = logging.getLogger("specbuild")
 
@@ -46,6 +52,18 @@ def visible_gpu_ids() -> list[str]:
     except subprocess.TimeoutExpired:  # a wedged driver: let the job fail on CUDA itself
         return []
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+def gpu_slots() -> int:
+    """Jobs that may share one GPU (SPECBUILD_GPU_SLOTS, default 1)."""
+    raw = os.environ.get("SPECBUILD_GPU_SLOTS", "1")
+    try:
+        slots = int(raw)
+    except ValueError:
+        slots = 0
+    if slots < 1:
+        raise ValueError(f"SPECBUILD_GPU_SLOTS={raw!r}: want a whole number >= 1")
+    return slots
 
 
 def _lock_dir() -> Path:
@@ -91,15 +109,19 @@ def pin_gpus(
             f"job asks for {count} GPU(s); this host shows {len(ids)} ({','.join(ids)})"
         )
     folder = _lock_dir()
+    slots = gpu_slots()
     start = last_log = time.monotonic()
     while True:
         taken: list[tuple[str, int]] = []
-        for gpu in ids:
-            fd = _try_lock(folder / f"{re.sub(r'[^A-Za-z0-9_-]', '_', gpu)}.lock")
-            if fd is not None:
-                taken.append((gpu, fd))
-                if len(taken) == count:
-                    break
+        # slot-major: every GPU's first slot before any GPU's second
+        for slot in range(slots):
+            for gpu in ids:
+                if len(taken) == count or gpu in (g for g, _ in taken):
+                    continue
+                name = re.sub(r"[^A-Za-z0-9_-]", "_", gpu) + (f".slot{slot}" if slot else "")
+                fd = _try_lock(folder / f"{name}.lock")
+                if fd is not None:
+                    taken.append((gpu, fd))
         if len(taken) == count:
             _held.extend(fd for _, fd in taken)
             chosen = [gpu for gpu, _ in taken]

@@ -60,6 +60,26 @@ def test_jobs_take_disjoint_ids_and_see_only_theirs(host, holder):
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "7"
 
 
+def test_slots_share_a_gpu_after_every_gpu_has_a_job(host, holder, monkeypatch):
+    monkeypatch.setenv("SPECBUILD_GPU_SLOTS", "2")
+    _, first = holder(2)
+    assert first == ["3", "5"]
+    _, second = holder(1)
+    assert second == ["7"]
+    # every GPU holds a job: the next ones share, a multi-GPU job on distinct GPUs
+    _, third = holder(2)
+    assert third == ["3", "5"]
+    assert gpus.pin_gpus(1, wait_s=0) == ["7"]
+    with pytest.raises(TimeoutError, match="no 1 free GPU"):
+        gpus.pin_gpus(1, wait_s=0.2, poll_s=0.05)
+
+
+def test_bad_slot_count_is_named(host, monkeypatch):
+    monkeypatch.setenv("SPECBUILD_GPU_SLOTS", "two")
+    with pytest.raises(ValueError, match="SPECBUILD_GPU_SLOTS='two'"):
+        gpus.pin_gpus(1, wait_s=0)
+
+
 def test_all_or_nothing_then_timeout(host, holder):
     holder(2)
     with pytest.raises(TimeoutError, match="no 2 free GPU"):

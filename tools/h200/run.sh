@@ -39,6 +39,13 @@ mkdir -p "$OUT" "$RUN"
 NPROC=${SPECBUILD_TRAIN_NPROC:-}
 VARIANTS=${SPECBUILD_VARIANTS-all}
 SET=${SPECBUILD_SET:-}
+SLOTS=${SPECBUILD_GPU_SLOTS:-1}
+DATA_SERVER=${SPECBUILD_DATA_SERVER:-}
+DATA_PORT=30123
+if [ -n "$DATA_SERVER" ]; then
+  SET="$SET generate.backend=openai sglang.endpoint=http://127.0.0.1:$DATA_PORT"
+  SET="$SET sglang.api_key_env=SPECBUILD_DATA_SERVER_KEY"
+fi
 if [ -n "$NPROC$SET" ] || [ "$VARIANTS" != all ]; then
   # a derived copy: train.nproc, only the named variants (base is always built) with the
   # datasets they train on, so a hold that cannot fit every variant still ends with a report,
@@ -79,16 +86,48 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 # NVLink multicast stays off on shared hosts (device notes); servers inherit this environment.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 GPUS=$(nvidia-smi -L | grep -c '^GPU ')
+export SPECBUILD_GPU_SLOTS=$SLOTS
 
 if [ "${SPECBUILD_RUN_CHILD:-}" = 1 ]; then
   echo $$ >"$RUN/pid"
+  if [ -n "$DATA_SERVER" ]; then
+    # the data server: the config's server flags, less memory, loopback, a key of this run
+    SPECBUILD_DATA_SERVER_KEY=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+    export SPECBUILD_DATA_SERVER_KEY
+    python3 - "$CONFIG" "$DATA_PORT" "${SPECBUILD_DATA_SERVER_MEM:-0.3}" >>"$RUN/data-server.log" 2>&1 <<'PY' &
+import dataclasses, logging, os, signal, sys, time, yaml
+from specbuild.backends.server import ServerOptions, SGLangServer
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+c = yaml.safe_load(open(sys.argv[1]))
+sg = c["sglang"]
+options = ServerOptions(launcher=tuple(sg["launcher"]), server_args=sg.get("server_args", {}),
+                        env={k: str(v) for k, v in sg.get("env", {}).items()},
+                        host="127.0.0.1", startup_timeout_s=600)
+spec = options.spec(c["target"]["source"], extra_args={"mem_fraction_static": float(sys.argv[3])})
+spec = dataclasses.replace(spec, port=int(sys.argv[2]), api_key=os.environ["SPECBUILD_DATA_SERVER_KEY"])
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+with SGLangServer(spec, name="data-server") as server:
+    open("/tmp/specbuild-run/data-server.ready", "w").close()
+    while True:
+        time.sleep(3600)
+PY
+    server_pid=$!
+    trap 'kill -TERM $server_pid 2>/dev/null; wait $server_pid' EXIT
+    until [ -f "$RUN/data-server.ready" ]; do
+      kill -0 $server_pid 2>/dev/null || { echo "data server failed: $RUN/data-server.log" >>"$RUN/snakemake.log"; echo 1 >"$RUN/rc"; exit 1; }
+      sleep 2
+    done
+  fi
   # the detached run itself: snakemake, then the report when it succeeded, then the status.
   # greedy scheduler: the ILP one needs pulp (16 MB of solver binaries) for no gain here.
-  # The base recipe's drafter first: a hold that ends early leaves variants, not the recipe,
-  # unbuilt (the sixth session's hold trained two variants and never started base).
-  python3 -m snakemake --configfile "$CONFIG" --cores 16 --resources gpu="$GPUS" \
+  # The base recipe's drafter first (SPECBUILD_PRIORITY: the variants to build first): a hold
+  # that ends early leaves variants, not the recipe, unbuilt (the sixth session's hold trained
+  # two variants and never started base).
+  first=()
+  for v in ${SPECBUILD_PRIORITY:-base}; do first+=("results/drafter/$v/model.safetensors"); done
+  python3 -m snakemake --configfile "$CONFIG" --cores 16 --resources gpu=$((GPUS * SLOTS)) \
     --scheduler greedy --rerun-incomplete --keep-going \
-    --prioritize results/drafter/base/model.safetensors "$@" >>"$RUN/snakemake.log" 2>&1
+    --prioritize "${first[@]}" "$@" >>"$RUN/snakemake.log" 2>&1
   rc=$?
   if [ "$rc" -eq 0 ]; then
     python3 -m snakemake --configfile "$CONFIG" --report results/report.html >>"$RUN/snakemake.log" 2>&1
