@@ -90,7 +90,7 @@ export SPECBUILD_GPU_SLOTS=$SLOTS
 
 if [ "${SPECBUILD_RUN_CHILD:-}" = 1 ]; then
   echo $$ >"$RUN/pid"
-  if [ -n "$DATA_SERVER" ]; then
+  if [ -n "$DATA_SERVER" ] && [ "$DATA_SERVER" != done ]; then
     # the data server: the config's server flags, less memory, loopback, a key of this run
     SPECBUILD_DATA_SERVER_KEY=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
     export SPECBUILD_DATA_SERVER_KEY
