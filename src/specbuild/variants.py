@@ -55,6 +55,14 @@ def _changes(changes: Mapping) -> str:
     return ", ".join(f"{k}={json.dumps(v)}" for k, v in changes.items())
 
 
+def _simulated(chain: str) -> str:
+    return f"simulated {chain}"
+
+
+def _label(engine: str, set_name: str, chain: str) -> str:
+    return f"{engine} {set_name} {chain}"
+
+
 def _measured(rows: Sequence[str | os.PathLike], set_order: Sequence[str]) -> pd.DataFrame:
     """The bench table (`report.tables.build_bench`) of the variants' drafted rows that count
     verify steps."""
@@ -90,9 +98,7 @@ def variant_table(
         if datasets is not None:
             row["datasets"] = ", ".join(datasets[name])
         row[SIMULATED] = best["acceptance_length"]
-        row |= {
-            f"simulated {c}": simulated_accept_length(best, Chain.parse(c).steps) for c in chains
-        }
+        row |= {_simulated(c): simulated_accept_length(best, Chain.parse(c).steps) for c in chains}
         row |= {f"acc {k}": acc for k, acc in enumerate(best["acc"], 1)}
         row |= {
             "best step": best["step"],
@@ -102,7 +108,7 @@ def variant_table(
         }
         mine = measured[measured["drafter"] == name].set_index(["engine", "set", "config"])
         for key in groups:
-            label = " ".join(key)
+            label = _label(*key)
             found = mine.loc[key] if key in mine.index else None
             row[label] = None if found is None else found["accept_length"]
             row[label + REQUESTS] = None if found is None else found["requests"]
@@ -113,22 +119,35 @@ def variant_table(
     return pd.DataFrame(table)
 
 
-def variant_bars(table: pd.DataFrame) -> pd.DataFrame:
+def variant_bars(
+    metrics: Mapping[str, str | os.PathLike],
+    *,
+    rows: Sequence[str | os.PathLike] = (),
+    set_order: Sequence[str] = (),
+) -> pd.DataFrame:
     """What the plot draws, one row a bar: `variant`, `bar` (training's estimate at each benched
     chain, or at its ttt_steps when nothing was benched; then each engine, set and chain
-    measured), `accept_length` and `requests` (none for training's estimate)."""
-    simulated = [c for c in table if c.startswith("simulated ") and c != SIMULATED]
-    after = table.columns[table.columns.get_loc("training tokens_per_s") + 1 :]
-    measured = [c for c in after if " pos" not in c and not c.endswith(REQUESTS)]
-    bars = [
-        {"variant": r["variant"], "bar": c, "accept_length": r[c], "requests": None}
-        for c in simulated or [SIMULATED]
-        for r in table.to_dict("records")
-    ]
+    measured), `accept_length` and `requests` (none for training's estimate). Built from the
+    same eval rows and bench rows as `variant_table`, labelled as its columns are."""
+    measured = _measured(rows, set_order)
+    measured = measured[measured["drafter"].isin(list(metrics))]
+    chains = list(dict.fromkeys(measured["config"]))
+    bars = []
+    for name, path in metrics.items():
+        best = _best_row(path)
+        estimates = {
+            _simulated(c): simulated_accept_length(best, Chain.parse(c).steps) for c in chains
+        }
+        for label, value in (estimates or {SIMULATED: best["acceptance_length"]}).items():
+            bars.append({"variant": name, "bar": label, "accept_length": value, "requests": None})
     bars += [
-        {"variant": r["variant"], "bar": c, "accept_length": r[c], "requests": r[c + REQUESTS]}
-        for c in measured
-        for r in table.to_dict("records")
+        {
+            "variant": r["drafter"],
+            "bar": _label(r["engine"], r["set"], r["config"]),
+            "accept_length": r["accept_length"],
+            "requests": r["requests"],
+        }
+        for r in measured.to_dict("records")
     ]
     return pd.DataFrame(bars, columns=["variant", "bar", "accept_length", "requests"])
 
@@ -146,5 +165,5 @@ def write_variants(
     """The table (`table` is its .md; .csv and .html beside it) and the plot."""
     df = variant_table(metrics, changes, datasets=datasets, rows=rows, set_order=set_order)
     write_table(df, Path(table).with_suffix(""))
-    plot_variants(variant_bars(df), plot)
+    plot_variants(variant_bars(metrics, rows=rows, set_order=set_order), plot)
     return df

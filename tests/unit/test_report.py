@@ -437,7 +437,7 @@ def test_the_variants_table_puts_each_engines_measured_acceptance_beside_the_sim
     md = (tmp_path / "variants.md").read_text()
     assert "| long | epochs=12 | gsm8k |" in md
     # the plot's bars: training's estimate without a request count, each measurement with its n
-    bars = variant_bars(table.reset_index()).set_index(["variant", "bar"])
+    bars = variant_bars(metrics, rows=files, set_order=["mt_bench"]).set_index(["variant", "bar"])
     assert pd.isna(bars.loc[("base", "simulated 3-1-4"), "requests"])
     assert bars.loc[("base", "sglang mt_bench 3-1-4"), "requests"] == 2
     assert bars.loc[("long", "sglang mt_bench 3-1-4"), "accept_length"] == 3.0
