@@ -9,6 +9,7 @@ from specbuild.config_check import (
     train_datasets,
     train_variants,
 )
+from specbuild.gpus import gpu_slots
 from specbuild.rejects import check_rejected_share
 from specbuild.samples import record_digests
 
@@ -126,9 +127,10 @@ def variant_train(wildcards):
 
 
 def train_gpus(wildcards):
-    """GPUs of a train job: one per DDP process on CUDA (train.nproc of its variant)."""
+    """GPU slots of a train job: a whole GPU (every SPECBUILD_GPU_SLOTS slot) per DDP process
+    on CUDA (train.nproc of its variant)."""
     train = variant_train(wildcards)
-    return train["nproc"] * device_gpus(train["device"])
+    return train["nproc"] * device_gpus(train["device"]) * gpu_slots()
 
 
 @job_function

@@ -1,9 +1,10 @@
 from specbuild.drafter.train import TrainConfig, train_drafter
-from specbuild.gpus import pin_gpus
+from specbuild.gpus import gpu_slots, pin_gpus
 from specbuild.joblog import start_job_log
 
 start_job_log(snakemake.log[0])
-pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
+# before anything touches CUDA; a training shares no GPU (the rule asks for every slot)
+pin_gpus(snakemake.resources.gpu // gpu_slots(), whole=True)
 train_drafter(
     shards=list(snakemake.input.shards),
     eval_shards=list(snakemake.input.eval_shards),

@@ -12,10 +12,12 @@ job's GPUs, and with device cgroups every job on a node sees its own as id 0, so
 locks on ids would make jobs wait for each other's unrelated GPUs.
 
 SPECBUILD_GPU_SLOTS=N lets N jobs share each GPU (a small target on a large GPU: a server
-start, a single-stream bench or a 135M drafter's training leaves most of an H200 idle). Each
-slot is its own lock; a job's ids are distinct GPUs, spread over GPUs before sharing one. Give
-Snakemake `--resources gpu=<GPUs x N>` to match; SGLang servers then size their memory from
-what is free when they start (`mem_fraction_static` is a fraction of that), so they fit.
+start or a single-stream bench leaves most of an H200 idle). Each slot is its own lock; a
+job's ids are distinct GPUs, spread over GPUs before sharing one. Training takes whole GPUs
+(every slot: three 135M drafters sharing one H200 trained at ~0.75x the throughput of one
+alone). Give Snakemake `--resources gpu=<GPUs x N>` to match (the train rule asks for N a GPU);
+SGLang servers size their memory from what is free when they start (`mem_fraction_static` is
+a fraction of that), so they fit beside each other.
 """
 
 from __future__ import annotations
@@ -84,14 +86,49 @@ def _try_lock(path: Path) -> int | None:
     return fd
 
 
+def _slot_lock(folder: Path, gpu: str, slot: int) -> int | None:
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", gpu) + (f".slot{slot}" if slot else "")
+    return _try_lock(folder / f"{name}.lock")
+
+
+def _take(
+    ids: list[str], count: int, slots: int, whole: bool, folder: Path
+) -> list[tuple[str, int]]:
+    """One attempt: (gpu, lock fd) pairs, `count` distinct GPUs, or fewer when not free."""
+    taken: list[tuple[str, int]] = []
+    if whole:  # every slot of each GPU: nothing shares it
+        for gpu in ids:
+            fds = [fd for slot in range(slots) if (fd := _slot_lock(folder, gpu, slot)) is not None]
+            if len(fds) == slots and len({g for g, _ in taken}) < count:
+                taken += [(gpu, fd) for fd in fds]
+            else:
+                for fd in fds:
+                    os.close(fd)
+        return taken
+    # slot-major: every GPU's first slot before any GPU's second
+    for slot in range(slots):
+        for gpu in ids:
+            if len(taken) < count and gpu not in (g for g, _ in taken):
+                if (fd := _slot_lock(folder, gpu, slot)) is not None:
+                    taken.append((gpu, fd))
+    return taken
+
+
 def pin_gpus(
-    count: int, *, wait_s: float = 3600.0, poll_s: float = 2.0, log_every_s: float = 60.0
+    count: int,
+    *,
+    whole: bool = False,
+    wait_s: float = 3600.0,
+    poll_s: float = 2.0,
+    log_every_s: float = 60.0,
 ) -> list[str]:
     """Claim `count` free GPUs for this process and restrict CUDA_VISIBLE_DEVICES to them.
 
     Returns the ids taken ([] for count 0, inside a SLURM job, or where no GPU is visible:
     then nothing changes and a CUDA job fails on its own with its own message). Waits up to
     `wait_s` for another job to free GPUs, then raises naming the holders' lock folder.
+    `whole`: every slot of each GPU (SPECBUILD_GPU_SLOTS), for a job that must not share one
+    (training: three drafters on one H200 ran at ~0.75x the throughput of one alone).
     """
     if count <= 0:
         return []
@@ -112,19 +149,10 @@ def pin_gpus(
     slots = gpu_slots()
     start = last_log = time.monotonic()
     while True:
-        taken: list[tuple[str, int]] = []
-        # slot-major: every GPU's first slot before any GPU's second
-        for slot in range(slots):
-            for gpu in ids:
-                if len(taken) == count or gpu in (g for g, _ in taken):
-                    continue
-                name = re.sub(r"[^A-Za-z0-9_-]", "_", gpu) + (f".slot{slot}" if slot else "")
-                fd = _try_lock(folder / f"{name}.lock")
-                if fd is not None:
-                    taken.append((gpu, fd))
-        if len(taken) == count:
+        taken = _take(ids, count, slots, whole, folder)
+        chosen = list(dict.fromkeys(gpu for gpu, _ in taken))
+        if len(chosen) == count:
             _held.extend(fd for _, fd in taken)
-            chosen = [gpu for gpu, _ in taken]
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
             log.info("pinned to GPU(s) %s (of %s)", ",".join(chosen), ",".join(ids))
             return chosen

@@ -14,7 +14,7 @@ from specbuild import gpus
 HOLDER = """
 import sys, time
 from specbuild.gpus import pin_gpus
-print(",".join(pin_gpus(int(sys.argv[1]))), flush=True)
+print(",".join(pin_gpus(int(sys.argv[1]), whole=sys.argv[2] == "whole")), flush=True)
 time.sleep(600)
 """
 
@@ -35,9 +35,10 @@ def holder():
     """Start a job process that pins N GPUs and keeps them; returns (process, ids)."""
     procs = []
 
-    def start(count: int) -> tuple[subprocess.Popen, list[str]]:
+    def start(count: int, whole: bool = False) -> tuple[subprocess.Popen, list[str]]:
+        mode = "whole" if whole else "slot"
         proc = subprocess.Popen(
-            [sys.executable, "-c", HOLDER, str(count)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", HOLDER, str(count), mode], stdout=subprocess.PIPE, text=True
         )
         procs.append(proc)
         return proc, proc.stdout.readline().strip().split(",")
@@ -72,6 +73,26 @@ def test_slots_share_a_gpu_after_every_gpu_has_a_job(host, holder, monkeypatch):
     assert gpus.pin_gpus(1, wait_s=0) == ["7"]
     with pytest.raises(TimeoutError, match="no 1 free GPU"):
         gpus.pin_gpus(1, wait_s=0.2, poll_s=0.05)
+
+
+def test_a_whole_gpu_job_takes_every_slot_of_a_gpu_nobody_uses(host, holder, monkeypatch):
+    monkeypatch.setenv("SPECBUILD_GPU_SLOTS", "2")
+    holder(1)  # GPU 3, first slot
+    _, trainer = holder(1)  # GPU 5, first slot
+    assert trainer == ["5"]
+    # a training needs a GPU with no job on it: 7 (3 and 5 each hold one)
+    assert gpus.pin_gpus(1, whole=True, wait_s=0) == ["7"]
+
+
+def test_a_whole_gpu_job_keeps_others_off_its_gpu(host, holder, monkeypatch):
+    monkeypatch.setenv("SPECBUILD_GPU_SLOTS", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    _, trainer = holder(1, whole=True)
+    assert trainer == ["3"]
+    _, first = holder(1)
+    assert first == ["5"]
+    # both slots of 5 are taken next; none of 3's
+    assert gpus.pin_gpus(1, wait_s=0) == ["5"]
 
 
 def test_bad_slot_count_is_named(host, monkeypatch):
