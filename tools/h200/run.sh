@@ -28,6 +28,21 @@
 # SPECBUILD_VARIANTS="fc_norm long" builds only those variants (and base), and only the
 # datasets they train on. SPECBUILD_SET="sglang.tuning.enabled=false bench.sweep_drafters=[]"
 # sets config keys (dotted path = a YAML value, no spaces in either) in the derived copy.
+# SPECBUILD_PRIORITY="base long": the variants whose drafters are built first (default base).
+# SPECBUILD_GPU_SLOTS=N lets N jobs share each GPU (specbuild.gpus): at SmolLM2 a server start
+# or a single-stream bench leaves most of an H200 idle; a training takes a whole GPU (three
+# sharing one ran at ~0.75x one alone, BENCHMARKS.md); served tok/s of jobs that shared a GPU
+# are shared-GPU figures (acceptance is unaffected).
+# SPECBUILD_DATA_SERVER=1 starts one SGLang server of the target before snakemake and points
+# synthesize and generate at it (generate.backend openai, sglang.endpoint): one server start
+# instead of one a job, and every data job batches into it (four datasets in 10.3 GPU-minutes
+# on one H200, against ~15.2 for three with a server a job); it holds
+# SPECBUILD_DATA_SERVER_MEM (default 0.3) of the GPU's memory until the run ends. Keep the
+# jobs' requests in flight together within its cuda_graph_max_bs_decode (sglang.max_concurrency
+# a job): above it decode runs without CUDA graphs. SPECBUILD_DATA_SERVER=done keeps that
+# config for a run whose data is built, and starts no server. Beside a data server the
+# in-process runner of `hidden` needs sglang.hidden.mem_fraction_static above the share of
+# GPU memory others hold (0.25 failed beside it, 0.6 ran).
 # Tables, plots and logs come back in $OUT: summary.md, snakemake.log, specbuild-h200.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
