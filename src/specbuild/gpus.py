@@ -17,7 +17,8 @@ job's ids are distinct GPUs, spread over GPUs before sharing one. Training takes
 (every slot: three 135M drafters sharing one H200 trained at ~0.75x the throughput of one
 alone). Give Snakemake `--resources gpu=<GPUs x N>` to match (the train rule asks for N a GPU);
 SGLang servers size their memory from what is free when they start (`mem_fraction_static` is
-a fraction of that), so they fit beside each other.
+a fraction of that), so they fit beside each other. Slots are for local runs: under SLURM
+leave the variable unset (the `gpu` resource there is what each job asks SLURM for).
 """
 
 from __future__ import annotations
