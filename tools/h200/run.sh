@@ -43,6 +43,11 @@
 # config for a run whose data is built, and starts no server. Beside a data server the
 # in-process runner of `hidden` needs sglang.hidden.mem_fraction_static above the share of
 # GPU memory others hold (0.25 failed beside it, 0.6 ran).
+# The whole variants run, as the eighth session's single-H200 hold suggests it (~3,000 GPU-s
+# before these switches; not yet run with them):
+#   SPECBUILD_DATA_SERVER=1 SPECBUILD_GPU_SLOTS=2 SPECBUILD_PRIORITY="base long" \
+#   SPECBUILD_SET="sglang.tuning.enabled=false bench.sweep_drafters=[] \
+#     sglang.hidden.mem_fraction_static=0.6 sglang.max_concurrency=64" bash tools/h200/run.sh
 # Tables, plots and logs come back in $OUT: summary.md, snakemake.log, specbuild-h200.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
