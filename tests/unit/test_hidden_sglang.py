@@ -316,12 +316,12 @@ def _tokenized_mt_bench(folder: Path, tokenizer, target_dir: Path, n: int = 24) 
 
 
 def _layer_cosines(a: Path, b: Path) -> dict[str, float]:
-    from specbuild.hidden.shards import dequantize_aux, read_shard
+    from specbuild.hidden.shards import dequantize_state, read_shard
 
     (ta, ma), (tb, mb) = read_shard(a), read_shard(b)
     assert torch.equal(ta["input_ids"], tb["input_ids"]) and ma["layer_ids"] == mb["layer_ids"]
     h = ta["last"].shape[1]
-    xa, xb = dequantize_aux(ta), dequantize_aux(tb)
+    xa, xb = dequantize_state(ta, "aux"), dequantize_state(tb, "aux")
     out = {}
     for k, name in enumerate(("low", "mid", "high")):
         cos = torch.nn.functional.cosine_similarity(
