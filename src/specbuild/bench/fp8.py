@@ -132,10 +132,11 @@ def make_arm(repo: Path, workdir: Path, config: dict, storage: str, limit: int) 
     for s in cfg["bench"]["sets"].values():
         s["limit"] = limit
     (workdir / "arm.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    _link_tree(repo / "results", workdir / "results", () if storage == "bf16" else REBUILT)
-    # Snakemake's records of the built jobs (params, code, inputs): without them every reused
-    # output would only be trusted by its mtime
-    _link_tree(repo / ".snakemake" / "metadata", workdir / ".snakemake" / "metadata")
+    skip = (workdir.parent.name,) if workdir.parent.parent == repo / "results" else ()
+    _link_tree(repo / "results", workdir / "results", skip + (() if storage == "bf16" else REBUILT))
+    # Snakemake's records of the built jobs (params, code, inputs), copied: it rewrites them
+    # in place. Without them a reused output would be trusted by its mtime alone.
+    shutil.copytree(repo / ".snakemake" / "metadata", workdir / ".snakemake" / "metadata")
     return workdir
 
 
