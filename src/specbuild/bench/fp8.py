@@ -17,9 +17,11 @@ bf16 hidden shards and drafter). Then:
    tokenized shards. Every arm's bench is the config's, with each set's limit raised to
    `--limit` and no baseline (acceptance needs none): the CPU default's 12 requests cannot show
    a 2% difference. Arms run side by side, `--cores` split between them.
-3. OUT/result.json and OUT/table.md: bytes per token, simulated acceptance (the trainer's best
-   eval row; its teacher is each arm's own `last`), served acceptance per set and over all sets
-   with 95% bootstrap intervals, and fp8 / bf16 over the same requests with a paired interval.
+3. OUT/result.json and OUT/table.md: bytes per token; simulated acceptance, both the trainer's
+   best eval row (its teacher: the arm's own, maybe fp8, `last`) and the arm's exported drafter
+   on the bf16 shards' eval split (one teacher for every arm: what a served target would
+   accept); served acceptance per set and over all sets with 95% bootstrap intervals; and
+   fp8 / bf16 over the same requests with a paired interval.
 
 Greedy decoding is lossless: both arms generate the same tokens, only the verify steps differ.
 """
@@ -42,6 +44,7 @@ import yaml
 
 from specbuild.bench.metrics import acceptance_interval, paired_ratio_interval
 from specbuild.drafter.teacher import read_target_weights
+from specbuild.drafter.train import TrainConfig, evaluate_drafter
 from specbuild.hidden.fp8 import dequantize_fp8, parse_storage, quantize_fp8, scale_groups
 from specbuild.hidden.shards import AUX_LAYERS, read_shard
 from specbuild.io import write_json
@@ -178,9 +181,15 @@ def _accept(rows: list[dict]) -> dict:
     return {"requests": len(rows), "acceptance": sum(c) / sum(v), "lo": lo, "hi": hi}
 
 
-def compare(workdirs: dict[str, Path], chain: str, drafter: str = "base") -> dict:
-    """Per arm: bytes per token, simulated and served acceptance; fp8 arms also / bf16."""
+def compare(
+    workdirs: dict[str, Path], chain: str, train: TrainConfig, drafter: str = "base"
+) -> dict:
+    """Per arm: bytes per token, simulated acceptance (the trainer's, and its exported drafter's
+    on the bf16 shards' eval split: one teacher for all), served acceptance; fp8 arms / bf16."""
     out = {}
+    ref = workdirs["bf16"] / "results"
+    ref_shards = [str(p) for p in sorted((ref / "hidden").glob("*/*.safetensors"))]
+    fingerprint = str(next((ref / "target").glob("*/fingerprint.json")))
     ref_rows = _rows(workdirs["bf16"] / f"results/bench/hf/{drafter}/{chain}.jsonl")
     for storage, wd in workdirs.items():
         shards = sorted((wd / "results" / "hidden").glob("*/*.safetensors"))
@@ -192,6 +201,13 @@ def compare(workdirs: dict[str, Path], chain: str, drafter: str = "base") -> dic
         arm = {
             "bytes_per_token": sum(p.stat().st_size for p in shards) / tokens,
             "simulated": max(r["acceptance_length"] for r in evals),  # the trainer's best
+            "simulated_bf16_teacher": evaluate_drafter(
+                drafter=wd / "results" / "drafter" / drafter,
+                shards=ref_shards,
+                vocab=str(ref / "vocab" / "vocab.safetensors"),
+                target_fingerprint=fingerprint,
+                config=train,
+            )["acceptance_length"],
             "served": {s: _accept([r for k, r in rows.items() if k[0] == s]) for s in [*sets]},
         }
         arm["served"]["all"] = _accept(list(rows.values()))
@@ -210,6 +226,9 @@ def compare(workdirs: dict[str, Path], chain: str, drafter: str = "base") -> dic
     for arm in out.values():
         arm["bytes_vs_bf16"] = arm["bytes_per_token"] / out["bf16"]["bytes_per_token"]
         arm["simulated_vs_bf16"] = arm["simulated"] / out["bf16"]["simulated"]
+        arm["simulated_bf16_teacher_vs_bf16"] = (
+            arm["simulated_bf16_teacher"] / out["bf16"]["simulated_bf16_teacher"]
+        )
     return out
 
 
@@ -221,10 +240,11 @@ def table(result: dict) -> str:
     arms, quant = result["arms"], result["quantization"]
     sets = [s for s in next(iter(arms.values()))["served"] if s != "all"] + ["all"]
     lines = [
-        "| storage | bytes/token | vs bf16 | simulated | vs bf16 | "
-        + " | ".join(f"{s} (interval)" for s in sets)
-        + " | all, fp8 / bf16 (paired interval) |",
-        "|---" * (6 + len(sets)) + "|",
+        "| storage | bytes/token | vs bf16 | simulated (own teacher) | vs bf16 | simulated "
+        "(bf16 teacher) | vs bf16 | "
+        + " | ".join(f"served {s} (interval)" for s in sets)
+        + " | served, all / bf16 (paired interval) |",
+        "|---" * (8 + len(sets)) + "|",
     ]
     for storage, a in arms.items():
         served = [
@@ -241,6 +261,7 @@ def table(result: dict) -> str:
         lines.append(
             f"| {storage} | {a['bytes_per_token']:.0f} | {a['bytes_vs_bf16']:.3f} | "
             f"{a['simulated']:.3f} | {a['simulated_vs_bf16']:.3f} | "
+            f"{a['simulated_bf16_teacher']:.3f} | {a['simulated_bf16_teacher_vs_bf16']:.3f} | "
             + " | ".join(served)
             + f" | {paired} |"
         )
@@ -269,6 +290,10 @@ def main(argv: list[str] | None = None) -> None:
     if config["hidden"]["storage"] != "bf16":
         raise SystemExit(f"{args.config}: hidden.storage must be bf16, the reference arm")
     chain = config["bench"]["chains"][0]
+    # the base recipe's keys; the schema's defaults are TrainConfig's
+    train = TrainConfig.from_params(
+        {k: v for k, v in config["train"].items() if k not in ("datasets", "variants")}
+    )
     target_dir = next((repo / "results" / "target").iterdir())
     built = sorted((repo / "results" / "hidden").glob("*/*.safetensors"))
     if not built or not (repo / "results" / "drafter" / "base").is_dir():
@@ -294,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         "limit": args.limit,
         "times": times,
         "quantization": quant,
-        "arms": compare(workdirs, chain),
+        "arms": compare(workdirs, chain, train),
         "goal": {"bytes_vs_bf16": GOAL_BYTES, "acceptance_vs_bf16": GOAL_ACCEPTANCE},
     }
     write_json(out / "result.json", result)
