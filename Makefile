@@ -99,10 +99,11 @@ bench-workflow: setup
 		$(if $(COMPARE),--compare $(COMPARE))
 
 # fp8 hidden-state shards against bf16 on the same tokenized data (issue 17.3): quantization
-# error per layer, bytes per token, simulated and served acceptance (bench limits raised to
-# LIMIT per set), one workdir per storage under results/bench-fp8/ -> result.json, table.md.
-# Builds $(CONFIG) first; each fp8 arm then retrains (~10-20 min an arm on 2 cores).
-STORAGES ?= fp8 fp8-g64
+# error per layer (fp8, fp8-g64, fp8-g32), bytes per token, simulated and served acceptance
+# (bench limits raised to LIMIT per set), one workdir per storage under results/bench-fp8/ ->
+# result.json, table.md. Builds $(CONFIG) first; each arm of STORAGES ("fp8 fp8-g64": two)
+# then retrains and benches (~35 min an arm on 2 busy cores at LIMIT=12).
+STORAGES ?= fp8
 LIMIT    ?= 20
 bench-fp8: run
 	$(BIN)/python -m specbuild.bench.fp8 --config $(CONFIG) --storages $(STORAGES) --limit $(LIMIT)

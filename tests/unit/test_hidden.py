@@ -458,3 +458,16 @@ def test_cuda_bf16_extraction_stays_aligned_with_cpu_float32(target_dir, rows, r
         for got, want in ((aux.float().cpu(), want_aux), (last.float().cpu(), hs[-1])):
             cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
             assert float(cos.min()) > 0.98
+
+
+def test_bench_fp8_measures_each_layers_error_and_smaller_groups_err_less(bf16_shard, target_dir):
+    from specbuild.bench.fp8 import LAYER_NAMES, quantization_error
+
+    got = quantization_error([bf16_shard], target_dir, ["fp8", "fp8-g64"])
+    per_layer, grouped = got["storages"]["fp8"], got["storages"]["fp8-g64"]
+    assert got["tokens"] == read_shard(bf16_shard)[0]["input_ids"].numel()
+    for name in LAYER_NAMES:
+        # e4m3's 3 mantissa bits: a few % relative error, never the scale's doing alone
+        assert 0.005 < grouped[name]["rel_error"] < per_layer[name]["rel_error"] < 0.05, name
+        assert per_layer[name]["cosine"] > 0.999, name
+    assert 0.9 < per_layer["last"]["argmax_agreement"] <= 1.0
