@@ -10,11 +10,11 @@ One safetensors file per tokenized shard:
 
 or, with dtype "fp8" (fp8.py), aux and last as float8_e4m3fn, each with its float32 scales:
 
-    aux_scale  float32 [T, 3G]    G scales per token and layer (G = 1: the whole layer; else
-    last_scale float32 [T, G]     one per H/G channels, hidden.fp8_group_size), layer by layer
+    aux_scale  float32 [T, 3G]    G scales per token and layer, layer by layer (hidden.storage
+    last_scale float32 [T, G]     fp8: G = 1, the whole layer; fp8-g<N>: one per N channels)
 
-An fp8 shard written before `last` was stored in fp8 (specbuild <= 0.1.x: last bf16, no
-last_scale, aux_scale [T, 3]) still reads and verifies: its data is sound, only larger.
+An fp8 shard written before `last` was stored in fp8 too (last bf16, no last_scale, aux_scale
+[T, 3]) still reads and verifies: its data is sound, only larger.
 
 metadata (str -> str): layer_ids (JSON list), backend, target_fingerprint,
 tokenizer_fingerprint, dtype ("bf16" | "fp8"), specbuild_version, and checksums (JSON, added by
