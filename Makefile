@@ -10,7 +10,7 @@ ARGS   ?=
 SNAKEMAKE = $(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) $(ARGS)
 
 .PHONY: help setup run dry-run test lint format report clean clean-all slurm serve
-.PHONY: bench-extract bench-train bench-workflow
+.PHONY: bench-extract bench-train bench-workflow bench-fp8
 
 help:
 	@echo "make run      set up if needed, then build $(CONFIG) end to end (TARGET=$(TARGET))"
@@ -97,6 +97,16 @@ COMPARE ?=
 bench-workflow: setup
 	$(BIN)/python -m specbuild.bench.workflow --shards $(SHARDS) --repeats $(REPEATS) \
 		$(if $(COMPARE),--compare $(COMPARE))
+
+# fp8 hidden-state shards against bf16 on the same tokenized data (issue 17.3): quantization
+# error per layer (fp8, fp8-g64, fp8-g32), bytes per token, simulated and served acceptance
+# (bench limits raised to LIMIT per set), one workdir per storage under results/bench-fp8/ ->
+# result.json, table.md. Builds $(CONFIG) first; each arm of STORAGES ("fp8 fp8-g64": two)
+# then retrains and benches (~35 min an arm on 2 busy cores at LIMIT=12).
+STORAGES ?= fp8
+LIMIT    ?= 20
+bench-fp8: run
+	$(BIN)/python -m specbuild.bench.fp8 --config $(CONFIG) --storages $(STORAGES) --limit $(LIMIT)
 
 # Every job through sbatch, with the profile's resources (README "Running on a cluster").
 # profiles/slurm needs its account/partition placeholders filled in first;

@@ -163,7 +163,7 @@ def check_alignment(
     table: specbuild.report.pipeline); raise AlignmentError naming every layer outside the
     thresholds."""
     from specbuild.hidden.extract import open_backend
-    from specbuild.hidden.shards import dequantize_aux, read_shard
+    from specbuild.hidden.shards import dequantize_state, read_shard
 
     loaded = [read_shard(p) for p in shards]
     layer_sets = {m["layer_ids"] for _, m in loaded}
@@ -177,10 +177,9 @@ def check_alignment(
         t, _ = loaded[s]
         a, b = int(t["offsets"][i]), int(t["offsets"][i + 1])
         batch.append(t["input_ids"][a:b].tolist())
-        train_aux.append(
-            dequantize_aux({k: v[a:b] for k, v in t.items() if k in ("aux", "aux_scale")})
-        )
-        train_last.append(t["last"][a:b].float())
+        rows = {k: v[a:b] for k, v in t.items() if v.dim() == 2}  # aux, last and scales
+        train_aux.append(dequantize_state(rows, "aux"))
+        train_last.append(dequantize_state(rows, "last"))
     log.info(
         "align: %d rows (%d tokens) from %d shard(s), layer ids %s; serving backend %s",
         len(batch),

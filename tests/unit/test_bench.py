@@ -23,6 +23,7 @@ from specbuild.bench.metrics import (
     inter_token_latency,
     latency_stats,
     output_throughput,
+    paired_ratio_interval,
     position_rates,
     summarize,
 )
@@ -115,6 +116,24 @@ def test_the_interval_needs_five_requests_and_never_falls_below_one():
     lo, hi = acceptance_interval(completion, verify)
     assert 1.0 <= lo < sum(completion) / sum(verify) < hi <= 3.0
     assert acceptance_interval(completion, verify) == (lo, hi)  # seeded
+
+
+def test_the_paired_interval_cancels_what_both_runs_share():
+    """Requests of very different difficulty, B accepting 5% more on each: the unpaired
+    intervals overlap widely, the paired one is tight around 1.05 and excludes 1."""
+    completion = [64] * 20
+    verify_a = [16 + 2 * i for i in range(20)]  # acceptance 4.0 down to ~1.2
+    verify_b = [v / 1.05 * (1 + 0.01 * (-1) ** i) for i, v in enumerate(verify_a)]  # +-1%
+    ratio, lo, hi = paired_ratio_interval(completion, verify_a, completion, verify_b)
+    assert ratio == pytest.approx(1.05, abs=0.002) and 1.03 < lo < ratio < hi < 1.07
+    a_lo, a_hi = acceptance_interval(completion, verify_a)
+    b_lo, b_hi = acceptance_interval(completion, verify_b)
+    assert b_lo < a_hi  # the unpaired intervals cannot tell the runs apart
+    assert paired_ratio_interval(completion[:4], verify_a[:4], completion[:4], verify_a[:4]) == (
+        1.0,
+        None,
+        None,
+    )
 
 
 def test_latencies_are_mean_and_percentiles_over_requests():

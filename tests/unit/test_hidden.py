@@ -18,12 +18,12 @@ from specbuild.hidden.extract import (
     plan_batches,
     resolve_layer_ids,
 )
-from specbuild.hidden.fp8 import dequantize_fp8, quantize_fp8
+from specbuild.hidden.fp8 import dequantize_fp8, parse_storage, quantize_fp8
 from specbuild.hidden.hf import HFFeatureBackend
 from specbuild.hidden.shards import (
     ShardError,
     check_shard,
-    dequantize_aux,
+    dequantize_state,
     read_shard,
     shard_nbytes,
     verify_shard_file,
@@ -187,7 +187,9 @@ def test_stored_aux_and_last_equal_output_hidden_states_within_bf16(bf16_shard, 
         span = slice(off[i], off[i + 1])
         want_aux = torch.cat([hs[j + 1] for j in LAYER_IDS], dim=-1)
         # bf16 keeps 8 significant bits: relative rounding error <= 2**-9
-        torch.testing.assert_close(dequantize_aux(tensors)[span], want_aux, rtol=2**-8, atol=1e-3)
+        torch.testing.assert_close(
+            dequantize_state(tensors, "aux")[span], want_aux, rtol=2**-8, atol=1e-3
+        )
         torch.testing.assert_close(tensors["last"][span].float(), hs[-1], rtol=2**-8, atol=1e-3)
 
 
@@ -253,16 +255,46 @@ def test_fp8_round_trip_error_is_bounded_by_each_token_and_layer_scale():
     assert float(((x - back).abs() / x.abs())[big].max()) <= 1 / 16
 
 
-def test_fp8_shard_halves_aux_bytes_and_dequantizes_close_to_bf16(fp8_shard, bf16_shard):
-    t8, meta = read_shard(fp8_shard)
+@pytest.fixture(scope="module")
+def fp8_g64_shard(tmp_path_factory, tokenized, target_dir) -> Path:
+    out = tmp_path_factory.mktemp("hidden") / "00000.safetensors"
+    _extract(tokenized, target_dir, out, storage="fp8-g64")
+    return out
+
+
+@pytest.mark.parametrize("storage,groups", [("fp8", 1), ("fp8-g64", 576 // 64)])
+def test_fp8_shards_halve_the_bytes_and_dequantize_close_to_bf16(
+    storage, groups, fp8_shard, fp8_g64_shard, bf16_shard
+):
+    path = fp8_shard if storage == "fp8" else fp8_g64_shard
+    t8, meta = read_shard(path)
     t16, _ = read_shard(bf16_shard)
-    assert meta["dtype"] == "fp8" and t8["aux"].dtype == torch.float8_e4m3fn
-    assert t8["aux_scale"].shape == (t8["aux"].shape[0], 3)
-    ref = dequantize_aux(t16)
-    scale = t8["aux_scale"].repeat_interleave(t8["aux"].shape[1] // 3, dim=1)
-    err = (dequantize_aux(t8) - ref).abs()
-    assert bool((err <= ref.abs() / 16 + scale / 1024 + ref.abs() * 2**-8).all())
-    assert os.path.getsize(fp8_shard) < 0.7 * os.path.getsize(bf16_shard)
+    assert meta["dtype"] == "fp8"
+    for key, layers in (("aux", 3), ("last", 1)):
+        assert t8[key].dtype == torch.float8_e4m3fn
+        scales = t8[f"{key}_scale"]
+        assert scales.shape == (t8[key].shape[0], layers * groups)
+        ref = dequantize_state(t16, key)
+        scale = scales.repeat_interleave(576 // groups, dim=1)  # each element's own scale
+        err = (dequantize_state(t8, key) - ref).abs()
+        assert bool((err <= ref.abs() / 16 + scale / 1024 + ref.abs() * 2**-8).all()), key
+    # 4H + 4 * 4 * groups + 5 bytes a token against 8H + 5 (H = 576)
+    assert os.path.getsize(path) < (0.51 if groups == 1 else 0.54) * os.path.getsize(bf16_shard)
+
+
+def test_storage_names_parse_and_a_group_not_dividing_h_stops_before_any_model_loads(
+    tmp_path, tokenized, target_dir, monkeypatch
+):
+    assert parse_storage("bf16") == ("bf16", 0) and parse_storage("fp8") == ("fp8", 0)
+    assert parse_storage("fp8-g64") == ("fp8", 64)
+    for bad in ("fp16", "fp8-g0", "fp8-g", "bf16-g64", "fp8-64"):
+        with pytest.raises(ValueError, match="hidden.storage"):
+            parse_storage(bad)
+    loaded = []
+    monkeypatch.setattr("specbuild.hidden.extract.open_backend", lambda *a, **k: loaded.append(1))
+    with pytest.raises(ValueError, match=r"hidden.storage fp8-g100: .* hidden size 576"):
+        _extract(tokenized, target_dir, tmp_path / "00000.safetensors", storage="fp8-g100")
+    assert not loaded and not list(tmp_path.iterdir())
 
 
 # --- verification catches bad shards --------------------------------------------------------
@@ -343,12 +375,19 @@ def test_a_backend_producing_nan_fails_the_job_and_publishes_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("storage", ["bf16", "fp8"])
-def test_the_size_estimate_matches_the_written_file(storage, bf16_shard, fp8_shard, tokenized):
-    path = bf16_shard if storage == "bf16" else fp8_shard
+@pytest.mark.parametrize("storage", ["bf16", "fp8", "fp8-g64"])
+def test_the_size_estimate_matches_the_written_file(
+    storage, bf16_shard, fp8_shard, fp8_g64_shard, tokenized
+):
+    path = {"bf16": bf16_shard, "fp8": fp8_shard, "fp8-g64": fp8_g64_shard}[storage]
     shard = _token_shard(tokenized)
+    dtype, group = parse_storage(storage)
     estimate = shard_nbytes(
-        tokens=shard.num_tokens, samples=len(shard), hidden_size=576, storage=storage
+        tokens=shard.num_tokens,
+        samples=len(shard),
+        hidden_size=576,
+        storage=dtype,
+        fp8_group_size=group,
     )
     assert 0 < os.path.getsize(path) - estimate < 2048  # the safetensors header and metadata
 
@@ -419,3 +458,16 @@ def test_cuda_bf16_extraction_stays_aligned_with_cpu_float32(target_dir, rows, r
         for got, want in ((aux.float().cpu(), want_aux), (last.float().cpu(), hs[-1])):
             cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
             assert float(cos.min()) > 0.98
+
+
+def test_bench_fp8_measures_each_layers_error_and_smaller_groups_err_less(bf16_shard, target_dir):
+    from specbuild.bench.fp8 import LAYER_NAMES, quantization_error
+
+    got = quantization_error([bf16_shard], target_dir, ["fp8", "fp8-g64"])
+    per_layer, grouped = got["storages"]["fp8"], got["storages"]["fp8-g64"]
+    assert got["tokens"] == read_shard(bf16_shard)[0]["input_ids"].numel()
+    for name in LAYER_NAMES:
+        # e4m3's 3 mantissa bits: a few % relative error, never the scale's doing alone
+        assert 0.005 < grouped[name]["rel_error"] < per_layer[name]["rel_error"] < 0.05, name
+        assert per_layer[name]["cosine"] > 0.999, name
+    assert 0.9 < per_layer["last"]["argmax_agreement"] <= 1.0

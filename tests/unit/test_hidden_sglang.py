@@ -164,14 +164,15 @@ def test_sglang_backend_states_land_in_shard_order_like_hf(target_model, fake_ru
         torch.testing.assert_close(got[key].float(), want[key].float(), rtol=2**-7, atol=2e-2)
 
 
-def test_fp8_storage_through_a_runner_keeps_scales_per_token_and_layer(
+def test_fp8_storage_through_a_runner_keeps_aux_and_last_scales_per_token_and_layer(
     target_model, fake_runner, tmp_path
 ):
     shard = _shard([9, 4, 6])
     runner = fake_runner(target_model, LAYER_IDS)
     got, _ = _extracted(tmp_path / "fp8.safetensors", shard, SGLangFeatureBackend(runner), "fp8")
     assert got["aux"].dtype == torch.float8_e4m3fn and got["aux_scale"].shape == (19, 3)
-    assert bool((got["aux_scale"] > 0).all())
+    assert got["last"].dtype == torch.float8_e4m3fn and got["last_scale"].shape == (19, 1)
+    assert bool((got["aux_scale"] > 0).all()) and bool((got["last_scale"] > 0).all())
 
 
 @pytest.mark.parametrize(
@@ -316,12 +317,12 @@ def _tokenized_mt_bench(folder: Path, tokenizer, target_dir: Path, n: int = 24) 
 
 
 def _layer_cosines(a: Path, b: Path) -> dict[str, float]:
-    from specbuild.hidden.shards import dequantize_aux, read_shard
+    from specbuild.hidden.shards import dequantize_state, read_shard
 
     (ta, ma), (tb, mb) = read_shard(a), read_shard(b)
     assert torch.equal(ta["input_ids"], tb["input_ids"]) and ma["layer_ids"] == mb["layer_ids"]
     h = ta["last"].shape[1]
-    xa, xb = dequantize_aux(ta), dequantize_aux(tb)
+    xa, xb = dequantize_state(ta, "aux"), dequantize_state(tb, "aux")
     out = {}
     for k, name in enumerate(("low", "mid", "high")):
         cos = torch.nn.functional.cosine_similarity(

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specbuild.drafter.data import check_verified, verify_shards
+from specbuild.drafter.data import ShardSet, check_verified, verify_shards
 from specbuild.hidden.fp8 import quantize_fp8
 from specbuild.hidden.integrity import CHECKSUM_KEY, ST_DTYPES, TORCH_DTYPES
 from specbuild.hidden.shards import (
@@ -41,25 +41,31 @@ META = {
 
 
 def _tensors(storage: str = "bf16", seed: int = 0) -> dict[str, torch.Tensor]:
+    """A shard's tensors: storage bf16, fp8 (a scale per token and layer), fp8-g4 (a scale per
+    4 channels) or fp8-legacy (aux fp8, last bf16: the layout before `last` went fp8)."""
     g = torch.Generator().manual_seed(seed)
     lengths = [3, 7, 4, 9, 5]
     T = sum(lengths)
     aux = torch.randn(T, 3 * H, generator=g)
+    last = torch.randn(T, H, generator=g)
     out = {
         "input_ids": torch.randint(0, 100, (T,), generator=g, dtype=torch.int32),
         "loss_mask": (torch.arange(T) % 3 != 0).to(torch.uint8),
         "offsets": torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]),
-        "last": torch.randn(T, H, generator=g).bfloat16(),
+        "aux": aux.bfloat16(),
+        "last": last.bfloat16(),
     }
-    if storage == "fp8":
-        out["aux"], out["aux_scale"] = quantize_fp8(aux, 3)
-    else:
-        out["aux"] = aux.bfloat16()
+    if storage.startswith("fp8"):
+        groups = 2 if storage == "fp8-g4" else 1  # scales per token and layer
+        out["aux"], out["aux_scale"] = quantize_fp8(aux, 3 * groups)
+        if storage != "fp8-legacy":
+            out["last"], out["last_scale"] = quantize_fp8(last, groups)
     return out
 
 
 def _write(path: Path, storage: str = "bf16") -> Path:
-    write_shard(path, _tensors(storage), META | {"dtype": storage})
+    dtype = storage.split("-")[0]  # the metadata names the dtype, not the scale layout
+    write_shard(path, _tensors(storage), META | {"dtype": dtype})
     return path
 
 
@@ -155,12 +161,55 @@ def test_read_shard_checks_the_checksums_of_what_it_loaded(tmp_path, name):
         read_shard(path)
 
 
-def test_a_flipped_fp8_aux_byte_fails_verification(tmp_path):
+@pytest.mark.parametrize("name", ["aux", "last", "last_scale"])
+def test_a_flipped_fp8_byte_fails_verification(tmp_path, name):
     path = _write(tmp_path / "00000.safetensors", storage="fp8")
     verify_shard_file(path, hidden_size=H)
-    _flip_low_bits(path, "aux", nbytes=1)
-    with pytest.raises(ShardError, match="aux: checksum mismatch"):
+    _flip_low_bits(path, name, nbytes=1)
+    with pytest.raises(ShardError, match=f"{name}: checksum mismatch"):
         verify_shard_file(path, hidden_size=H)
+
+
+@pytest.mark.parametrize("storage", ["fp8", "fp8-g4", "fp8-legacy"])
+def test_fp8_shards_verify_and_read_back_close_to_their_float_values(tmp_path, storage):
+    """Every fp8 layout verifies and the trainer's reader returns aux and last within e4m3's
+    error of the float values; the legacy one (aux-only fp8) keeps its bf16 last."""
+    path = _write(tmp_path / "hidden" / "d" / "00000.safetensors", storage)
+    meta = verify_shard_file(path, hidden_size=H)
+    assert meta["dtype"] == "fp8"
+    data = ShardSet([path], hidden_size=H)
+    ref = _tensors("bf16")  # the same seed: the values before quantization (as bf16)
+    for r in data.refs:
+        sample = data.load(r, max_length=64)
+        for key in ("aux", "last"):
+            want = ref[key][r.start : r.end].float()
+            got = sample[key]
+            if storage == "fp8-legacy" and key == "last":
+                assert got.dtype == torch.bfloat16 and torch.equal(got.float(), want)
+            else:
+                assert got.dtype == torch.float32  # dequantized
+                # |x - x'| <= |x| / 16 + scale / 1024 (fp8.py), scale <= max |x| / 448
+                bound = want.abs() / 16 + want.abs().amax() / 448 / 1024 + want.abs() * 2**-8
+                assert bool(((got - want).abs() <= bound).all()), key
+
+
+def test_an_fp8_shard_whose_scales_disagree_with_its_states_fails_naming_each(tmp_path):
+    tensors = _tensors("fp8")
+    cases = {
+        "missing tensor 'last_scale'": {k: v for k, v in tensors.items() if k != "last_scale"},
+        r"last_scale: shape \(28, 2\), expected \[28, 1\]": tensors
+        | {"last_scale": tensors["last_scale"].repeat(1, 2)},
+        r"aux_scale: shape \(28, 4\), expected \[28, 3G\] with G dividing H=8": tensors
+        | {"aux_scale": torch.ones(28, 4)},
+        "last_scale: non-positive scale": tensors | {"last_scale": -tensors["last_scale"]},
+        r"last: dtype torch.bfloat16, expected torch.float8_e4m3fn": tensors
+        | {"last": tensors["last"].float().bfloat16()},
+    }
+    for i, (fault, bad) in enumerate(cases.items()):
+        path = tmp_path / f"{i:05d}.safetensors"
+        write_shard(path, bad, META | {"dtype": "fp8"})
+        with pytest.raises(ShardError, match=rf"(?s){i:05d}\.safetensors.*{fault}"):
+            verify_shard_file(path, hidden_size=H)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])

@@ -304,6 +304,37 @@ def test_a_run_with_init_from_says_it_warm_started(ws, tmp_path):
     assert "warm start from" in log.read_text() and "reused" in log.read_text()
 
 
+def test_an_exported_drafter_evaluates_on_other_shards_of_the_same_tokens(ws, tmp_path):
+    """evaluate_drafter (bench.fp8's one-teacher comparison): the drafter trained on fp8
+    shards, judged on the bf16 shards of the same tokens, scores near the trainer's own eval
+    (bf16-exported weights, another teacher) and far above an untrained drafter's."""
+    from pathlib import Path
+
+    from specbuild.drafter.train import _build, evaluate_drafter
+
+    ws8 = make_workspace(tmp_path / "ws8", SyntheticSpec(samples=16, seq_len=24, aux_dtype="fp8"))
+    best = run(ws8, tmp_path / "fp8", epochs=2)
+    target = Path(ws["target_fingerprint"]).parent
+    model, _ = _build(TrainConfig(), target, ws["vocab"], 256)
+    fresh = _export(model, target, tmp_path / "fresh")
+    model.load_state_dict(
+        {
+            **load_file(tmp_path / "fp8" / "best.safetensors"),
+            "embed_tokens.weight": model.embed_tokens.weight,
+        }
+    )
+    trained = _export(model, target, tmp_path / "trained")
+    cfg = TrainConfig(token_budget=96, max_length=24, eval_fraction=0, ttt_steps=3)
+    common = dict(
+        shards=ws["shards"], vocab=ws["vocab"], target_fingerprint=ws["target_fingerprint"]
+    )
+    got = evaluate_drafter(drafter=trained, config=cfg, **common)
+    assert got["acceptance_length"] == pytest.approx(best["acceptance_length"], abs=0.1)
+    assert evaluate_drafter(drafter=fresh, config=cfg, **common)["acceptance_length"] < (
+        got["acceptance_length"] - 0.2
+    )
+
+
 def test_state_of_another_job_is_not_resumed(ws, tmp_path):
     run(ws, tmp_path, epochs=1, save_interval=1)
     steps = json.loads((tmp_path / "state" / "latest.json").read_text())

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 from workflow_helpers import (
     DATASET,
     N_RECORDS,
@@ -35,6 +36,7 @@ from workflow_helpers import (
     write_config,
 )
 
+from specbuild.hidden.shards import read_shard
 from specbuild.io import read_jsonl
 
 pytestmark = pytest.mark.workflow
@@ -161,6 +163,28 @@ def test_aux_layer_ids_rerun_hidden_and_after_but_not_generate_or_tokenize(
 ):
     jobs = dry_run_with(built_workflow, tmp_path, hidden={"layer_ids": [2, 14, 25]})
     assert jobs == expected_jobs(built_workflow, "hidden", SHARDS, reads_features)
+
+
+def test_fp8_storage_rebuilds_hidden_and_after_and_trains_on_fp8_aux_and_last(
+    built_workflow, tmp_path
+):
+    """hidden.storage fp8-g<N> reruns what reads features, nothing upstream of hidden, and the
+    fp8 shards (aux and last, N-channel scales) verify, align, train and export end to end."""
+    jobs = dry_run_with(built_workflow, tmp_path, hidden={"storage": "fp8-g64"})
+    assert jobs == expected_jobs(built_workflow, "hidden", SHARDS, reads_features)
+    workdir = copy_workdir(built_workflow.workdir, tmp_path / "wf")
+    fp8 = write_config(tmp_path, tiny_config(hidden={"storage": "fp8-g64"}), name="fp8.yaml")
+    kept = {stage: results_state(workdir, stage) for stage in ("tokenized", "vocab")}
+    snakemake(workdir, "--cores", "2", "--configfile", str(fp8))
+    assert {stage: results_state(workdir, stage) for stage in kept} == kept
+    for path in sorted((workdir / "results" / "hidden").rglob("*.safetensors")):
+        tensors, meta = read_shard(path)
+        assert meta["dtype"] == "fp8", path
+        for key, layers in (("aux", 3), ("last", 1)):
+            assert tensors[key].dtype == torch.float8_e4m3fn
+            assert tensors[f"{key}_scale"].shape == (tensors[key].shape[0], layers * 576 // 64)
+    assert (workdir / "results" / "drafter" / "base" / "model.safetensors").exists()
+    assert planned_jobs(workdir, "--configfile", str(fp8)) == []
 
 
 def test_training_hyperparameter_reruns_train_export_and_the_drafter_benches(

@@ -8,7 +8,9 @@ acceptance length   Σ completion_tokens / Σ verify_steps over a group's reques
                     definition (one token per target forward). Its interval is a seeded 95%
                     percentile bootstrap over requests: every request commits at least one token
                     per verify step, so no resampled ratio, and no bound, falls below 1.0.
-                    Fewer than MIN_INTERVAL_REQUESTS requests get no interval.
+                    Fewer than MIN_INTERVAL_REQUESTS requests get no interval. Two runs over
+                    the same requests (fp8 against bf16 shards, say) compare as B / A with a
+                    paired bootstrap: requests are resampled together in both.
 acceptance at k     Σ verify steps that accepted draft position k / Σ verify steps (k from 1),
                     where the engine reports it (the PyTorch engine). Non-increasing in k.
 TTFT                seconds from sending a request to its first output token.
@@ -35,6 +37,7 @@ __all__ = [
     "PERCENTILES",
     "acceptance_length",
     "acceptance_interval",
+    "paired_ratio_interval",
     "inter_token_latency",
     "latency_stats",
     "output_throughput",
@@ -75,6 +78,28 @@ def acceptance_interval(
         return None, None
     lo, hi = np.percentile(ratios, [2.5, 97.5])
     return float(lo), float(hi)
+
+
+def paired_ratio_interval(
+    completion_a: Sequence[int],
+    verify_a: Sequence[int],
+    completion_b: Sequence[int],
+    verify_b: Sequence[int],
+) -> tuple[float, float | None, float | None]:
+    """B's acceptance length over A's on the same requests (row i of each: one request), and
+    95% percentile-bootstrap bounds that resample requests in pairs, so what the requests share
+    (a prompt easy for both) cancels; None, None from fewer than MIN_INTERVAL_REQUESTS."""
+    ca, va, cb, vb = (
+        np.asarray(x, dtype=float) for x in (completion_a, verify_a, completion_b, verify_b)
+    )
+    ratio = float((cb.sum() / vb.sum()) / (ca.sum() / va.sum()))
+    if len(ca) < MIN_INTERVAL_REQUESTS:
+        return ratio, None, None
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    picks = rng.integers(0, len(ca), size=(BOOTSTRAP_RESAMPLES, len(ca)))
+    ratios = (cb[picks].sum(1) / vb[picks].sum(1)) / (ca[picks].sum(1) / va[picks].sum(1))
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return ratio, float(lo), float(hi)
 
 
 def inter_token_latency(

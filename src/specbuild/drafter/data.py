@@ -31,7 +31,13 @@ from safetensors import safe_open
 from torch import Tensor
 
 from specbuild.hidden.integrity import CHECKSUM_KEY
-from specbuild.hidden.shards import ShardError, dequantize_aux, read_header, shard_file_faults
+from specbuild.hidden.shards import (
+    FP8_SCALES,
+    ShardError,
+    dequantize_state,
+    read_header,
+    shard_file_faults,
+)
 
 __all__ = [
     "SampleRef",
@@ -71,14 +77,14 @@ class Batch:
     """A padded batch in drafter alignment (see train.py): index t of a sample holds
 
     input_ids x[t+1], aux g[t], last_next last[t+1] (teacher for x[t+2]), valid loss_mask[t+2].
-    Features keep the shards' dtype (bf16; fp8 aux arrives dequantized, float32): widening
+    Features keep the shards' dtype (bf16; fp8 arrives dequantized, float32): widening
     them on the host would double the bytes copied to the GPU, and the model widens them
     itself where it needs to, to the very same values.
     """
 
     input_ids: Tensor  # int64 [B,L]
-    aux: Tensor  # bf16 or float32 [B,L,3H]
-    last_next: Tensor  # bf16 or float32 [B,L,H]
+    aux: Tensor  # bf16, or float32 from fp8 [B,L,3H]
+    last_next: Tensor  # bf16, or float32 from fp8 [B,L,H]
     valid: Tensor  # bool [B,L]
     position_ids: Tensor  # int64 [B,L], -1 on padding
     refs: list[SampleRef]
@@ -257,18 +263,17 @@ class ShardSet:
         return sample_key(self.paths[ref.shard], ref.index)
 
     def load(self, ref: SampleRef, max_length: int) -> dict[str, Tensor]:
-        """One sample, cut to its first `max_length` tokens; aux/last as stored (fp8 aux
-        dequantized to float32)."""
+        """One sample, cut to its first `max_length` tokens; aux/last as stored (fp8 ones
+        dequantized to float32; an fp8 shard from before `last` went fp8 keeps a bf16 last)."""
         f = self._open(ref.shard)
         s, e = ref.start, min(ref.end, ref.start + max_length)
-        aux = f.get_slice("aux")[s:e]
-        if "aux_scale" in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-            aux = dequantize_aux({"aux": aux, "aux_scale": f.get_slice("aux_scale")[s:e]})
+        keys = set(f.keys())
+        rows = {k: f.get_slice(k)[s:e] for k in (*FP8_SCALES, *FP8_SCALES.values()) if k in keys}
         return {
             "input_ids": f.get_slice("input_ids")[s:e].long(),
             "loss_mask": f.get_slice("loss_mask")[s:e].bool(),
-            "aux": aux,
-            "last": f.get_slice("last")[s:e],
+            "aux": dequantize_state(rows, "aux") if "aux_scale" in rows else rows["aux"],
+            "last": dequantize_state(rows, "last") if "last_scale" in rows else rows["last"],
         }
 
     def batch(

@@ -49,7 +49,7 @@ class SyntheticSpec:
     samples: int = 16
     seq_len: int = 24
     shards: int = 2
-    aux_dtype: str = "bf16"  # bf16 | fp8
+    aux_dtype: str = "bf16"  # bf16 | fp8 (aux and last, as hidden.storage)
     seed: int = 0
 
 
@@ -158,12 +158,12 @@ def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> di
             "input_ids": flat.int(),
             "loss_mask": mask.reshape(-1),
             "offsets": torch.arange(n + 1, dtype=torch.int64) * s.seq_len,
-            "last": last.bfloat16(),
         }
         if s.aux_dtype == "fp8":
             tensors["aux"], tensors["aux_scale"] = quantize_fp8(aux, 3)
+            tensors["last"], tensors["last_scale"] = quantize_fp8(last, 1)
         else:
-            tensors["aux"] = aux.bfloat16()
+            tensors["aux"], tensors["last"] = aux.bfloat16(), last.bfloat16()
         meta = {
             "layer_ids": json.dumps(paths["layer_ids"]),
             "backend": "synthetic",

@@ -74,7 +74,14 @@ from specbuild.drafter.throughput import Throughput, Window, benchmarks_row, for
 from specbuild.io import atomic_path, read_json, setup_logging, write_json, write_jsonl
 from specbuild.target import read_target_info
 
-__all__ = ["TrainConfig", "TrainingDiverged", "TrainingInterrupted", "lr_at", "train_drafter"]
+__all__ = [
+    "TrainConfig",
+    "TrainingDiverged",
+    "TrainingInterrupted",
+    "evaluate_drafter",
+    "lr_at",
+    "train_drafter",
+]
 
 log = logging.getLogger("specbuild")
 
@@ -597,6 +604,37 @@ def train_drafter(
     if world > 1:
         dist.barrier()
     return best_row
+
+
+def evaluate_drafter(
+    *,
+    drafter: str | os.PathLike,
+    shards: list[str],
+    vocab: str,
+    target_fingerprint: str,
+    config: TrainConfig,
+) -> dict:
+    """The eval row of an exported drafter (its folder) on the `eval_fraction` split of
+    `shards` (the samples training held out: the split hashes sample keys, not shard bytes),
+    against these shards' own teacher. So drafters trained on different shards of the same
+    tokens meet one teacher (bench.fp8: fp8-trained drafters judged by bf16 `last`)."""
+    cfg = config
+    info = read_target_info(target_fingerprint)
+    data = ShardSet(shards, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint)
+    model, teacher = _build(cfg, Path(target_fingerprint).parent, vocab, info.vocab_size)
+    warm_start(model, drafter)
+    _, eval_idx = split_samples([data.key(r) for r in data.refs], cfg.eval_fraction)
+    objective = TTTObjective(
+        model,
+        teacher,
+        steps=cfg.ttt_steps,
+        decay=cfg.loss_decay,
+        temperature=cfg.teacher_temperature,
+        amp=False,
+        attention=_attention(cfg, torch.device("cpu")),
+    )
+    refs = [data.refs[i] for i in eval_idx]
+    return evaluate(objective, data, refs, token_budget=cfg.token_budget, max_length=cfg.max_length)
 
 
 def _launch_torchrun(spec: dict, nproc: int) -> dict:

@@ -33,15 +33,17 @@ import torch
 from torch import Tensor
 
 import specbuild
-from specbuild.hidden.fp8 import quantize_fp8
+from specbuild.hidden.fp8 import parse_storage, quantize_fp8, scale_groups
 from specbuild.hidden.hostcopy import HostCopier, Landed
 from specbuild.hidden.shards import (
     AUX_LAYERS,
+    FP8_SCALES,
+    LAYERS,
     STORAGE_DTYPES,
-    aux_nbytes_per_token,
     check_shard,
     shard_layout,
     shard_nbytes,
+    state_nbytes_per_token,
 )
 from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
 from specbuild.hidden.writer import shard_writer
@@ -213,14 +215,14 @@ def open_backend(
     )
 
 
-def _stored(features: Features, storage: str) -> dict[str, Tensor]:
+def _stored(features: Features, storage: str, groups: int) -> dict[str, Tensor]:
     """The batch's tensors in their on-disk dtypes, converted where they are (the GPU halves
-    or quarters what crosses to the host)."""
-    out = {"last": features.last.to(torch.bfloat16)}
-    if storage == "fp8":
-        out["aux"], out["aux_scale"] = quantize_fp8(features.aux, AUX_LAYERS)
-    else:
-        out["aux"] = features.aux.to(torch.bfloat16)
+    or quarters what crosses to the host); fp8 with `groups` scales per token and layer."""
+    if storage != "fp8":
+        return {"aux": features.aux.to(torch.bfloat16), "last": features.last.to(torch.bfloat16)}
+    out = {}
+    for key, layers in LAYERS.items():
+        out[key], out[FP8_SCALES[key]] = quantize_fp8(getattr(features, key), layers * groups)
     return out
 
 
@@ -247,14 +249,16 @@ def extract_features(
     out: Mapping[str, Tensor],
     hidden_size: int,
     storage: str = "bf16",
+    fp8_group_size: int = 0,
     batch_tokens: int = 2048,
     landed: Landed | None = None,
 ) -> Written:
-    """Fill out["aux"], out["last"] (and out["aux_scale"] for fp8), host tensors of the shard's
+    """Fill out["aux"], out["last"] (and their scales for fp8), host tensors of the shard's
     layout, with `backend`'s states of every sample of `tokens`, telling `landed` (key, rows)
     as rows are final."""
     if storage not in STORAGE_DTYPES:
         raise ValueError(f"hidden.storage {storage!r}: choose one of {sorted(STORAGE_DTYPES)}")
+    groups = scale_groups(hidden_size, fp8_group_size) if storage == "fp8" else 0
     offsets = tokens.offsets.tolist()
     lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
     copier = HostCopier(backend.device, landed=landed)
@@ -280,7 +284,8 @@ def extract_features(
                     f"{got['last']}; expected lengths {want[:8]}, aux [{sum(want)}, "
                     f"{widths['aux']}], last [{sum(want)}, {widths['last']}]"
                 )
-            copier.copy(_stored(features, storage), _spans(batch, lengths, offsets), out)
+            stored = _stored(features, storage, groups)
+            copier.copy(stored, _spans(batch, lengths, offsets), out)
             if b % 20 == 0 or b == len(batches):
                 log.info("batch %d/%d done", b, len(batches))
     finally:
@@ -296,6 +301,7 @@ def write_features(
     *,
     hidden_size: int,
     storage: str = "bf16",
+    fp8_group_size: int = 0,
     batch_tokens: int = 2048,
     expected_meta: Mapping[str, str] | None = None,
 ) -> Written:
@@ -303,7 +309,11 @@ def write_features(
     it (check_shard) and publish it. A shard that fails the check raises ShardError and leaves
     nothing at `path`."""
     layout = shard_layout(
-        tokens=tokens.num_tokens, samples=len(tokens), hidden_size=hidden_size, storage=storage
+        tokens=tokens.num_tokens,
+        samples=len(tokens),
+        hidden_size=hidden_size,
+        storage=storage,
+        fp8_group_size=fp8_group_size,
     )
     with shard_writer(path, layout, meta) as shard:
         for key in ("input_ids", "loss_mask", "offsets"):
@@ -315,6 +325,7 @@ def write_features(
             out=shard.tensors,
             hidden_size=hidden_size,
             storage=storage,
+            fp8_group_size=fp8_group_size,
             batch_tokens=batch_tokens,
             landed=shard.landed,
         )
@@ -351,6 +362,7 @@ def extract_shard(
     """Extract, verify and publish `out` for the tokenized shard `tokens` (see module doc)."""
     if threads:
         torch.set_num_threads(threads)  # the job's Snakemake `threads:`, not every core
+    storage, fp8_group_size = parse_storage(storage)
     target = read_target_info(fingerprint)
     ids = resolve_layer_ids(layer_ids or [], target.num_hidden_layers)
     shard = read_token_shard(tokens, vocab_size=target.vocab_size)
@@ -360,13 +372,14 @@ def extract_shard(
         samples=len(shard),
         hidden_size=target.hidden_size,
         storage=storage,
+        fp8_group_size=fp8_group_size,
     )
     ensure_free_space(
         out,
         nbytes,
         hint="free space, or "
         + (
-            "halve the aux states with hidden.storage: fp8"
+            "halve the hidden states with hidden.storage: fp8"
             if storage == "bf16"
             else "use smaller shards (datasets.<name>.shard_size)"
         ),
@@ -410,6 +423,7 @@ def extract_shard(
             shard_meta,
             hidden_size=target.hidden_size,
             storage=storage,
+            fp8_group_size=fp8_group_size,
             batch_tokens=batch_tokens,
             expected_meta={
                 k: shard_meta[k] for k in ("target_fingerprint", "tokenizer_fingerprint")
@@ -431,7 +445,7 @@ def extract_shard(
     log.info(
         "wrote %s: %d tokens in %d batches (%.1f%% padding), %.1f tokens/s in %.1f s (in the "
         "backend %.1f s, waiting for host copies %.1f s, checksums and checks after the last "
-        "batch %.2f s); %.0f bytes/token on disk (aux %d + last %d; one-file-per-sample bf16 "
+        "batch %.2f s); %.0f bytes/token on disk (aux and last %d; one-file-per-sample bf16 "
         "format: %d)",
         out,
         stats.tokens,
@@ -443,8 +457,7 @@ def extract_shard(
         written.wait_s,
         written.seal_s,
         stats.bytes_per_token,
-        aux_nbytes_per_token(target.hidden_size, storage),
-        2 * target.hidden_size,
+        state_nbytes_per_token(target.hidden_size, storage, fp8_group_size),
         8 * target.hidden_size,
     )
     return stats

@@ -6,8 +6,15 @@ One safetensors file per tokenized shard:
     loss_mask  uint8 [T]          1 on assistant tokens
     offsets    int64 [N+1]        sample i spans offsets[i]:offsets[i+1]
     aux        bf16 [T, 3H]       low | mid | high layer outputs, concatenated in that order
-               or float8_e4m3fn   with aux_scale float32 [T, 3] (one scale per token and layer)
     last       bf16 [T, H]        final post-norm hidden state (HF hidden_states[-1])
+
+or, with dtype "fp8" (fp8.py), aux and last as float8_e4m3fn, each with its float32 scales:
+
+    aux_scale  float32 [T, 3G]    G scales per token and layer, layer by layer (hidden.storage
+    last_scale float32 [T, G]     fp8: G = 1, the whole layer; fp8-g<N>: one per N channels)
+
+An fp8 shard written before `last` was stored in fp8 too (last bf16, no last_scale, aux_scale
+[T, 3]) still reads and verifies: its data is sound, only larger.
 
 metadata (str -> str): layer_ids (JSON list), backend, target_fingerprint,
 tokenizer_fingerprint, dtype ("bf16" | "fp8"), specbuild_version, and checksums (JSON, added by
@@ -31,7 +38,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from specbuild.hidden.fp8 import FP8_DTYPE, dequantize_fp8
+from specbuild.hidden.fp8 import FP8_DTYPE, dequantize_fp8, scale_groups
 from specbuild.hidden.integrity import (
     CHECKSUM_KEY,
     TORCH_DTYPES,
@@ -51,13 +58,15 @@ __all__ = [
     "SHARD_KEYS",
     "STORAGE_DTYPES",
     "ShardError",
-    "aux_nbytes_per_token",
+    "FP8_SCALES",
+    "LAYERS",
+    "state_nbytes_per_token",
     "shard_layout",
     "shard_nbytes",
     "write_shard",
     "read_shard",
     "read_header",
-    "dequantize_aux",
+    "dequantize_state",
     "shard_faults",
     "check_shard",
     "shard_file_faults",
@@ -75,40 +84,56 @@ META_KEYS = (
 )
 STORAGE_DTYPES = {"bf16": torch.bfloat16, "fp8": FP8_DTYPE}
 AUX_LAYERS = 3  # EAGLE-3 fuses low, mid and high layer outputs
+FP8_SCALES = {"aux": "aux_scale", "last": "last_scale"}  # an fp8 state -> its scales
+LAYERS = {"aux": AUX_LAYERS, "last": 1}  # layers side by side in each state
 FIXED_DTYPES = {
     "input_ids": torch.int32,
     "loss_mask": torch.uint8,
     "offsets": torch.int64,
-    "last": torch.bfloat16,
     "aux_scale": torch.float32,
+    "last_scale": torch.float32,
 }
 # Tensors verify_shard_file loads whole (a few bytes per token); aux and last are only scanned.
-_SMALL_KEYS = ("input_ids", "loss_mask", "offsets", "aux_scale")
+_SMALL_KEYS = ("input_ids", "loss_mask", "offsets", "aux_scale", "last_scale")
+_VALUE_KEYS = ("aux", "last", "aux_scale", "last_scale")  # float tensors counted for NaN/Inf
 
 
-def aux_nbytes_per_token(hidden_size: int, storage: str) -> int:
-    """Bytes of `aux` per token: three layers at the storage dtype (+ fp8's float32 scales)."""
-    scales = AUX_LAYERS * 4 if storage == "fp8" else 0
-    return AUX_LAYERS * hidden_size * STORAGE_DTYPES[storage].itemsize + scales
+def state_nbytes_per_token(hidden_size: int, storage: str, fp8_group_size: int = 0) -> int:
+    """Bytes of `aux` and `last` per token: four layers at the storage dtype (+ fp8's float32
+    scales)."""
+    layers = AUX_LAYERS + 1
+    scales = layers * 4 * scale_groups(hidden_size, fp8_group_size) if storage == "fp8" else 0
+    return layers * hidden_size * STORAGE_DTYPES[storage].itemsize + scales
 
 
-def shard_layout(*, tokens: int, samples: int, hidden_size: int, storage: str) -> Layout:
+def shard_layout(
+    *, tokens: int, samples: int, hidden_size: int, storage: str, fp8_group_size: int = 0
+) -> Layout:
     """{name: (dtype, shape)} of every tensor of a shard of `tokens` tokens in `samples`."""
     layout = {
         "input_ids": (FIXED_DTYPES["input_ids"], (tokens,)),
         "loss_mask": (FIXED_DTYPES["loss_mask"], (tokens,)),
         "offsets": (FIXED_DTYPES["offsets"], (samples + 1,)),
-        "aux": (STORAGE_DTYPES[storage], (tokens, AUX_LAYERS * hidden_size)),
-        "last": (FIXED_DTYPES["last"], (tokens, hidden_size)),
     }
-    if storage == "fp8":
-        layout["aux_scale"] = (FIXED_DTYPES["aux_scale"], (tokens, AUX_LAYERS))
+    groups = scale_groups(hidden_size, fp8_group_size) if storage == "fp8" else 0
+    for key, layers in LAYERS.items():
+        layout[key] = (STORAGE_DTYPES[storage], (tokens, layers * hidden_size))
+        if groups:
+            layout[FP8_SCALES[key]] = (torch.float32, (tokens, layers * groups))
     return layout
 
 
-def shard_nbytes(*, tokens: int, samples: int, hidden_size: int, storage: str) -> int:
+def shard_nbytes(
+    *, tokens: int, samples: int, hidden_size: int, storage: str, fp8_group_size: int = 0
+) -> int:
     """Bytes a shard of `tokens` tokens in `samples` samples takes on disk (header excluded)."""
-    layout = shard_layout(tokens=tokens, samples=samples, hidden_size=hidden_size, storage=storage)
+    layout = shard_layout(
+        tokens=tokens,
+        samples=samples,
+        hidden_size=hidden_size,
+        storage=storage,
+        fp8_group_size=fp8_group_size,
+    )
     return sum(dtype.itemsize * math.prod(shape) for dtype, shape in layout.values())
 
 
@@ -223,12 +248,13 @@ def read_shard(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, st
     return tensors, meta
 
 
-def dequantize_aux(tensors: Mapping[str, Tensor]) -> Tensor:
-    """`aux` as float32 [T, 3H], whether stored as bf16 or as fp8 with `aux_scale`."""
-    aux = tensors["aux"]
-    if aux.dtype == FP8_DTYPE:
-        return dequantize_fp8(aux, tensors["aux_scale"])
-    return aux.float()
+def dequantize_state(tensors: Mapping[str, Tensor], key: str) -> Tensor:
+    """`aux` [T, 3H] or `last` [T, H] as float32, whether stored as bf16 or as fp8 with its
+    scales (`aux_scale`, `last_scale`)."""
+    x = tensors[key]
+    if x.dtype == FP8_DTYPE:
+        return dequantize_fp8(x, tensors[FP8_SCALES[key]])
+    return x.float()
 
 
 def _meta_faults(meta: Mapping[str, str], expected: Mapping[str, str]) -> list[str]:
@@ -260,12 +286,18 @@ def _structure_faults(
     tensors: Mapping[str, Tensor], meta: Mapping[str, str], hidden_size: int | None
 ) -> list[str]:
     fp8 = meta.get("dtype") == "fp8"
-    want_keys = set(SHARD_KEYS) | ({"aux_scale"} if fp8 else set())
+    # an fp8 shard from before `last` went fp8 too has a bf16 last and no last_scale
+    last = tensors.get("last")
+    last_fp8 = fp8 and (last is None or last.dtype == FP8_DTYPE or "last_scale" in tensors)
+    want_keys = set(SHARD_KEYS) | {
+        FP8_SCALES[k] for k, on in (("aux", fp8), ("last", last_fp8)) if on
+    }
     faults = [f"missing tensor {k!r}" for k in sorted(want_keys - tensors.keys())]
     faults += [f"unexpected tensor {k!r}" for k in sorted(tensors.keys() - want_keys)]
     if faults:
         return faults
-    want_dtypes = dict(FIXED_DTYPES, aux=STORAGE_DTYPES.get(meta.get("dtype", ""), torch.bfloat16))
+    storage = STORAGE_DTYPES.get(meta.get("dtype", ""), torch.bfloat16)
+    want_dtypes = dict(FIXED_DTYPES, aux=storage, last=storage if last_fp8 else torch.bfloat16)
     for key, t in tensors.items():
         if t.dtype != want_dtypes[key]:
             faults.append(f"{key}: dtype {t.dtype}, expected {want_dtypes[key]}")
@@ -283,10 +315,8 @@ def _structure_faults(
         faults.append(
             f"aux: shape {tuple(aux.shape)}, expected [{n_tok}, {AUX_LAYERS * last.shape[1]}]"
         )
-    if fp8 and tuple(tensors["aux_scale"].shape) != (n_tok, AUX_LAYERS):
-        faults.append(
-            f"aux_scale: shape {tuple(tensors['aux_scale'].shape)}, expected [{n_tok}, 3]"
-        )
+    if fp8 and last.dim() == 2:
+        faults += _scale_faults(tensors, n_tok, last.shape[1], last_fp8)
     if offsets.dim() != 1 or offsets.shape[0] < 2:
         faults.append(f"offsets: shape {tuple(offsets.shape)}, expected [N+1] with N >= 1")
     elif offsets.dtype == torch.int64:
@@ -299,17 +329,35 @@ def _structure_faults(
     return faults
 
 
+def _scale_faults(
+    tensors: Mapping[str, Tensor], n_tok: int, hidden: int, last_fp8: bool
+) -> list[str]:
+    """Shapes of an fp8 shard's scales: aux_scale [T, 3G] and last_scale [T, G] (when last is
+    fp8), G dividing H."""
+    aux_scale = tuple(tensors["aux_scale"].shape)
+    g = aux_scale[1] // AUX_LAYERS if len(aux_scale) == 2 else 0
+    if aux_scale != (n_tok, AUX_LAYERS * g) or not g or hidden % g:
+        return [f"aux_scale: shape {aux_scale}, expected [{n_tok}, 3G] with G dividing H={hidden}"]
+    if last_fp8 and tuple(tensors["last_scale"].shape) != (n_tok, g):
+        return [
+            f"last_scale: shape {tuple(tensors['last_scale'].shape)}, expected [{n_tok}, {g}] "
+            f"(aux_scale holds {g} per layer)"
+        ]
+    return []
+
+
 def _value_faults(tensors: Mapping[str, Tensor], nonfinite: Mapping[str, int]) -> list[str]:
-    """`nonfinite`: NaN/Inf counts of aux, last and aux_scale (an fp8 aux counts its NaN codes;
-    a bad scale is reported under aux_scale)."""
+    """`nonfinite`: NaN/Inf counts of aux, last and their scales (an fp8 state counts its NaN
+    codes; a bad scale is reported under its own name)."""
     faults = []
     if bool((tensors["loss_mask"] > 1).any()):
         faults.append("loss_mask: values other than 0 and 1")
-    for key in ("aux", "last", "aux_scale"):
+    for key in _VALUE_KEYS:
         if nonfinite.get(key):
             faults.append(f"{key}: {nonfinite[key]} NaN/Inf value(s)")
-    if "aux_scale" in tensors and bool((tensors["aux_scale"] <= 0).any()):
-        faults.append("aux_scale: non-positive scale(s)")
+    for key in FP8_SCALES.values():
+        if key in tensors and bool((tensors[key] <= 0).any()):
+            faults.append(f"{key}: non-positive scale(s)")
     return faults
 
 
@@ -351,9 +399,7 @@ def shard_faults(
     if structure:
         return faults + structure  # value checks on a malformed shard would only add noise
     if nonfinite is None:
-        nonfinite = {
-            k: count_nonfinite(tensors[k]) for k in ("aux", "last", "aux_scale") if k in tensors
-        }
+        nonfinite = {k: count_nonfinite(tensors[k]) for k in _VALUE_KEYS if k in tensors}
     faults += _value_faults(tensors, nonfinite)
     if tokens is not None:
         faults += _token_faults(tensors, tokens)
