@@ -477,16 +477,18 @@ def test_cpu_bf16_autocast_run_overfits_like_the_float32_one(ws, tmp_path, caplo
     assert objective_amp == [True, False]
 
 
-def test_cpu_bf16_is_refused_only_where_the_cpu_lacks_native_bf16(monkeypatch):
-    from specbuild.drafter import config
+def test_cpu_bf16_falls_back_to_float32_where_the_cpu_lacks_native_bf16(monkeypatch, caplog):
+    from specbuild.drafter import train
 
-    monkeypatch.setattr(config, "cpu_bf16_supported", lambda: False)
-    with pytest.raises(ValueError, match="precision bfloat16 needs CUDA or a CPU with native bf16"):
-        TrainConfig.from_params({"precision": "bfloat16", "device": "cpu"})
-    monkeypatch.setattr(config, "cpu_bf16_supported", lambda: True)
-    assert TrainConfig.from_params({"precision": "bfloat16", "device": "cpu"}).precision == (
-        "bfloat16"
-    )
+    cpu = torch.device("cpu")
+    cfg = TrainConfig.from_params({"precision": "bfloat16", "device": "cpu"})
+    monkeypatch.setattr(train, "cpu_bf16_supported", lambda: True)
+    assert train._autocast(cfg, cpu)
+    assert not train._autocast(TrainConfig.from_params({"device": "cpu"}), cpu)  # auto: fp32
+    monkeypatch.setattr(train, "cpu_bf16_supported", lambda: False)
+    with caplog.at_level("WARNING", logger="specbuild"):
+        assert not train._autocast(cfg, cpu)
+    assert "no native bf16" in caplog.text and "training in float32" in caplog.text
 
 
 @pytest.mark.gpu

@@ -162,8 +162,7 @@ class TrainConfig:
 
     Rejected combinations (`check`): max_length > token_budget, ttt_steps < 1, eval_fraction
     or warmup_fraction outside [0, 1), eval_set with eval_fraction > 0, device cuda without
-    CUDA, nproc above the visible GPUs, precision bfloat16 on a CPU without native bf16
-    (`cpu_bf16_supported`), attention flex on CPU, init
+    CUDA, nproc above the visible GPUs, attention flex on CPU, init
     target_last_layer with init_from, and unknown keys (`from_params`).
     """
 
@@ -189,8 +188,9 @@ class TrainConfig:
     log_interval: int = 10
     fc_norm: bool = False  # EAGLE-3.1 per-aux RMSNorm before fc
     device: str = "auto"  # auto | cpu | cuda
-    # auto (bf16 autocast on CUDA, float32 on CPU) | float32 | bfloat16 (autocast, also on a
-    # CPU with native bf16; fp32 master weights either way)
+    # auto (bf16 autocast on CUDA, float32 on CPU) | float32 | bfloat16 (autocast on CUDA and
+    # on a CPU with native bf16, `cpu_bf16_supported`; float32 on other CPUs, where bf16 would
+    # be emulated, slower than float32). fp32 master weights either way.
     precision: str = "auto"
     # training-time-test attention: auto (flex on CUDA, reference on CPU) | reference | flex
     attention: str = "auto"
@@ -239,11 +239,6 @@ class TrainConfig:
             faults.append("device cuda, but no CUDA GPU is visible")
         if cuda and self.nproc > torch.cuda.device_count():
             faults.append(f"nproc {self.nproc} > {torch.cuda.device_count()} visible GPUs")
-        if not cuda and self.precision == "bfloat16" and not cpu_bf16_supported():
-            faults.append(
-                "precision bfloat16 needs CUDA or a CPU with native bf16 (AVX512-BF16 or AMX); "
-                "this one has neither: use float32"
-            )
         if self.attention not in ("auto", *ATTENTION):
             faults.append(f"attention {self.attention!r}: choose auto, {' or '.join(ATTENTION)}")
         if not cuda and self.attention == "flex":

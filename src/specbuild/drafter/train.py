@@ -43,7 +43,7 @@ from torch.profiler import record_function
 
 from specbuild import __version__
 from specbuild.drafter import fused_attention
-from specbuild.drafter.config import DrafterConfig, TrainConfig
+from specbuild.drafter.config import DrafterConfig, TrainConfig, cpu_bf16_supported
 from specbuild.drafter.curves import Curves
 from specbuild.drafter.data import (
     Batch,
@@ -169,6 +169,22 @@ def _attention(cfg: TrainConfig, device: torch.device) -> str:
     if cfg.attention != "auto":
         return cfg.attention
     return "flex" if device.type == "cuda" and fused_attention.available() else "reference"
+
+
+def _autocast(cfg: TrainConfig, device: torch.device) -> bool:
+    """bf16 autocast: on CUDA unless float32 is asked for; on CPU when bfloat16 is asked for
+    and the CPU has native bf16 (elsewhere oneDNN emulates it, slower than float32)."""
+    if device.type == "cuda":
+        return cfg.precision != "float32"
+    if cfg.precision != "bfloat16":
+        return False
+    if cpu_bf16_supported():
+        return True
+    log.warning(
+        "train.precision bfloat16: this CPU has no native bf16 (AVX512-BF16 or AMX), "
+        "training in float32"
+    )
+    return False
 
 
 def _job_key(cfg: TrainConfig, shards: list[str], vocab: str, fingerprint: str, world: int) -> str:
@@ -332,8 +348,7 @@ def train_drafter(
         shards + held_out, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint
     )
     model, teacher = _build(cfg, Path(target_fingerprint).parent, vocab, info.vocab_size)
-    # bf16 autocast: on CUDA unless float32 is asked for; on CPU only when asked for
-    amp = cfg.precision == "bfloat16" or (device.type == "cuda" and cfg.precision == "auto")
+    amp = _autocast(cfg, device)
     teacher.to(device, torch.bfloat16 if amp else torch.float32)
     model.to(device)
     if device.type == "cpu" and not amp:  # MKL's generic path on AMD: 1.15x a step (BENCHMARKS)
