@@ -431,7 +431,7 @@ def train_drafter(
     }
     log.info(
         "drafter %.1fM trainable params; %d train / %d eval samples%s (%d skipped); %d steps "
-        "of <= %d tokens x %d rank(s) on %s; %s attention",
+        "of <= %d tokens x %d rank(s) on %s; %s attention; %s",
         sum(p.numel() for p in params) / 1e6,
         len(train_refs),
         len(eval_refs),
@@ -442,6 +442,7 @@ def train_drafter(
         world,
         device,
         attention,
+        "bf16 autocast" if amp else "float32",
     )
     curves = Curves(tensorboard_dir if rank == 0 else None, start_step=state.step)
     name = device_name(device)
