@@ -14,7 +14,7 @@ rule hidden:
     conda:
         engine_env(config["hidden"]["backend"])
     # torch's intra-op threads; Snakemake scales this down to --cores
-    threads: 4
+    threads: config["hidden"]["threads"]
     resources:
         gpu=hidden_gpus(),
         # the target's weights plus one batch and one shard; raise it for large targets

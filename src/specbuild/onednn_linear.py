@@ -1,4 +1,5 @@
-"""Float32 `nn.Linear` layers of an inference-only model through oneDNN instead of MKL on CPU.
+"""Float32 `nn.Linear` layers through oneDNN instead of MKL on CPU: an inference-only model's
+(`use_onednn_linears`) and the drafter's in float32 training (`use_onednn_training_linears`).
 
 Why: PyTorch's CPU build does float32 matmuls with MKL, and MKL picks its kernels by CPU
 vendor: on the AMD EPYC (AVX-512) of the CPU default's machine it runs a generic path
@@ -8,8 +9,10 @@ every forward is `torch.ops.mkldnn._linear_pointwise` (BENCHMARKS.md, issue 17.5
 
 What changes: float32 rounding only (another summation order; max |diff| ~1e-4 on logits of
 magnitude ~20), so a greedy decode can differ from MKL's where two logits tie within that.
-The swap is for inference: packed weights take no gradient, and tied weights (a tied lm_head)
-get a packed copy of their own.
+The inference swap: packed weights take no gradient, and tied weights (a tied lm_head) get a
+packed copy of their own. The training one keeps each `nn.Linear` and its parameter and runs
+forward and both backward products through oneDNN (an autograd function), repacking a weight
+once per optimizer step: 1.15x a float32 drafter step on the real shards (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -18,7 +21,13 @@ import logging
 
 import torch
 
-__all__ = ["OneDNNLinear", "use_onednn_linears", "onednn_usable"]
+__all__ = [
+    "OneDNNLinear",
+    "OneDNNTrainLinear",
+    "onednn_usable",
+    "use_onednn_linears",
+    "use_onednn_training_linears",
+]
 
 log = logging.getLogger("specbuild")
 
@@ -84,3 +93,90 @@ def use_onednn_linears(model: torch.nn.Module) -> int:
         setattr(parent, name, OneDNNLinear(child))
     log.info("%d float32 linear layers run through oneDNN", len(swaps))
     return len(swaps)
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [N, in] @ weight [out, in]^T through oneDNN; weight packed or plain (float32, CPU)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+
+
+class _PackCache:
+    """One packed copy of a trained weight per optimizer step: the TTT unroll runs each linear
+    `ttt_steps` times between updates, and an in-place update bumps the tensor's version."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, int] | None = None
+        self.value: torch.Tensor | None = None
+
+    def get(self, weight: torch.Tensor, make) -> torch.Tensor:
+        key = (weight.data_ptr(), weight._version)
+        if key != self.key:
+            self.key, self.value = key, make(weight)
+        return self.value
+
+
+class _OneDNNLinearFn(torch.autograd.Function):
+    """y = x W^T with the three products of training through oneDNN:
+    y = x W^T, dx = dy W (= linear(dy, W^T)), dW = dy^T x (= linear(dy^T, x^T))."""
+
+    @staticmethod
+    def forward(ctx, x, weight, layer):  # x [N, in], weight [out, in]
+        ctx.save_for_backward(x, weight)
+        ctx.layer = layer
+        packed = layer._fwd.get(
+            weight, lambda w: torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT)
+        )
+        return _linear(x, packed)  # shape: [N, out]
+
+    @staticmethod
+    def backward(ctx, grad):  # grad [N, out]
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            wt = ctx.layer._bwd.get(
+                weight,
+                lambda w: torch.ops.mkldnn._reorder_linear_weight(
+                    w.detach().t().contiguous(), PACK_HINT
+                ),
+            )
+            grad_x = _linear(grad, wt)  # shape: [N, in]
+        if ctx.needs_input_grad[1]:
+            grad_w = _linear(grad.t(), x.t())  # shape: [out, in]
+        return grad_x, grad_w, None
+
+
+class OneDNNTrainLinear(torch.nn.Linear):
+    """A bias-free `nn.Linear` whose float32 CPU products, forward and backward, run through
+    oneDNN (`_OneDNNLinearFn`); the same parameter, so checkpoints and the optimizer do not
+    change. Anything else (GPU, bf16 or autocast inputs) takes `nn.Linear`'s path."""
+
+    _fwd: _PackCache
+    _bwd: _PackCache
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if (
+            w.device.type != "cpu"
+            or w.dtype != torch.float32
+            or x.dtype != torch.float32
+            or torch.is_autocast_enabled("cpu")
+        ):
+            return super().forward(x)
+        flat = x.reshape(-1, self.in_features).contiguous()  # shape: [N, in]
+        out = _OneDNNLinearFn.apply(flat, w, self)
+        return out.reshape(*x.shape[:-1], self.out_features)  # shape: [..., out]
+
+
+def use_onednn_training_linears(model: torch.nn.Module) -> int:
+    """Turn every bias-free float32 CPU `nn.Linear` of `model` into a `OneDNNTrainLinear`, in
+    place (the same module and parameter, another class). Returns how many; 0 where
+    `onednn_usable` is false."""
+    if not onednn_usable(model):
+        return 0
+    layers = [m for m in model.modules() if type(m) is torch.nn.Linear and m.bias is None]
+    for m in layers:
+        m.__class__ = OneDNNTrainLinear
+        m._fwd, m._bwd = _PackCache(), _PackCache()
+    log.info("%d float32 linear layers train through oneDNN", len(layers))
+    return len(layers)

