@@ -194,6 +194,21 @@ def _autocast(cfg: TrainConfig, device: torch.device) -> bool:
     return False
 
 
+def _objective(
+    cfg: TrainConfig, model: nn.Module, teacher: Teacher, *, amp: bool, attention: str
+) -> TTTObjective:
+    """The training-time-test loss of `cfg` (training and `evaluate_drafter` alike)."""
+    return TTTObjective(
+        model,
+        teacher,
+        steps=cfg.ttt_steps,
+        decay=cfg.loss_decay,
+        temperature=cfg.teacher_temperature,
+        amp=amp,
+        attention=attention,
+    )
+
+
 def _job_key(cfg: TrainConfig, shards: list[str], vocab: str, fingerprint: str, world: int) -> str:
     code = f"specbuild {__version__} {source_digest()} torch {torch.__version__}"
     return job_key(
@@ -417,15 +432,7 @@ def train_drafter(
     if world > 1:
         dist.barrier()
     attention = _attention(cfg, device)
-    objective = TTTObjective(
-        model,
-        teacher,
-        steps=cfg.ttt_steps,
-        decay=cfg.loss_decay,
-        temperature=cfg.teacher_temperature,
-        amp=amp,
-        attention=attention,
-    )
+    objective = _objective(cfg, model, teacher, amp=amp, attention=attention)
     step_fn = objective
     if world > 1:
         # gradients live in DDP's all-reduce buckets: no copy in and out of them each step
@@ -644,14 +651,8 @@ def evaluate_drafter(
     model, teacher = _build(cfg, Path(target_fingerprint).parent, vocab, info.vocab_size)
     warm_start(model, drafter)
     _, eval_idx = split_samples([data.key(r) for r in data.refs], cfg.eval_fraction)
-    objective = TTTObjective(
-        model,
-        teacher,
-        steps=cfg.ttt_steps,
-        decay=cfg.loss_decay,
-        temperature=cfg.teacher_temperature,
-        amp=False,
-        attention=_attention(cfg, torch.device("cpu")),
+    objective = _objective(
+        cfg, model, teacher, amp=False, attention=_attention(cfg, torch.device("cpu"))
     )
     refs = [data.refs[i] for i in eval_idx]
     return evaluate(objective, data, refs, token_budget=cfg.token_budget, max_length=cfg.max_length)
