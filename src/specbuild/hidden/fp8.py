@@ -43,8 +43,10 @@ def parse_storage(storage: str) -> tuple[str, int]:
     string, not a second key, so that the `hidden` jobs' params of bf16 and per-layer fp8 runs
     stay what they were and their shards (the expensive part) are not rebuilt.
     """
-    dtype, _, group = storage.partition("-g")
-    if dtype in ("bf16", "fp8") and (not _ or (dtype == "fp8" and group.isdigit() and int(group))):
+    dtype, sep, group = storage.partition("-g")
+    if dtype in ("bf16", "fp8") and (
+        not sep or (dtype == "fp8" and group.isdigit() and int(group))
+    ):
         return dtype, int(group or 0)
     raise ValueError(
         f"hidden.storage {storage!r}: choose bf16, fp8 (a scale per token and layer) or "
