@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -43,12 +44,16 @@ from pathlib import Path
 import torch
 import yaml
 
-from specbuild.bench.metrics import acceptance_interval, paired_ratio_interval
+from specbuild.bench.metrics import (
+    acceptance_interval,
+    acceptance_length,
+    paired_ratio_interval,
+)
 from specbuild.drafter.teacher import read_target_weights
 from specbuild.drafter.train import TrainConfig, evaluate_drafter
 from specbuild.hidden.fp8 import dequantize_fp8, parse_storage, quantize_fp8, scale_groups
-from specbuild.hidden.shards import AUX_LAYERS, read_shard
-from specbuild.io import write_json
+from specbuild.hidden.shards import AUX_LAYERS, read_header, read_shard
+from specbuild.io import read_jsonl, write_json
 
 __all__ = ["quantization_error", "make_arm", "run_arms", "compare", "main"]
 
@@ -176,15 +181,23 @@ def run_arms(workdirs: dict[str, Path], cores: int) -> dict[str, dict]:
 
 
 def _rows(path: Path) -> dict[tuple, dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {(r["set"], r["prompt_id"], r["turn"]): r for r in rows if r["phase"] == "bench"}
+    return {
+        (r["set"], r["prompt_id"], r["turn"]): r for r in read_jsonl(path) if r["phase"] == "bench"
+    }
 
 
-def _accept(rows: list[dict]) -> dict:
+def _accept(rows: list[dict], chain: str) -> dict:
     c = [r["completion_tokens"] for r in rows]
     v = [r["verify_steps"] for r in rows]
     lo, hi = acceptance_interval(c, v)
-    return {"requests": len(rows), "acceptance": sum(c) / sum(v), "lo": lo, "hi": hi}
+    accepted = acceptance_length(sum(c), sum(v), chain)
+    return {"requests": len(rows), "acceptance": accepted, "lo": lo, "hi": hi}
+
+
+def _tokens(shard: Path) -> int:
+    """Tokens of a shard, from its header (the file itself can be GBs)."""
+    _, shape = read_header(shard)[0]["input_ids"]
+    return math.prod(shape)
 
 
 def compare(
@@ -199,9 +212,9 @@ def compare(
     ref_rows = _rows(workdirs["bf16"] / f"results/bench/hf/{drafter}/{chain}.jsonl")
     for storage, wd in workdirs.items():
         shards = sorted((wd / "results" / "hidden").glob("*/*.safetensors"))
-        tokens = sum(read_shard(p)[0]["input_ids"].numel() for p in shards)
-        metrics = (wd / "results" / "train" / drafter / "metrics.jsonl").read_text()
-        evals = [r for r in map(json.loads, metrics.splitlines()) if "acceptance_length" in r]
+        tokens = sum(_tokens(p) for p in shards)
+        metrics = wd / "results" / "train" / drafter / "metrics.jsonl"
+        evals = [r for r in read_jsonl(metrics) if "acceptance_length" in r]
         rows = _rows(wd / f"results/bench/hf/{drafter}/{chain}.jsonl")
         sets = sorted({k[0] for k in rows})
         arm = {
@@ -214,9 +227,9 @@ def compare(
                 target_fingerprint=fingerprint,
                 config=train,
             )["acceptance_length"],
-            "served": {s: _accept([r for k, r in rows.items() if k[0] == s]) for s in [*sets]},
+            "served": {s: _accept([r for k, r in rows.items() if k[0] == s], chain) for s in sets},
         }
-        arm["served"]["all"] = _accept(list(rows.values()))
+        arm["served"]["all"] = _accept(list(rows.values()), chain)
         if storage != "bf16":
             for s in [*sets, "all"]:
                 keys = sorted(k for k in rows if k in ref_rows and (s == "all" or k[0] == s))
