@@ -57,22 +57,32 @@ def _has_ops() -> bool:
         return False
 
 
+def _linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [N, in] @ weight [out, in]^T (+ bias) through oneDNN; weight packed or plain (float32,
+    CPU)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` [out, in] (float32, CPU) reordered for oneDNN's linear kernels."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_HINT)
+
+
 class OneDNNLinear(torch.nn.Module):
     """`y = x W^T + b` with W packed for oneDNN; inference only."""
 
     def __init__(self, linear: torch.nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach()
-        self.register_buffer(
-            "packed", torch.ops.mkldnn._reorder_linear_weight(weight, PACK_HINT), persistent=False
-        )
+        self.register_buffer("packed", _pack(linear.weight), persistent=False)
         bias = None if linear.bias is None else linear.bias.detach()
         self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)  # shape: [N, in]
-        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+        out = _linear(flat, self.packed, self.bias)
         return out.reshape(*x.shape[:-1], self.out_features)  # shape: [..., out]
 
 
@@ -93,11 +103,6 @@ def use_onednn_linears(model: torch.nn.Module) -> int:
         setattr(parent, name, OneDNNLinear(child))
     log.info("%d float32 linear layers run through oneDNN", len(swaps))
     return len(swaps)
-
-
-def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [N, in] @ weight [out, in]^T through oneDNN; weight packed or plain (float32, CPU)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
 
 
 class _PackCache:
@@ -123,10 +128,7 @@ class _OneDNNLinearFn(torch.autograd.Function):
     def forward(ctx, x, weight, layer):  # x [N, in], weight [out, in]
         ctx.save_for_backward(x, weight)
         ctx.layer = layer
-        packed = layer._fwd.get(
-            weight, lambda w: torch.ops.mkldnn._reorder_linear_weight(w.detach(), PACK_HINT)
-        )
-        return _linear(x, packed)  # shape: [N, out]
+        return _linear(x, layer._fwd.get(weight, _pack))  # shape: [N, out]
 
     @staticmethod
     def backward(ctx, grad):  # grad [N, out]
@@ -134,12 +136,7 @@ class _OneDNNLinearFn(torch.autograd.Function):
         grad = grad.contiguous()
         grad_x = grad_w = None
         if ctx.needs_input_grad[0]:
-            wt = ctx.layer._bwd.get(
-                weight,
-                lambda w: torch.ops.mkldnn._reorder_linear_weight(
-                    w.detach().t().contiguous(), PACK_HINT
-                ),
-            )
+            wt = ctx.layer._bwd.get(weight, lambda w: _pack(w.t().contiguous()))
             grad_x = _linear(grad, wt)  # shape: [N, in]
         if ctx.needs_input_grad[1]:
             grad_w = _linear(grad.t(), x.t())  # shape: [out, in]
