@@ -114,8 +114,10 @@ if [ "${SPECBUILD_RUN_CHILD:-}" = 1 ]; then
     # the data server: the config's server flags, less memory, loopback, a key of this run
     SPECBUILD_DATA_SERVER_KEY=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
     export SPECBUILD_DATA_SERVER_KEY
-    python3 - "$CONFIG" "$DATA_PORT" "${SPECBUILD_DATA_SERVER_MEM:-0.3}" >>"$RUN/data-server.log" 2>&1 <<'PY' &
-import dataclasses, logging, os, signal, sys, time, yaml
+    rm -f "$RUN/data-server.ready"  # a run before this one's server left it
+    python3 - "$CONFIG" "$DATA_PORT" "${SPECBUILD_DATA_SERVER_MEM:-0.3}" "$RUN/data-server.ready" \
+      >>"$RUN/data-server.log" 2>&1 <<'PY' &
+import dataclasses, logging, os, sys, time, yaml
 from specbuild.backends.server import ServerOptions, SGLangServer
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 c = yaml.safe_load(open(sys.argv[1]))
@@ -125,9 +127,8 @@ options = ServerOptions(launcher=tuple(sg["launcher"]), server_args=sg.get("serv
                         host="127.0.0.1", startup_timeout_s=600)
 spec = options.spec(c["target"]["source"], extra_args={"mem_fraction_static": float(sys.argv[3])})
 spec = dataclasses.replace(spec, port=int(sys.argv[2]), api_key=os.environ["SPECBUILD_DATA_SERVER_KEY"])
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-with SGLangServer(spec, name="data-server") as server:
-    open("/tmp/specbuild-run/data-server.ready", "w").close()
+with SGLangServer(spec, name="data-server"):  # SIGTERM stops it (its own handler)
+    open(sys.argv[4], "w").close()
     while True:
         time.sleep(3600)
 PY
