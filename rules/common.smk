@@ -9,7 +9,7 @@ from specbuild.config_check import (
     train_datasets,
     train_variants,
 )
-from specbuild.gpus import gpu_slots
+from specbuild.gpus import train_slots
 from specbuild.rejects import check_rejected_share
 from specbuild.samples import record_digests
 
@@ -127,10 +127,10 @@ def variant_train(wildcards):
 
 
 def train_gpus(wildcards):
-    """GPU slots of a train job: a whole GPU (every SPECBUILD_GPU_SLOTS slot) per DDP process
-    on CUDA (train.nproc of its variant)."""
+    """GPU slots of a train job: a majority of a GPU's SPECBUILD_GPU_SLOTS slots per DDP
+    process on CUDA (train.nproc of its variant), so no two trainings share a GPU."""
     train = variant_train(wildcards)
-    return train["nproc"] * device_gpus(train["device"]) * gpu_slots()
+    return train["nproc"] * device_gpus(train["device"]) * train_slots()
 
 
 @job_function

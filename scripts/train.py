@@ -1,10 +1,11 @@
 from specbuild.drafter.train import TrainConfig, train_drafter
-from specbuild.gpus import gpu_slots, pin_gpus
+from specbuild.gpus import pin_gpus, train_slots
 from specbuild.joblog import start_job_log
 
 start_job_log(snakemake.log[0])
-# before anything touches CUDA; a training shares no GPU (the rule asks for every slot)
-pin_gpus(snakemake.resources.gpu // gpu_slots(), whole=True)
+# before anything touches CUDA; no two trainings share a GPU (the rule asks for a majority of
+# each GPU's slots)
+pin_gpus(snakemake.resources.gpu // train_slots(), slots_each=train_slots())
 train_drafter(
     shards=list(snakemake.input.shards),
     eval_shards=list(snakemake.input.eval_shards),

@@ -13,9 +13,11 @@ locks on ids would make jobs wait for each other's unrelated GPUs.
 
 SPECBUILD_GPU_SLOTS=N lets N jobs share each GPU (a small target on a large GPU: a server
 start or a single-stream bench leaves most of an H200 idle). Each slot is its own lock; a
-job's ids are distinct GPUs, spread over GPUs before sharing one. Training takes whole GPUs
-(every slot: three 135M drafters sharing one H200 trained at ~0.75x the throughput of one
-alone). Give Snakemake `--resources gpu=<GPUs x N>` to match (the train rule asks for N a GPU);
+job's ids are distinct GPUs, spread over GPUs before sharing one. A training takes more than
+half of each of its GPUs' slots (`train_slots`): two trainings never share a GPU (three 135M
+drafters sharing one H200 trained at ~0.75x the throughput of one alone), while a bench or a
+server start, which leave a GPU mostly idle, may run beside one. Give Snakemake
+`--resources gpu=<GPUs x N>` to match (the train rule asks for `train_slots()` a GPU);
 SGLang servers size their memory from what is free when they start (`mem_fraction_static` is
 a fraction of that), so they fit beside each other. Slots are for local runs: under SLURM
 leave the variable unset (the `gpu` resource there is what each job asks SLURM for).
@@ -33,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["gpu_slots", "pin_gpus", "visible_gpu_ids"]
+__all__ = ["gpu_slots", "pin_gpus", "train_slots", "visible_gpu_ids"]
 
 log = logging.getLogger("specbuild")
 
@@ -69,6 +71,12 @@ def gpu_slots() -> int:
     return slots
 
 
+def train_slots() -> int:
+    """Slots a training takes on each of its GPUs: a majority, so no two trainings share one."""
+    slots = gpu_slots()
+    return slots // 2 + 1 if slots > 1 else 1
+
+
 def _lock_dir() -> Path:
     path = os.environ.get("SPECBUILD_GPU_LOCK_DIR") or Path(
         tempfile.gettempdir(), f"specbuild-gpus-{os.getuid()}"
@@ -93,14 +101,20 @@ def _slot_lock(folder: Path, gpu: str, slot: int) -> int | None:
 
 
 def _take(
-    ids: list[str], count: int, slots: int, whole: bool, folder: Path
+    ids: list[str], count: int, slots: int, each: int, folder: Path
 ) -> list[tuple[str, int]]:
-    """One attempt: (gpu, lock fd) pairs, `count` distinct GPUs, or fewer when not free."""
+    """One attempt: (gpu, lock fd) pairs, `each` slots on `count` distinct GPUs, or fewer when
+    not free."""
     taken: list[tuple[str, int]] = []
-    if whole:  # every slot of each GPU: nothing shares it
+    if each > 1:  # several slots of one GPU: the GPUs with that many free, in order
         for gpu in ids:
-            fds = [fd for slot in range(slots) if (fd := _slot_lock(folder, gpu, slot)) is not None]
-            if len(fds) == slots and len({g for g, _ in taken}) < count:
+            if len({g for g, _ in taken}) == count:
+                break
+            fds: list[int] = []
+            for slot in range(slots):
+                if len(fds) < each and (fd := _slot_lock(folder, gpu, slot)) is not None:
+                    fds.append(fd)
+            if len(fds) == each:
                 taken += [(gpu, fd) for fd in fds]
             else:
                 for fd in fds:
@@ -118,7 +132,7 @@ def _take(
 def pin_gpus(
     count: int,
     *,
-    whole: bool = False,
+    slots_each: int = 1,
     wait_s: float = 3600.0,
     poll_s: float = 2.0,
     log_every_s: float = 60.0,
@@ -128,8 +142,8 @@ def pin_gpus(
     Returns the ids taken ([] for count 0, inside a SLURM job, or where no GPU is visible:
     then nothing changes and a CUDA job fails on its own with its own message). Waits up to
     `wait_s` for another job to free GPUs, then raises naming the holders' lock folder.
-    `whole`: every slot of each GPU (SPECBUILD_GPU_SLOTS), for a job that must not share one
-    (training: three drafters on one H200 ran at ~0.75x the throughput of one alone).
+    `slots_each`: slots of each GPU the job takes (SPECBUILD_GPU_SLOTS; a training takes
+    `train_slots()`, a majority, so no other training shares its GPUs).
     """
     if count <= 0:
         return []
@@ -148,9 +162,11 @@ def pin_gpus(
         )
     folder = _lock_dir()
     slots = gpu_slots()
+    if not 1 <= slots_each <= slots:
+        raise ValueError(f"slots_each={slots_each}: want 1 to SPECBUILD_GPU_SLOTS={slots}")
     start = last_log = time.monotonic()
     while True:
-        taken = _take(ids, count, slots, whole, folder)
+        taken = _take(ids, count, slots, slots_each, folder)
         chosen = list(dict.fromkeys(gpu for gpu, _ in taken))
         if len(chosen) == count:
             _held.extend(fd for _, fd in taken)

@@ -14,7 +14,7 @@ from specbuild import gpus
 HOLDER = """
 import sys, time
 from specbuild.gpus import pin_gpus
-print(",".join(pin_gpus(int(sys.argv[1]), whole=sys.argv[2] == "whole")), flush=True)
+print(",".join(pin_gpus(int(sys.argv[1]), slots_each=int(sys.argv[2]))), flush=True)
 time.sleep(600)
 """
 
@@ -35,10 +35,9 @@ def holder():
     """Start a job process that pins N GPUs and keeps them; returns (process, ids)."""
     procs = []
 
-    def start(count: int, whole: bool = False) -> tuple[subprocess.Popen, list[str]]:
-        mode = "whole" if whole else "slot"
+    def start(count: int, each: int = 1) -> tuple[subprocess.Popen, list[str]]:
         proc = subprocess.Popen(
-            [sys.executable, "-c", HOLDER, str(count), mode], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", HOLDER, str(count), str(each)], stdout=subprocess.PIPE, text=True
         )
         procs.append(proc)
         return proc, proc.stdout.readline().strip().split(",")
@@ -75,24 +74,41 @@ def test_slots_share_a_gpu_after_every_gpu_has_a_job(host, holder, monkeypatch):
         gpus.pin_gpus(1, wait_s=0.2, poll_s=0.05)
 
 
-def test_a_whole_gpu_job_takes_every_slot_of_a_gpu_nobody_uses(host, holder, monkeypatch):
+def test_a_training_takes_a_majority_of_slots(monkeypatch):
+    for slots, each in [("1", 1), ("2", 2), ("3", 2), ("4", 3)]:
+        monkeypatch.setenv("SPECBUILD_GPU_SLOTS", slots)
+        assert gpus.train_slots() == each
+
+
+def test_a_two_slot_job_takes_a_gpu_nobody_uses(host, holder, monkeypatch):
     monkeypatch.setenv("SPECBUILD_GPU_SLOTS", "2")
     holder(1)  # GPU 3, first slot
-    _, trainer = holder(1)  # GPU 5, first slot
-    assert trainer == ["5"]
-    # a training needs a GPU with no job on it: 7 (3 and 5 each hold one)
-    assert gpus.pin_gpus(1, whole=True, wait_s=0) == ["7"]
+    _, second = holder(1)  # GPU 5, first slot
+    assert second == ["5"]
+    # two slots of two: a GPU with no job on it, 7 (3 and 5 each hold one)
+    assert gpus.pin_gpus(1, slots_each=2, wait_s=0) == ["7"]
 
 
-def test_a_whole_gpu_job_keeps_others_off_its_gpu(host, holder, monkeypatch):
-    monkeypatch.setenv("SPECBUILD_GPU_SLOTS", "2")
+def test_a_training_keeps_other_trainings_off_its_gpu_but_not_a_bench(host, holder, monkeypatch):
+    monkeypatch.setenv("SPECBUILD_GPU_SLOTS", "3")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    _, trainer = holder(1, whole=True)
+    _, trainer = holder(1, each=gpus.train_slots())
     assert trainer == ["3"]
-    _, first = holder(1)
-    assert first == ["5"]
-    # both slots of 5 are taken next; none of 3's
-    assert gpus.pin_gpus(1, wait_s=0) == ["5"]
+    _, bench = holder(1)
+    assert bench == ["5"]
+    # a second training: 5 has two slots free, 3 only one
+    _, trainer2 = holder(1, each=gpus.train_slots())
+    assert trainer2 == ["5"]
+    # the one slot left is on 3, beside the first training; then none
+    assert gpus.pin_gpus(1, wait_s=0) == ["3"]
+    with pytest.raises(TimeoutError, match="no 1 free GPU"):
+        gpus.pin_gpus(1, slots_each=1, wait_s=0.2, poll_s=0.05)
+
+
+def test_more_slots_than_a_gpu_has_is_named(host, monkeypatch):
+    monkeypatch.setenv("SPECBUILD_GPU_SLOTS", "2")
+    with pytest.raises(ValueError, match="slots_each=3: want 1 to SPECBUILD_GPU_SLOTS=2"):
+        gpus.pin_gpus(1, slots_each=3, wait_s=0)
 
 
 def test_bad_slot_count_is_named(host, monkeypatch):

@@ -30,9 +30,10 @@
 # sets config keys (dotted path = a YAML value, no spaces in either) in the derived copy.
 # SPECBUILD_PRIORITY="base long": the variants whose drafters are built first (default base).
 # SPECBUILD_GPU_SLOTS=N lets N jobs share each GPU (specbuild.gpus): at SmolLM2 a server start
-# or a single-stream bench leaves most of an H200 idle; a training takes a whole GPU (three
-# sharing one ran at ~0.75x one alone, BENCHMARKS.md); served tok/s of jobs that shared a GPU
-# are shared-GPU figures (acceptance is unaffected).
+# or a single-stream bench leaves most of an H200 idle; a training takes a majority of a GPU's
+# slots, so never two share one (three sharing one ran at ~0.75x one alone, BENCHMARKS.md) and,
+# with N >= 3, a bench may run beside it; served tok/s of jobs that shared a GPU are shared-GPU
+# figures (acceptance is unaffected).
 # SPECBUILD_DATA_SERVER=1 starts one SGLang server of the target before snakemake and points
 # synthesize and generate at it (generate.backend openai, sglang.endpoint): one server start
 # instead of one a job, and every data job batches into it (four datasets in 10.3 GPU-minutes
@@ -48,6 +49,14 @@
 #   SPECBUILD_DATA_SERVER=1 SPECBUILD_GPU_SLOTS=2 SPECBUILD_PRIORITY="base long" \
 #   SPECBUILD_SET="sglang.tuning.enabled=false bench.sweep_drafters=[] \
 #     sglang.hidden.mem_fraction_static=0.6 sglang.max_concurrency=64" bash tools/h200/run.sh
+# A hold's data goes on to the next: $OUT/specbuild-data.tar.gz holds every built samples
+# and generated shard with their counts and rejects checks (the GPU half of the data stage, ~10
+# GPU-minutes of the eighth session's hold). Copy it into the tree (git-ignored, e.g.
+# .seed/data.tar.gz) and carry it to the next hold's first run.sh call with
+# SPECBUILD_SEED=.seed/data.tar.gz: the run builds the target, unpacks the shards and marks them
+# up to date on it (snakemake --touch: the target job is new, so each shard would be stale by
+# its time stamp alone), then builds the rest; a shard the seed lacks is built as usual. Unpack
+# into a fresh results/ only: the seed's files replace what is there.
 # Tables, plots and logs come back in $OUT: summary.md, snakemake.log, specbuild-h200.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -139,6 +148,18 @@ PY
       sleep 2
     done
   fi
+  if [ -n "${SPECBUILD_SEED:-}" ] && [ ! -f "$RUN/seeded" ]; then
+    # the last hold's data: after the target (its new fingerprint would make every shard
+    # stale), unpacked and touched in the DAG's order; Snakemake has no metadata for these
+    # files, so neither params nor code changes rerun them, only a newer input
+    seeded=$(tar -tzf "$SPECBUILD_SEED" | grep -E '^results/generated/[^/]+/[^/.]+\.jsonl$')
+    { python3 -m snakemake --configfile "$CONFIG" --cores 16 --until target &&
+      tar -xzf "$SPECBUILD_SEED" &&
+      python3 -m snakemake --configfile "$CONFIG" --cores 1 --touch $seeded; } >>"$RUN/snakemake.log" 2>&1 ||
+      { echo "seed $SPECBUILD_SEED failed" >>"$RUN/snakemake.log"; echo 1 >"$RUN/rc"; exit 1; }
+    echo "seeded from $SPECBUILD_SEED: $(echo $seeded | wc -w) generated shards" >>"$RUN/snakemake.log"
+    touch "$RUN/seeded"
+  fi
   # the detached run itself: snakemake, then the report when it succeeded, then the status.
   # greedy scheduler: the ILP one needs pulp (16 MB of solver binaries) for no gain here.
   # The base recipe's drafter first (SPECBUILD_PRIORITY: the variants to build first): a hold
@@ -191,6 +212,9 @@ cp "$RUN/snakemake.log" "$OUT/snakemake.log"
 tar -czf "$OUT/specbuild-h200.tar.gz" --exclude='*.safetensors' --exclude='results/train/*/state' \
   logs results/tables results/plots results/align results/tuning results/generated results/bench \
   results/train results/report.html 2>/dev/null
+# the data seed for the next hold (SPECBUILD_SEED above): the shards, counts, rejects, checks
+[ -d results/generated ] && tar -czf "$OUT/specbuild-data.tar.gz" results/samples \
+  results/checks/samples results/generated 2>/dev/null
 if alive; then
   echo "specbuild: still running after ${BUDGET_S}s: call again to wait on it"
   exit 124
