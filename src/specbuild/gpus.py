@@ -100,9 +100,7 @@ def _slot_lock(folder: Path, gpu: str, slot: int) -> int | None:
     return _try_lock(folder / f"{name}.lock")
 
 
-def _take(
-    ids: list[str], count: int, slots: int, each: int, folder: Path
-) -> list[tuple[str, int]]:
+def _take(ids: list[str], count: int, slots: int, each: int, folder: Path) -> list[tuple[str, int]]:
     """One attempt: (gpu, lock fd) pairs, `each` slots on `count` distinct GPUs, or fewer when
     not free."""
     taken: list[tuple[str, int]] = []
