@@ -25,6 +25,7 @@ leave the variable unset (the `gpu` resource there is what each job asks SLURM f
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -33,9 +34,10 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["gpu_slots", "pin_gpus", "train_slots", "visible_gpu_ids"]
+__all__ = ["gpu_slots", "pin_gpus", "startup_lock", "train_slots", "visible_gpu_ids"]
 
 log = logging.getLogger("specbuild")
 
@@ -183,3 +185,43 @@ def pin_gpus(
             log.info("waiting for %d free GPU(s) among %s", count, ",".join(ids))
             last_log = now
         time.sleep(poll_s)
+
+
+@contextlib.contextmanager
+def startup_lock(
+    what: str, *, wait_s: float = 3600.0, poll_s: float = 1.0, log_every_s: float = 60.0
+) -> Iterator[None]:
+    """Hold the start-up lock of every GPU this process sees while `what` sizes its memory.
+
+    Why: SGLang's model runner sizes its KV pool from the memory free when it starts, read once
+    before the weights load and once after. Two runners starting on one GPU at once each see
+    the other's pool vanish between those reads and fail ("Loaded weights leave no GPU memory
+    for the KV cache"; the ninth session's hold lost two `hidden` jobs so, with 0.3 of the GPU
+    in use). One start at a time per GPU (locks taken in id order: no deadlock) removes the
+    race. Inside a SLURM job nothing is locked, as in `pin_gpus`.
+    """
+    if os.environ.get("SLURM_JOB_ID"):
+        yield
+        return
+    folder = _lock_dir()
+    fds: list[int] = []
+    try:
+        for gpu in sorted(visible_gpu_ids()):
+            path = folder / (re.sub(r"[^A-Za-z0-9_-]", "_", gpu) + ".startup.lock")
+            start = last_log = time.monotonic()
+            while (fd := _try_lock(path)) is None:
+                now = time.monotonic()
+                if now - start > wait_s:
+                    raise TimeoutError(
+                        f"{what}: GPU {gpu}'s start-up lock ({path}) still held after "
+                        f"{wait_s:.0f} s"
+                    )
+                if now - last_log >= log_every_s:
+                    log.info("%s: waiting for another start on GPU %s", what, gpu)
+                    last_log = now
+                time.sleep(poll_s)
+            fds.append(fd)
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -150,3 +150,33 @@ def test_a_slurm_job_keeps_its_allocation(host, holder, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     assert gpus.pin_gpus(1, wait_s=0) == []
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "3,5,7"
+
+
+STARTER = """
+import sys, time
+from specbuild.gpus import startup_lock
+with startup_lock("test runner"):
+    print("started", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_one_start_at_a_time_per_gpu(host, monkeypatch):
+    # two runners sizing their KV pool from free memory at once each count the other's pool
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    proc = subprocess.Popen([sys.executable, "-c", STARTER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        with pytest.raises(TimeoutError, match="GPU 5's start-up lock"):
+            with gpus.startup_lock("second", wait_s=0.2, poll_s=0.05):
+                pass
+        # another GPU starts freely
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+        with gpus.startup_lock("other gpu", wait_s=0):
+            pass
+    finally:
+        proc.kill()
+        proc.wait()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    with gpus.startup_lock("after the first ended", wait_s=5, poll_s=0.05):
+        pass

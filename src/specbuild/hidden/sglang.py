@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from specbuild.gpus import startup_lock
 from specbuild.hidden.extract import Features
 
 __all__ = [
@@ -326,13 +327,15 @@ class SGLangRunner:
         self._tmp = tempfile.TemporaryDirectory(prefix="specbuild-sglang-ranks-")
         self.workers: list[subprocess.Popen] = []
         self._closed = False
-        if self.tp_size > 1:
-            self._start_workers(spec)
-        try:
-            self.runner = _load(spec, 0)
-        except BaseException:
-            self._stop_workers()
-            raise
+        # one start at a time per GPU: the KV pool is sized from the memory free at start
+        with startup_lock("SGLang model runner"):
+            if self.tp_size > 1:
+                self._start_workers(spec)
+            try:
+                self.runner = _load(spec, 0)
+            except BaseException:
+                self._stop_workers()
+                raise
         mr = self.runner.torch_runner
         self.device = (
             torch.device(mr.device, mr.gpu_id) if mr.device == "cuda" else torch.device(mr.device)
