@@ -194,10 +194,10 @@ def startup_lock(
     """Hold the start-up lock of every GPU this process sees while `what` sizes its memory.
 
     Why: SGLang's model runner sizes its KV pool from the memory free when it starts, read once
-    before the weights load and once after. Two runners starting on one GPU at once each see
-    the other's pool vanish between those reads and fail ("Loaded weights leave no GPU memory
-    for the KV cache"; the ninth session's hold lost two `hidden` jobs so, with 0.3 of the GPU
-    in use). One start at a time per GPU (locks taken in id order: no deadlock) removes the
+    before the weights load and once after. A runner starting on the GPU between another's two
+    reads takes its pool out of that one's count, which fails ("Loaded weights leave no GPU
+    memory for the KV cache"; the ninth session's hold lost two `hidden` jobs so, at fractions
+    0.4 and 0.7 alike). One start at a time per GPU (locks taken in id order: no deadlock) removes the
     race. Inside a SLURM job nothing is locked, as in `pin_gpus`.
     """
     if os.environ.get("SLURM_JOB_ID"):
