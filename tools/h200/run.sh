@@ -25,10 +25,10 @@
 # (specbuild.gpus), so on nvidia-h200-x2 two servers run side by side. SPECBUILD_TRAIN_NPROC=2
 # trains with torchrun on both GPUs (the config's train.nproc, overridden in a derived copy;
 # every variant inherits it): with several variants leave it unset, so two train at once.
-# SPECBUILD_VARIANTS="fc_norm long" builds only those variants (and base), and only the
+# SPECBUILD_VARIANTS="fc_norm epochs_4" builds only those variants (and base), and only the
 # datasets they train on. SPECBUILD_SET="sglang.tuning.enabled=false bench.sweep_drafters=[]"
 # sets config keys (dotted path = a YAML value, no spaces in either) in the derived copy.
-# SPECBUILD_PRIORITY="base long": the variants whose drafters are built first (default base).
+# SPECBUILD_PRIORITY="base fc_norm": the variants whose drafters are built first (default base).
 # SPECBUILD_GPU_SLOTS=N lets N jobs share each GPU (specbuild.gpus): at SmolLM2 a server start
 # or a single-stream bench leaves most of an H200 idle; a training takes a majority of a GPU's
 # slots, so never two share one (three sharing one ran at ~0.75x one alone, BENCHMARKS.md) and,
@@ -41,22 +41,21 @@
 # SPECBUILD_DATA_SERVER_MEM (default 0.3) of the GPU's memory until the run ends. Keep the
 # jobs' requests in flight together within its cuda_graph_max_bs_decode (sglang.max_concurrency
 # a job): above it decode runs without CUDA graphs. SPECBUILD_DATA_SERVER=done keeps that
-# config for a run whose data is built, and starts no server. Beside a data server the
-# in-process runner of `hidden` needs sglang.hidden.mem_fraction_static above the share of
-# GPU memory others hold (0.25 failed beside it, 0.6 ran).
-# The whole variants run, as the eighth session's single-H200 hold suggests it (~3,000 GPU-s
-# before these switches; not yet run with them):
-#   SPECBUILD_DATA_SERVER=1 SPECBUILD_GPU_SLOTS=2 SPECBUILD_PRIORITY="base long" \
-#   SPECBUILD_SET="sglang.tuning.enabled=false bench.sweep_drafters=[] \
-#     sglang.hidden.mem_fraction_static=0.6 sglang.max_concurrency=64" bash tools/h200/run.sh
+# config for a run whose data is built, and starts no server.
 # A hold's data goes on to the next: $OUT/specbuild-data.tar.gz holds every built samples
 # and generated shard with their counts and rejects checks (the GPU half of the data stage, ~10
-# GPU-minutes of the eighth session's hold). Copy it into the tree (git-ignored, e.g.
-# .seed/data.tar.gz) and carry it to the next hold's first run.sh call with
-# SPECBUILD_SEED=.seed/data.tar.gz: the run builds the target, unpacks the shards and marks them
-# up to date on it (snakemake --touch: the target job is new, so each shard would be stale by
-# its time stamp alone), then builds the rest; a shard the seed lacks is built as usual. Unpack
-# into a fresh results/ only: the seed's files replace what is there.
+# GPU-minutes of the eighth session's hold). Keep it (git-ignored .seed/data.tar.gz) and carry
+# it in a call of its own after the kit's second (its third call is near the device's 64 MiB):
+#   carry [.seed]: cp .seed/data.tar.gz /tmp/seed.tar.gz
+# then start the run with SPECBUILD_SEED=/tmp/seed.tar.gz: it builds the target, unpacks the
+# shards and marks them up to date on it (snakemake --touch: the target job is new, so each
+# shard would be stale by its time stamp alone), then builds the rest; a shard the seed lacks is
+# built as usual. Unpack into a fresh results/ only: the seed's files replace what is there.
+# The variants run on one H200 with the ninth session's data (~1,650 GPU-s of training and
+# ~600 of benches, estimated from that hold's unit costs: more than one 30-minute hold; name a
+# subset with SPECBUILD_VARIANTS):
+#   SPECBUILD_SEED=/tmp/seed.tar.gz SPECBUILD_GPU_SLOTS=3 SPECBUILD_SET="sglang.tuning.enabled=false \
+#     bench.sweep_drafters=[] sglang.server_args.mem_fraction_static=0.2" bash tools/h200/run.sh
 # Tables, plots and logs come back in $OUT: summary.md, snakemake.log, specbuild-h200.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
