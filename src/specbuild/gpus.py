@@ -197,8 +197,8 @@ def startup_lock(
     before the weights load and once after. A runner starting on the GPU between another's two
     reads takes its pool out of that one's count, which fails ("Loaded weights leave no GPU
     memory for the KV cache"; the ninth session's hold lost two `hidden` jobs so, at fractions
-    0.4 and 0.7 alike). One start at a time per GPU (locks taken in id order: no deadlock) removes the
-    race. Inside a SLURM job nothing is locked, as in `pin_gpus`.
+    0.4 and 0.7 alike). One start at a time per GPU (locks taken in id order: no deadlock)
+    removes the race. Inside a SLURM job nothing is locked, as in `pin_gpus`.
     """
     if os.environ.get("SLURM_JOB_ID"):
         yield
