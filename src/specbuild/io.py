@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import json
 import logging
 import os
 import secrets
 import shutil
+import socket
 import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -25,17 +28,25 @@ __all__ = [
     "ensure_free_space",
 ]
 
+log = logging.getLogger("specbuild")
+
+
+# This host in temp file names: a writer's pid means something only on the host that ran it.
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
 
 def _create_temp(folder: Path, name: str) -> tuple[Path, int]:
-    """Create an empty `.{name}.<random>.tmp` in `folder` as open() creates any file (mode 0666
-    less the umask, default ACLs applied); return it and the mode the system gave it.
+    """Create an empty `.{name}.<host>-<pid>-<random>.tmp` in `folder` as open() creates any
+    file (mode 0666 less the umask, default ACLs applied); return it and the mode the system
+    gave it. Temp files of `name` that a dead writer on this host left go first.
 
     Why not mkstemp: it creates 0600 whatever the umask, and a renamed temp file keeps its mode,
     so every output would be private. Why not read the umask: os.umask can only be read by
     setting it, which races with other threads creating files.
     """
+    _remove_dead_writers_temps(folder, name)
     while True:
-        tmp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
+        tmp = folder / f".{name}.{_HOST}-{os.getpid()}-{secrets.token_hex(4)}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
@@ -44,6 +55,31 @@ def _create_temp(folder: Path, name: str) -> tuple[Path, int]:
             return tmp, stat.S_IMODE(os.fstat(fd).st_mode)
         finally:
             os.close(fd)
+
+
+def _remove_dead_writers_temps(folder: Path, name: str) -> None:
+    """Delete the temp files of `name` whose writer, a process of this host, is gone: a killed
+    job's half-written shard can be gigabytes, and its rerun would otherwise leave it there."""
+    for tmp in folder.glob(f".{glob.escape(name)}.{_HOST}-*-*.tmp"):
+        pid = tmp.name[len(name) + len(_HOST) + 3 :].split("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        try:
+            size = tmp.stat().st_size
+            tmp.unlink()
+        except FileNotFoundError:  # another cleaner got there first
+            continue
+        log.warning("removed %s (%d bytes): the temp file of a writer that died", tmp, size)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def user_file_mode(folder: str | os.PathLike) -> int:

@@ -77,3 +77,31 @@ def test_a_target_folder_linked_from_the_source_leaves_the_source_modes_alone(
     assert os.path.samefile(out / "model.safetensors", src / "model.safetensors")
     assert _mode(src / "model.safetensors") == 0o640
     assert _mode(out / "fingerprint.json") == 0o666 & ~umask
+
+
+def test_a_dead_writers_temp_file_goes_at_the_next_write(tmp_path, caplog):
+    """A killed job's half-written temp (a shard: gigabytes) is removed when the rerun writes
+    the same file; a live writer's, another file's and another host's are left alone."""
+    import subprocess
+    import sys
+
+    from specbuild import io
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        out = tmp_path / "00000.safetensors"
+        stale = tmp_path / f".{out.name}.{io._HOST}-{dead.pid}-0badf00d.tmp"
+        busy = tmp_path / f".{out.name}.{io._HOST}-{live.pid}-0badf00d.tmp"
+        elsewhere = tmp_path / f".{out.name}.ffffffff-{dead.pid}-0badf00d.tmp"
+        other = tmp_path / f".00001.safetensors.{io._HOST}-{dead.pid}-0badf00d.tmp"
+        for p in (stale, busy, elsewhere, other):
+            p.write_bytes(b"half a shard")
+        write_json(out, {"v": 1})
+        assert not stale.exists()
+        assert busy.exists() and elsewhere.exists() and other.exists()
+        assert f"removed {stale} (12 bytes)" in caplog.text
+    finally:
+        live.kill()
+        live.wait()
