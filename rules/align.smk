@@ -17,6 +17,7 @@ rule align:
         gpu=align_gpus(),
         mem_mb=6000,
         runtime=60,
+        engine_memory=feature_engine_memory(config["align"]["backend"]),
     params:
         backend=config["align"]["backend"],
         backend_options=align_backend_options(),

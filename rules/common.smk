@@ -9,6 +9,7 @@ from specbuild.config_check import (
     train_datasets,
     train_variants,
 )
+from specbuild.engine_memory import without_memory
 from specbuild.gpus import train_slots
 from specbuild.rejects import check_rejected_share
 from specbuild.samples import record_digests
@@ -400,13 +401,21 @@ def sglang_backend_args(backend):
 
 
 def sglang_feature_args():
-    """Keyword options of the in-process sglang feature backend (stages hidden and align)."""
+    """Keyword options of the in-process sglang feature backend (stages hidden and align),
+    less its memory settings: those are the job's `engine_memory` resource."""
     sg = config["sglang"]
     return {
-        "server_args": dict(sg["server_args"]),
+        "server_args": without_memory(sg["server_args"]),
         "env": {k: str(v) for k, v in sg["env"].items()},
-        "mem_fraction_static": sg["hidden"]["mem_fraction_static"],
     }
+
+
+def feature_engine_memory(backend):
+    """sglang.hidden.mem_fraction_static as a resource of a feature job ("" for hf): it sizes
+    the KV pool and changes no output, so a change must not rerun finished shards."""
+    if backend != "sglang":
+        return ""
+    return str(config["sglang"]["hidden"]["mem_fraction_static"])
 
 
 def all_outputs():

@@ -20,6 +20,7 @@ rule hidden:
         # the target's weights plus one batch and one shard; raise it for large targets
         mem_mb=6000,
         runtime=120,
+        engine_memory=feature_engine_memory(config["hidden"]["backend"]),
     params:
         backend=config["hidden"]["backend"],
         backend_options=hidden_backend_options(),

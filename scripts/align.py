@@ -1,6 +1,7 @@
 from pathlib import Path
 
 from specbuild.align import check_alignment
+from specbuild.engine_memory import with_memory
 from specbuild.gpus import pin_gpus
 from specbuild.joblog import start_job_log
 
@@ -11,7 +12,9 @@ check_alignment(
     target_dir=Path(snakemake.input.fp).parent,
     report=snakemake.output.report,
     backend=snakemake.params.backend,
-    backend_options=snakemake.params.backend_options,
+    backend_options=with_memory(
+        snakemake.params.backend_options, snakemake.resources.engine_memory
+    ),
     samples=snakemake.params.samples,
     seed=snakemake.params.seed,
     min_cosine=snakemake.params.min_cosine,

@@ -1,3 +1,4 @@
+from specbuild.engine_memory import with_memory
 from specbuild.gpus import pin_gpus
 from specbuild.hidden.extract import extract_shard
 from specbuild.joblog import start_job_log
@@ -15,6 +16,8 @@ extract_shard(
     dtype=snakemake.params.dtype,
     batch_tokens=snakemake.params.batch_tokens,
     device=snakemake.params.device,
-    backend_options=snakemake.params.backend_options,
+    backend_options=with_memory(
+        snakemake.params.backend_options, snakemake.resources.engine_memory
+    ),
     threads=snakemake.threads,
 )

@@ -197,3 +197,24 @@ def test_each_drafter_is_served_by_its_own_server_and_only_the_named_ones_sweep(
     assert (
         "| sglang | mt | 3-1-4 | theirs |" in bench and "| sglang | mt | 3-1-4 | again |" in bench
     )
+
+
+def test_engine_memory_reaches_feature_jobs_as_a_resource_not_a_param(tmp_path, target_dir):
+    """sglang.hidden.mem_fraction_static sizes the runner's KV pool and changes no shard: it
+    reaches hidden and align as the `engine_memory` resource (Snakemake reruns a job whose
+    params changed, never one whose resources did), and the server flags in their params go
+    without it."""
+    from workflow_helpers import make_workdir, snakemake, tiny_config, write_config
+
+    wd = make_workdir(tmp_path / "wf", target_dir)
+    config = tiny_config(hidden={"backend": "sglang"}, align={"backend": "sglang"})
+    config["sglang"] = {
+        "server_args": {"mem_fraction_static": 0.8, "attention_backend": "triton"},
+        "hidden": {"mem_fraction_static": 0.35},
+    }
+    write_config(wd, config)
+    dry = snakemake(wd, "-n", "--cores", "1", "results/align/report.json").stdout
+    jobs = re.split(r"\n(?=(?:local)?rule )", dry)
+    for rule in ("hidden", "align"):
+        job = next(j for j in jobs if re.match(rf"(?:local)?rule {rule}:", j))
+        assert "engine_memory=0.35" in job
