@@ -34,12 +34,15 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 __all__ = ["gpu_slots", "pin_gpus", "startup_lock", "train_slots", "visible_gpu_ids"]
 
 log = logging.getLogger("specbuild")
+
+T = TypeVar("T")
 
 _held: list[int] = []  # lock file descriptors, open for the life of the process
 
@@ -97,9 +100,36 @@ def _try_lock(path: Path) -> int | None:
     return fd
 
 
+def _lock_path(folder: Path, gpu: str, kind: str = "") -> Path:
+    """`<id><kind>.lock` in `folder`, the id made safe for a file name."""
+    return folder / f"{re.sub(r'[^A-Za-z0-9_-]', '_', gpu)}{kind}.lock"
+
+
 def _slot_lock(folder: Path, gpu: str, slot: int) -> int | None:
-    name = re.sub(r"[^A-Za-z0-9_-]", "_", gpu) + (f".slot{slot}" if slot else "")
-    return _try_lock(folder / f"{name}.lock")
+    return _try_lock(_lock_path(folder, gpu, f".slot{slot}" if slot else ""))
+
+
+def _wait_for(
+    attempt: Callable[[], T | None],
+    *,
+    wait_s: float,
+    poll_s: float,
+    log_every_s: float,
+    waiting: str,
+    timed_out: str,
+) -> T:
+    """`attempt()` until it returns something, logging `waiting` now and then; TimeoutError
+    (`timed_out`, the seconds waited appended) after `wait_s`."""
+    start = last_log = time.monotonic()
+    while (got := attempt()) is None:
+        now = time.monotonic()
+        if now - start > wait_s:
+            raise TimeoutError(f"{timed_out} after {wait_s:.0f} s")
+        if now - last_log >= log_every_s:
+            log.info("%s", waiting)
+            last_log = now
+        time.sleep(poll_s)
+    return got
 
 
 def _take(ids: list[str], count: int, slots: int, each: int, folder: Path) -> list[tuple[str, int]]:
@@ -164,27 +194,28 @@ def pin_gpus(
     slots = gpu_slots()
     if not 1 <= slots_each <= slots:
         raise ValueError(f"slots_each={slots_each}: want 1 to SPECBUILD_GPU_SLOTS={slots}")
-    start = last_log = time.monotonic()
-    while True:
+
+    def attempt() -> list[str] | None:
         taken = _take(ids, count, slots, slots_each, folder)
         chosen = list(dict.fromkeys(gpu for gpu, _ in taken))
         if len(chosen) == count:
             _held.extend(fd for _, fd in taken)
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
-            log.info("pinned to GPU(s) %s (of %s)", ",".join(chosen), ",".join(ids))
             return chosen
         for _, fd in taken:  # all or nothing: two waiting jobs must not each hold half
             os.close(fd)
-        now = time.monotonic()
-        if now - start > wait_s:
-            raise TimeoutError(
-                f"no {count} free GPU(s) among {','.join(ids)} after {wait_s:.0f} s; "
-                f"holders keep locks in {folder}"
-            )
-        if now - last_log >= log_every_s:
-            log.info("waiting for %d free GPU(s) among %s", count, ",".join(ids))
-            last_log = now
-        time.sleep(poll_s)
+        return None
+
+    chosen = _wait_for(
+        attempt,
+        wait_s=wait_s,
+        poll_s=poll_s,
+        log_every_s=log_every_s,
+        waiting=f"waiting for {count} free GPU(s) among {','.join(ids)}",
+        timed_out=f"no {count} free GPU(s) among {','.join(ids)} (holders keep locks in {folder})",
+    )
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
+    log.info("pinned to GPU(s) %s (of %s)", ",".join(chosen), ",".join(ids))
+    return chosen
 
 
 @contextlib.contextmanager
@@ -207,19 +238,15 @@ def startup_lock(
     fds: list[int] = []
     try:
         for gpu in sorted(visible_gpu_ids()):
-            path = folder / (re.sub(r"[^A-Za-z0-9_-]", "_", gpu) + ".startup.lock")
-            start = last_log = time.monotonic()
-            while (fd := _try_lock(path)) is None:
-                now = time.monotonic()
-                if now - start > wait_s:
-                    raise TimeoutError(
-                        f"{what}: GPU {gpu}'s start-up lock ({path}) still held after "
-                        f"{wait_s:.0f} s"
-                    )
-                if now - last_log >= log_every_s:
-                    log.info("%s: waiting for another start on GPU %s", what, gpu)
-                    last_log = now
-                time.sleep(poll_s)
+            path = _lock_path(folder, gpu, ".startup")
+            fd = _wait_for(
+                lambda path=path: _try_lock(path),
+                wait_s=wait_s,
+                poll_s=poll_s,
+                log_every_s=log_every_s,
+                waiting=f"{what}: waiting for another start on GPU {gpu}",
+                timed_out=f"{what}: GPU {gpu}'s start-up lock ({path}) still held",
+            )
             fds.append(fd)
         yield
     finally:
