@@ -33,11 +33,11 @@ $(VENV)/.setup-done: pyproject.toml
 
 # A run killed with kill -9 (or a reboot) leaves Snakemake's lock behind: it is removed only
 # when no snakemake process works here (specbuild.run_lock), never under a live run, and the
-# jobs it interrupted rerun (--rerun-incomplete).
+# jobs it interrupted rerun (--rerun-incomplete). The report comes from the same invocation
+# (--report-after-run): a second one paid Snakemake's start-up again (~12 s here, BENCHMARKS.md).
 run: setup
 	$(BIN)/python -m specbuild.run_lock -- $(SNAKEMAKE) --unlock
-	$(SNAKEMAKE) --rerun-incomplete $(TARGET)
-	$(SNAKEMAKE) --report results/report.html
+	$(SNAKEMAKE) --rerun-incomplete $(TARGET) --report results/report.html --report-after-run
 	@echo "report: $(CURDIR)/results/report.html"
 	@echo "serve the drafter with SGLang: make serve (runs results/serve.sh)"
 

@@ -19,6 +19,8 @@ rule bench:
         engine="hf|sglang|openai",
         drafter=bench_drafter_regex(),
         chain=CONFIG_PATTERN,
+    # after decoding, before hidden (common.smk, PRIORITY)
+    priority: PRIORITY["bench"]
     conda:
         bench_env
     threads: bench_threads

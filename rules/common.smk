@@ -114,6 +114,18 @@ def dataset_param(key):
     return job_function(get)
 
 
+# Job order where cores are scarce: Snakemake starts the ready job of highest priority (then
+# of largest input). On a 2-core `make run`, decoding is the longest chain: the reject checks
+# (a JSON read each, gating the next stage) go first, then `synthesize` (every chat `generate`
+# waits for the earlier shards' prompts: near-duplicates), `samples` and `generate`, then
+# `tokenize` (seconds; it gates hidden), the bench (its baseline needs only the target and
+# fills the gaps in decoding; run last it would hold a core while `train` waits for both),
+# then hidden (largest input first: the longest shards, so the last ones end together) and
+# the rest (0). Without it the baseline (the largest inputs) started first and the first
+# self-written shard 185 s late (BENCHMARKS.md, issue 17.5).
+PRIORITY = {"check_rejects": 5, "synthesize": 4, "decode": 3, "tokenize": 2, "bench": 1}
+
+
 def device_gpus(device):
     """GPUs a job asks the scheduler for: only `cuda` demands one; `auto` uses one if present."""
     return 1 if device == "cuda" else 0

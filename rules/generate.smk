@@ -13,6 +13,8 @@ rule generate:
         counts="results/generated/{dataset}/{shard}.counts.json",
     log:
         "logs/generate/{dataset}/{shard}.log",
+    # decoding first (common.smk, PRIORITY)
+    priority: PRIORITY["decode"]
     conda:
         engine_env(config["generate"]["backend"])
     # one torch thread: two spinning threads decoded 32 prompts 4x slower than one under

@@ -21,6 +21,8 @@ rule check_rejects:
         "logs/checks/{stage}/{dataset}/{shard}.log",
     wildcard_constraints:
         stage="|".join(REJECT_STAGES),
+    # it holds a core slot for an instant and gates the next stage: first (common.smk)
+    priority: PRIORITY["check_rejects"]
     # in the main process: a JSON read, no job of its own on a cluster
     localrule: True
     run:

@@ -17,6 +17,8 @@ rule samples:
         "logs/samples/{dataset}/{shard}.log",
     wildcard_constraints:
         dataset=datasets_regex(synthetic=False),
+    # decoding first (common.smk, PRIORITY): a file's shards gate their `generate` jobs
+    priority: PRIORITY["decode"]
     conda:
         "../envs/specbuild.yaml"
     params:
@@ -42,6 +44,8 @@ rule synthesize:
         "logs/synthesize/{dataset}/{shard}.log",
     wildcard_constraints:
         dataset=datasets_regex(synthetic=True),
+    # the head of the longest chain (common.smk, PRIORITY)
+    priority: PRIORITY["synthesize"]
     conda:
         engine_env(config["generate"]["backend"])
     # one torch thread: two spinning threads decoded 32 prompts 4x slower than one under

@@ -12,6 +12,8 @@ rule tokenize:
         counts="results/tokenized/{dataset}/{shard}.counts.json",
     log:
         "logs/tokenize/{dataset}/{shard}.log",
+    # seconds a shard, and it gates hidden: before the bench and hidden (common.smk, PRIORITY)
+    priority: PRIORITY["tokenize"]
     conda:
         "../envs/specbuild.yaml"
     params:

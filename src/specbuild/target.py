@@ -14,6 +14,7 @@ Sources:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import json
@@ -150,12 +151,13 @@ def _convert_gguf(gguf: Path, out: Path, save_dtype: torch.dtype) -> None:
     Recent transformers refuse save_pretrained on a GGUF-loaded model, so build a plain model
     from its config (without quantization_config) and load the dequantized state dict into it.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kw = {"gguf_file": gguf.name}
     tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
-    cfg = AutoConfig.from_pretrained(gguf.parent, **kw)
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
+    # the model's own config: a separate AutoConfig parsed the whole GGUF again (~3 s a run)
+    cfg = copy.deepcopy(loaded.config)
     state = loaded.state_dict()
     del loaded
     if hasattr(cfg, "quantization_config"):

@@ -260,10 +260,10 @@ def test_a_dataset_file_snakemake_cannot_read_is_named_by_its_key(content, named
     assert len(output.splitlines()) <= MAX_ERROR_LINES, output[-3000:]
 
 
-def test_a_float_written_5e_4_in_a_config_file_is_accepted_by_snakemake(tmp_path):
+def test_a_float_written_1e_3_in_a_config_file_is_accepted_by_snakemake(tmp_path):
     work = scratch_dir(tmp_path)
-    text = (REPO / "config" / "config.yaml").read_text().replace("lr: 0.0005", "lr: 5e-4")
-    assert "lr: 5e-4" in text
+    text = (REPO / "config" / "config.yaml").read_text().replace("lr: 0.001", "lr: 1e-3")
+    assert "lr: 1e-3" in text
     (tmp_path / "e.yaml").write_text(text)
     proc = run_snakemake(work, "--quiet", "rules", "--configfile", str(tmp_path / "e.yaml"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

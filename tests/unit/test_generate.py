@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from specbuild.backends import SamplingParams, make_backend
 from specbuild.backends.base import Generation, GenerationRequest
@@ -38,6 +39,17 @@ def test_greedy_batches_match_one_by_one_and_report_finish_reasons(hf):
     alone = hf.generate(reqs[:1], SamplingParams(max_new_tokens=64))
     assert alone[0].content == full[0].content
     assert full[0].prompt_tokens == len(hf._prompt_ids(reqs[0]))
+
+
+def test_bf16_decodes_in_bf16_only_on_a_cpu_with_native_bf16(monkeypatch, target_dir):
+    import specbuild.backends.hf as hf_backend
+
+    for native, want in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(hf_backend, "cpu_bf16_supported", lambda native=native: native)
+        backend = make_backend("hf", target_dir=str(target_dir), device="cpu", dtype="bfloat16")
+        assert next(backend.lm.parameters()).dtype == want
+        assert backend.dtype == str(want).removeprefix("torch.")
+    assert hf_backend.compute_dtype("float16", "cpu") == "float16"  # only bf16 falls back
 
 
 def test_reasoning_is_split_from_the_answer():

@@ -9,9 +9,10 @@ from collections.abc import Sequence
 import torch
 
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
+from specbuild.drafter.config import cpu_bf16_supported
 from specbuild.target import load_target_model, load_tokenizer
 
-__all__ = ["HFBackend", "resolve_device", "split_reasoning"]
+__all__ = ["HFBackend", "compute_dtype", "resolve_device", "split_reasoning"]
 
 log = logging.getLogger("specbuild")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -24,6 +25,16 @@ def resolve_device(device: str) -> str:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError(f"device {device!r} asked for, but torch sees no CUDA GPU")
     return device
+
+
+def compute_dtype(dtype: str, device: str) -> str:
+    """The dtype the target runs in: bfloat16 on a CPU only where it is native (AVX512-BF16 or
+    AMX: 1.45x float32 decoding there, BENCHMARKS.md); float32, with a warning, on other CPUs,
+    where emulated bf16 would be slower than float32 (as `train.precision` does)."""
+    if dtype == "bfloat16" and device == "cpu" and not cpu_bf16_supported():
+        log.warning("bfloat16 asked for, but this CPU has no native bf16: decoding in float32")
+        return "float32"
+    return dtype
 
 
 def split_reasoning(text: str) -> tuple[str, str | None]:
@@ -57,7 +68,8 @@ class HFBackend:
         self.batch_size = batch_size
         self.tok = load_tokenizer(target_dir)
         self.tok.padding_side = "left"
-        self.lm = load_target_model(target_dir, dtype=dtype, device=self.device)
+        self.dtype = compute_dtype(dtype, self.device)
+        self.lm = load_target_model(target_dir, dtype=self.dtype, device=self.device)
         eos = self.lm.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
         self.stop_ids = {i for i in [*eos, self.tok.eos_token_id] if i is not None}
