@@ -400,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
     print(f"stub: server_args={args}", flush=True)  # SGLang prints its ServerArgs too
+    # SGLang logs this per model runner once its KV pool is sized (target, then draft model)
+    for _ in range(2 if args.speculative_algorithm else 1):
+        time.sleep(float(os.environ.get("SGLANG_STUB_POOL_S", "0")))
+        print("stub: Memory pool end. avail mem=1.00 GB", flush=True)
     Handler.model = Model(args)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,6 +29,7 @@ from specbuild.backends.server import (
     new_api_key,
     unknown_flags,
 )
+from specbuild.gpus import startup_lock
 
 STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
 LAUNCHER = (sys.executable, str(STUB))
@@ -173,6 +176,69 @@ def test_server_is_stopped_when_the_job_body_fails(model_dir):
             url = srv.base_url + "/health"
             raise RuntimeError("boom")
     assert srv.proc.poll() is not None and _closed(url)
+
+
+@pytest.fixture
+def one_gpu(tmp_path, monkeypatch):
+    """GPU 6 visible, a private lock folder: server starts take its start-up lock."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("SPECBUILD_GPU_LOCK_DIR", str(tmp_path / "locks"))
+
+
+def _started(srv: SGLangServer, until, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        assert time.monotonic() < deadline, srv.output_tail()
+        time.sleep(0.02)
+
+
+def test_a_server_start_holds_its_gpu_until_its_kv_pool_is_sized(model_dir, one_gpu):
+    # SGLang sizes the KV pool from the memory free before and after loading: another start
+    # in between takes its share out of this one's count (ninth session's hold)
+    srv = SGLangServer(spec_for(model_dir, env={"SGLANG_STUB_POOL_S": "1.5"}))
+    starting = threading.Thread(target=srv.start)
+    starting.start()
+    try:
+        _started(srv, lambda: srv.proc is not None)
+        with pytest.raises(TimeoutError, match="GPU 6's start-up lock"):
+            with startup_lock("second start", wait_s=0.3, poll_s=0.05):
+                pass
+        starting.join()
+        with startup_lock("after the first start", wait_s=0):
+            pass
+    finally:
+        starting.join()
+        srv.stop()
+
+
+def test_the_start_up_lock_is_let_go_once_the_pool_is_sized_not_at_health(model_dir, one_gpu):
+    # a CUDA-graph capture does not change another server's pool: it need not wait for it
+    srv = SGLangServer(spec_for(model_dir, env={"SGLANG_STUB_NEVER_HEALTHY": "1"}, timeout=4))
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            srv.start()
+        except ServerStartError as err:
+            failed.append(err)
+
+    starting = threading.Thread(target=start)
+    starting.start()
+    try:
+        _started(srv, lambda: srv._pools_sized >= 1)
+        with startup_lock("next start", wait_s=3, poll_s=0.05):
+            assert starting.is_alive() and not failed  # still waiting for its health
+    finally:
+        starting.join()
+    assert failed and "not healthy" in str(failed[0])
+    assert srv.proc.poll() is not None
+
+
+def test_a_speculative_server_waits_for_the_draft_models_pool_too(model_dir):
+    assert SGLangServer(spec_for(model_dir))._pools_expected() == 1
+    spec = spec_for(model_dir, "--speculative-algorithm", "EAGLE3")
+    assert SGLangServer(spec)._pools_expected() == 2
 
 
 # --- OpenAI-compatible client ----------------------------------------------------------------

@@ -62,7 +62,7 @@ cd "$(dirname "$0")/../.."
 CONFIG=${SPECBUILD_CONFIG:-config/examples/smollm2-sglang-h200.yaml}
 BUDGET_S=${SPECBUILD_BUDGET_S:-540}  # + packing: under the device's 600 s a command
 OUT=${OUT:-/tmp/specbuild-out}
-RUN=/tmp/specbuild-run  # the detached run's pid, log and exit status
+RUN=${SPECBUILD_RUN_DIR:-/tmp/specbuild-run}  # the detached run's pid, log, config and exit status
 mkdir -p "$OUT" "$RUN"
 NPROC=${SPECBUILD_TRAIN_NPROC:-}
 VARIANTS=${SPECBUILD_VARIANTS-all}
@@ -78,7 +78,7 @@ if [ -n "$NPROC$SET" ] || [ "$VARIANTS" != all ]; then
   # a derived copy: train.nproc, only the named variants (base is always built) with the
   # datasets they train on, so a hold that cannot fit every variant still ends with a report,
   # and the SPECBUILD_SET keys
-  python3 - "$CONFIG" "$NPROC" "$VARIANTS" "$SET" <<'PY' || exit 1
+  python3 - "$CONFIG" "$NPROC" "$VARIANTS" "$SET" "$RUN/config.yaml" <<'PY' || exit 1
 import sys, yaml
 config, nproc, variants, sets = sys.argv[1:5]
 c = yaml.safe_load(open(config))
@@ -106,9 +106,9 @@ for item in sets.split():
         if not isinstance(node, dict):
             sys.exit(f"SPECBUILD_SET: {key}: {k} is not a mapping in {config}")
     node[leaf] = yaml.safe_load(value)
-yaml.safe_dump(c, open("/tmp/specbuild-run.yaml", "w"), sort_keys=False)
+yaml.safe_dump(c, open(sys.argv[5], "w"), sort_keys=False)
 PY
-  CONFIG=/tmp/specbuild-run.yaml
+  CONFIG=$RUN/config.yaml
 fi
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 # NVLink multicast stays off on shared hosts (device notes); servers inherit this environment.

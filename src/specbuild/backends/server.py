@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specbuild.gpus import startup_lock
+
 __all__ = [
     "ServerOptions",
     "ServerSpec",
@@ -78,6 +80,9 @@ MIN_MASKED_CHARS = 8
 # another free port, this many times in all.
 PORT_ATTEMPTS = 3
 PORT_TAKEN = "Address already in use"
+# SGLang 0.5.17 logs this once a model runner's KV pool is sized and allocated (target, then
+# draft model): after it, another start on the GPU no longer changes this server's pool.
+POOL_SIZED = "Memory pool end."
 
 
 class ServerStartError(RuntimeError):
@@ -255,6 +260,7 @@ class SGLangServer:
         self._old_sigterm: Any = None
         self._env = {**os.environ, **{k: str(v) for k, v in spec.env.items()}}
         self._secrets = _secret_values(self._env, spec.api_key)
+        self._pools_sized = 0  # POOL_SIZED lines seen in this start's output
 
     @property
     def base_url(self) -> str:
@@ -296,6 +302,8 @@ class SGLangServer:
         for line in self.proc.stdout:
             line = self.mask(line.rstrip())
             self._tail.append(line)
+            if POOL_SIZED in line:
+                self._pools_sized += 1
             log.info("[%s] %s", self.name, line)
 
     def start(self) -> SGLangServer:
@@ -315,37 +323,56 @@ class SGLangServer:
                 self._tail.clear()
         raise AssertionError("unreachable")
 
+    def _pools_expected(self) -> int:
+        # a speculative server sizes a pool for the target, then one for the draft model
+        return 2 if "--speculative-algorithm" in self.spec.server_args else 1
+
     def _start_once(self) -> SGLangServer:
         cmd = self.command()
         env_note = " ".join(f"{k}={v}" for k, v in sorted(mask_env(self.spec.env).items()))
         note = self.mask(f"{env_note} {' '.join(cmd)}".strip())
-        log.info("starting %s: %s", self.name, note)
-        # Its own process group (not a new session) lets stop() reach the scheduler and
-        # detokenizer processes SGLang spawns, while a server orphaned by a SIGKILLed job still
-        # belongs to the caller's session, which the device tool and terminals clean up.
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            env=self._env,
-            process_group=0,
-        )
-        atexit.register(self.stop)
-        self._reader = threading.Thread(target=self._forward_output, daemon=True)
-        self._reader.start()
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
+        t0 = time.monotonic()
+        # One start at a time per GPU until the KV pools are sized: SGLang sizes them from the
+        # memory free before and after loading the weights, and another start in between takes
+        # its own share out of this one's count ("Loaded weights leave no GPU memory for the KV
+        # cache"), as two `hidden` runners did in the ninth session's hold.
+        with startup_lock(self.name):
+            log.info("starting %s: %s", self.name, note)
+            # Its own process group (not a new session) lets stop() reach the scheduler and
+            # detokenizer processes SGLang spawns, while a server orphaned by a SIGKILLed job
+            # still belongs to the caller's session, which the device tool and terminals clean
+            # up.
+            self._pools_sized = 0
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                errors="replace",
+                env=self._env,
+                process_group=0,
+            )
+            atexit.register(self.stop)
+            self._reader = threading.Thread(target=self._forward_output, daemon=True)
+            self._reader.start()
+            try:
+                healthy = self._wait_healthy(t0, until_sized=True)
+            except BaseException:
+                self.stop()
+                raise
+        if not healthy:
+            try:
+                self._wait_healthy(t0)
+            except BaseException:
+                self.stop()
+                raise
         return self
 
-    def _wait_healthy(self) -> None:
+    def _wait_healthy(self, t0: float, *, until_sized: bool = False) -> bool:
+        """Wait until the server answers its health check (True) or, with `until_sized`,
+        until its KV pools are sized (False, if that came first)."""
         assert self.proc is not None
-        t0 = time.monotonic()
         url = self.base_url + self.spec.health_path
         while time.monotonic() - t0 < self.spec.startup_timeout_s:
             code = self.proc.poll()
@@ -355,6 +382,8 @@ class SGLangServer:
                     f"{self.name} exited with code {code} before it was healthy; "
                     f"its last output:\n{self.output_tail()}"
                 )
+            if until_sized and self._pools_sized >= self._pools_expected():
+                return False
             try:
                 with urllib.request.urlopen(_get(url, self.api_key), timeout=10) as r:
                     if r.status == 200:
@@ -364,7 +393,7 @@ class SGLangServer:
                             self.base_url,
                             time.monotonic() - t0,
                         )
-                        return
+                        return True
             except (urllib.error.URLError, OSError, TimeoutError):
                 pass
             time.sleep(0.5)

@@ -16,6 +16,7 @@ from torch.profiler import record_function
 
 from specbuild.drafter.data import Batch, SampleRef, ShardSet, plan_batches
 from specbuild.drafter.flops import StepWork
+from specbuild.drafter.fused_loss import linear_soft_cross_entropy
 from specbuild.drafter.metrics import StepCounts, step_counts
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.teacher import Teacher
@@ -46,6 +47,9 @@ class TTTObjective(nn.Module):
         # One full-vocabulary matmul per sample per run (memoized: it costs like a step).
         self.in_draft: dict[SampleRef, Tensor] = {}
         self.work: StepWork | None = None  # the sizes of the last forward (flops.step_flops)
+        # training's lm_head + loss in one pass: None on CUDA only (on CPU the matmuls bound
+        # it: no gain measured); tests set True or False
+        self.fused_loss: bool | None = None
 
     def _mask(self, batch: Batch) -> tuple[Tensor, int]:
         """(loss mask [B,L], rows the full-vocabulary head ran over for it)."""
@@ -85,12 +89,23 @@ class TTTObjective(nn.Module):
             )
         # float32 whatever the features' dtype (the batch keeps the shards' bf16)
         loss, loss_rows = torch.zeros((), device=batch.aux.device), []
+        # training: lm_head and loss fused over row chunks (drafter/fused_loss.py); metrics
+        # want each step's logits, so evaluation keeps the plain expression
+        fused = counts is None and torch.is_grad_enabled()
+        fused = fused and (device_type == "cuda" if self.fused_loss is None else self.fused_loss)
+        head = self.drafter.lm_head.weight
         for i, h in enumerate(hiddens):
             m = mask[:, i:]  # shape: [B,L-i] step i at index t targets index t+i
             r = row[:, i:][m]  # shape: [N_i]
-            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
-                logits = self.drafter.logits(h[m]).float()  # shape: [N_i,Vd]
-            ce = -(t_probs[r] * logits.log_softmax(-1)).sum()
+            if fused:
+                with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
+                    x = self.drafter.norm(h[m])  # shape: [N_i,H]
+                dtype = torch.bfloat16 if self.amp else head.dtype
+                ce = linear_soft_cross_entropy(x, head, t_probs, r, compute_dtype=dtype)
+            else:
+                with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
+                    logits = self.drafter.logits(h[m]).float()  # shape: [N_i,Vd]
+                ce = -(t_probs[r] * logits.log_softmax(-1)).sum()
             loss = loss + self.decay**i * ce / max(r.numel(), 1)
             loss_rows.append(r.numel())
             if counts is not None:
