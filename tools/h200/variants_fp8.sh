@@ -1,0 +1,36 @@
+#!/bin/bash
+# One H200 hold for the variants table (issue 15) and the served fp8 arm (issue 17.3): run.sh
+# builds config/examples/smollm2-sglang-h200.yaml's every variant, its data through one data
+# server; as soon as the data the arm trains on is generated, tools/h200/arm.sh starts the
+# arm beside it: the recipe at 4 epochs on fp8 shards, against `epochs_4`, the same recipe on
+# the main run's bf16 shards. Sized for one 30-minute hold without a seed (tenth session): one
+# chat shard pair of 4,096 prompts (8,192, not 20,480), tuning and the drafters' concurrency
+# sweep off. After the kit's three staging calls, call it (no carry) until it prints
+# "specbuild: done"; the arm's tables and logs come back in $OUT/arm-fp8.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+COMMON="sglang.tuning.enabled=false bench.sweep_drafters=[] sglang.server_args.mem_fraction_static=0.2
+datasets.chat.synthesize.count=8192 datasets.chat.shard_size=4096"
+ARM_SET="$COMMON hidden.storage=fp8 train.epochs=4 bench.baseline=false"
+export SPECBUILD_GPU_SLOTS=${SPECBUILD_GPU_SLOTS:-3}
+ready() {
+  for f in gsm8k/00000 chat/00000 chat/00001; do [ -f "results/generated/$f.jsonl" ] || return 1; done
+}
+watch() {
+  until [ -d /tmp/specbuild-arm-fp8 ]; do
+    ready && SPECBUILD_SET="$ARM_SET" bash tools/h200/arm.sh fp8 >>/tmp/specbuild-arm-start.log 2>&1
+    sleep 5
+  done
+}
+watch &
+watcher=$!
+# the data jobs' requests in flight together (4 x 64) within the data server's decode graphs
+SPECBUILD_DATA_SERVER=1 SPECBUILD_SET="$COMMON sglang.max_concurrency=64" \
+  SPECBUILD_BUDGET_S=${SPECBUILD_BUDGET_S:-540} bash tools/h200/run.sh "$@"
+rc=$?
+kill "$watcher" 2>/dev/null
+if [ -d /tmp/specbuild-arm-fp8 ]; then
+  echo "=== arm fp8"
+  SPECBUILD_SET="$ARM_SET" SPECBUILD_BUDGET_S=1 bash tools/h200/arm.sh fp8 | tail -8
+fi
+exit $rc
