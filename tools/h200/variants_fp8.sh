@@ -3,18 +3,19 @@
 # builds config/examples/smollm2-sglang-h200.yaml's every variant, its data through one data
 # server; as soon as the data the arm trains on is generated, tools/h200/arm.sh starts the
 # arm beside it: the recipe at 4 epochs on fp8 shards, against `epochs_4`, the same recipe on
-# the main run's bf16 shards. Sized for one 30-minute hold without a seed (tenth session): one
-# chat shard pair of 4,096 prompts (8,192, not 20,480), tuning and the drafters' concurrency
-# sweep off. After the kit's three staging calls, call it (no carry) until it prints
+# the main run's bf16 shards. Sized for one 30-minute hold, staging included, without a seed
+# (eleventh session: ~1,800 device-s): one chat shard of 4,096 prompts (not 20,480; training is
+# the critical path, one at a time on the one GPU), tuning and the drafters' concurrency sweep
+# off. After the kit's three staging calls, call it (no carry) until it prints
 # "specbuild: done"; the arm's tables and logs come back in $OUT/arm-fp8.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 COMMON="sglang.tuning.enabled=false bench.sweep_drafters=[] sglang.server_args.mem_fraction_static=0.2
-datasets.chat.synthesize.count=8192 datasets.chat.shard_size=4096"
+datasets.chat.synthesize.count=4096 datasets.chat.shard_size=4096"
 ARM_SET="$COMMON hidden.storage=fp8 train.epochs=4 bench.baseline=false"
 export SPECBUILD_GPU_SLOTS=${SPECBUILD_GPU_SLOTS:-3}
 ready() {
-  for f in gsm8k/00000 chat/00000 chat/00001; do [ -f "results/generated/$f.jsonl" ] || return 1; done
+  for f in gsm8k/00000 chat/00000; do [ -f "results/generated/$f.jsonl" ] || return 1; done
 }
 watch() {
   until [ -d /tmp/specbuild-arm-fp8 ]; do
