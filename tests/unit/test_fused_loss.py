@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from specbuild.drafter import fused_loss as fused_loss_module
+from specbuild.drafter import train
 from specbuild.drafter.data import ShardSet
 from specbuild.drafter.fused_loss import linear_soft_cross_entropy
 from specbuild.drafter.objective import TTTObjective
@@ -146,3 +147,18 @@ def test_the_compiled_cuda_kernel_equals_the_plain_expression():
     # so the gradients are compared at their own scale, not element by element.
     for got, want in ((x.grad.float(), ref_x), (w.grad.float(), ref_w)):
         assert (got - want).abs().max() <= 1e-2 * want.abs().max()
+
+
+def test_train_loss_picks_the_objectives_loss_and_a_typo_names_the_key():
+    cpu = torch.device("cpu")
+    for loss, fused in (("reference", False), ("fused", True), ("auto", False)):
+        cfg = TrainConfig.from_params({"loss": loss, "device": "cpu"})
+        objective = train._objective(
+            cfg, None, None, amp=False, attention="reference", loss=train._loss(cfg, cpu)
+        )
+        assert objective.fused_loss is fused, loss
+    # auto is the fused loss where a GPU trains
+    assert train._loss(TrainConfig.from_params({"loss": "auto"}), torch.device("cuda")) == "fused"
+    assert TrainConfig().loss == "reference"
+    with pytest.raises(ValueError, match="loss 'fast': choose auto, reference or fused"):
+        TrainConfig.from_params({"loss": "fast"})

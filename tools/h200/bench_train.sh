@@ -28,6 +28,7 @@ source "$(dirname "$0")/env.sh"
 W=results/bench-train
 PRESET=${SPECBUILD_BENCH_PRESET:-llama8b}  # tiny: try this script on a CPU (fake nvidia-smi)
 ATTENTION=${SPECBUILD_BENCH_ATTENTION:-auto}  # auto (flex on CUDA) | reference | flex
+LOSS=${SPECBUILD_BENCH_LOSS:-reference}  # train.loss: reference | fused | auto (fused on CUDA)
 # tokens a rank a step: 8,192 at llama8b; the SmolLM2 example trains on 16,384
 # (SPECBUILD_BENCH_PRESET=smollm2 SPECBUILD_BENCH_TOKENS=16384: that drafter's shapes)
 TOKENS=${SPECBUILD_BENCH_TOKENS:-8192}
@@ -40,7 +41,7 @@ python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$LOG"
 
 workspace() {  # $1: nproc, then synthetic's flags; the shards are written once per machine
   local nproc=$1; shift
-  set -- --preset "$PRESET" --nproc "$nproc" --attention "$ATTENTION" --token-budget "$TOKENS" "$@"
+  set -- --preset "$PRESET" --nproc "$nproc" --attention "$ATTENTION" --loss "$LOSS" --token-budget "$TOKENS" "$@"
   python3 -m specbuild.drafter.synthetic "$W" --spec-only "$@" 2>/dev/null \
     || python3 -m specbuild.drafter.synthetic "$W" "$@"
 }

@@ -1,20 +1,27 @@
 #!/bin/bash
 # One H200 hold for the variants table (issue 15) and the served fp8 arm (issue 17.3): run.sh
-# builds config/examples/smollm2-sglang-h200.yaml's every variant, its data through one data
-# server; as soon as the data the arm trains on is generated, tools/h200/arm.sh starts the
-# arm beside it: the recipe at 4 epochs on fp8 shards, against `epochs_4`, the same recipe on
-# the main run's bf16 shards. Sized for one 30-minute hold, staging included, without a seed
-# (eleventh session: ~1,800 device-s): one chat shard of 4,096 prompts (not 20,480; training is
-# the critical path, one at a time on the one GPU), tuning and the drafters' concurrency sweep
-# off. After the kit's three staging calls, call it (no carry) until it prints
-# "specbuild: done"; the arm's tables and logs come back in $OUT/arm-fp8.
+# builds config/examples/smollm2-sglang-h200.yaml's every variant; as soon as the data the arm
+# trains on is there, tools/h200/arm.sh starts the arm beside it: the recipe at 4 epochs on fp8
+# shards, against `epochs_4`, the same recipe on the main run's bf16 shards. Sized for one
+# 30-minute hold (~1,800 device-s a session, staging included): one chat shard of 4,096
+# prompts (not 20,480; training is the critical path, one at a time on the one GPU), tuning
+# and the drafters' concurrency sweep off.
+# The data comes from tools/h200/seed/variants-data.tar.gz (that folder's README), built by
+# this script's first hold: without it the data stage took 9 min 9 s of that hold (data
+# server start, synthesize, generate). SPECBUILD_SEED= (empty) builds the data instead,
+# through one data server. After the kit's three staging calls, call it (no carry) until it
+# prints "specbuild: done"; the arm's tables and logs come back in $OUT/arm-fp8. Give each
+# call SPECBUILD_BUDGET_S below the device budget left (a call the device stops returns no
+# files).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 COMMON="sglang.tuning.enabled=false bench.sweep_drafters=[] sglang.server_args.mem_fraction_static=0.2
 datasets.chat.synthesize.count=4096 datasets.chat.shard_size=4096"
 ARM_SET="$COMMON hidden.storage=fp8 train.epochs=4 bench.baseline=false"
 export SPECBUILD_GPU_SLOTS=${SPECBUILD_GPU_SLOTS:-3}
-ready() {
+SEED=${SPECBUILD_SEED-tools/h200/seed/variants-data.tar.gz}
+ready() {  # the arm copies the main run's data: once unpacked and marked, or once generated
+  if [ -n "$SEED" ]; then [ -f /tmp/specbuild-run/seeded ]; return; fi
   for f in gsm8k/00000 chat/00000; do [ -f "results/generated/$f.jsonl" ] || return 1; done
 }
 watch() {
@@ -25,9 +32,14 @@ watch() {
 }
 watch &
 watcher=$!
-# the data jobs' requests in flight together (4 x 64) within the data server's decode graphs
-SPECBUILD_DATA_SERVER=1 SPECBUILD_SET="$COMMON sglang.max_concurrency=64" \
-  SPECBUILD_BUDGET_S=${SPECBUILD_BUDGET_S:-540} bash tools/h200/run.sh "$@"
+if [ -n "$SEED" ]; then
+  SPECBUILD_SEED=$SEED SPECBUILD_DATA_SERVER= SPECBUILD_SET="$COMMON" \
+    SPECBUILD_BUDGET_S=${SPECBUILD_BUDGET_S:-540} bash tools/h200/run.sh "$@"
+else
+  # the data jobs' requests in flight together (4 x 64) within the data server's decode graphs
+  SPECBUILD_SEED= SPECBUILD_DATA_SERVER=1 SPECBUILD_SET="$COMMON sglang.max_concurrency=64" \
+    SPECBUILD_BUDGET_S=${SPECBUILD_BUDGET_S:-540} bash tools/h200/run.sh "$@"
+fi
 rc=$?
 kill "$watcher" 2>/dev/null
 if [ -d /tmp/specbuild-arm-fp8 ]; then

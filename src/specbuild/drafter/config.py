@@ -16,6 +16,7 @@ from torch import Tensor
 __all__ = [
     "ATTENTION",
     "AUX_LAYERS",
+    "LOSS",
     "DrafterConfig",
     "TrainConfig",
     "rope_from_hf",
@@ -29,6 +30,10 @@ INITS = ("random", "target_last_layer")  # train.init
 # `ttt_attention`'s materialised scores (the CPU path); flex, one fused kernel a step
 # (`fused_attention`, the CUDA path). train.attention also takes `auto` (flex on CUDA).
 ATTENTION = ("reference", "flex")
+# the training loss at each TTT step, one loss two ways (`TTTObjective`): reference, the
+# lm_head's logits and their log-softmax as autograd sees them; fused, lm_head and loss in one
+# pass over row chunks (`fused_loss`, less memory). train.loss also takes `auto` (fused on CUDA).
+LOSS = ("reference", "fused")
 
 
 @dataclass
@@ -194,6 +199,10 @@ class TrainConfig:
     precision: str = "auto"
     # training-time-test attention: auto (flex on CUDA, reference on CPU) | reference | flex
     attention: str = "auto"
+    # the TTT loss: reference | fused (lm_head + loss over row chunks) | auto (fused on CUDA).
+    # reference by default: the pipeline's one fused run trained at 31k tokens/s against 91k
+    # (BENCHMARKS.md, twelfth session) until a benchmark says otherwise
+    loss: str = "reference"
     nproc: int = 1  # processes (GPUs) for DDP through torchrun
     init_from: str = ""  # an EAGLE-3 drafter folder to warm-start from ("": random init)
     init: str = "random"  # random | target_last_layer (drafter/target_init.py)
@@ -243,5 +252,7 @@ class TrainConfig:
             faults.append(f"attention {self.attention!r}: choose auto, {' or '.join(ATTENTION)}")
         if not cuda and self.attention == "flex":
             faults.append("attention flex needs CUDA (its backward has no CPU kernel)")
+        if self.loss not in ("auto", *LOSS):
+            faults.append(f"loss {self.loss!r}: choose auto, {' or '.join(LOSS)}")
         if faults:
             raise ValueError("train config: " + "; ".join(faults))

@@ -37,6 +37,7 @@ class TTTObjective(nn.Module):
         amp: bool,
         temperature: float = 1.0,
         attention: str = "reference",
+        fused_loss: bool = False,
     ):
         super().__init__()
         self.drafter, self.teacher = drafter, teacher
@@ -47,9 +48,7 @@ class TTTObjective(nn.Module):
         # One full-vocabulary matmul per sample per run (memoized: it costs like a step).
         self.in_draft: dict[SampleRef, Tensor] = {}
         self.work: StepWork | None = None  # the sizes of the last forward (flops.step_flops)
-        # training's lm_head + loss in one pass: None on CUDA only (on CPU the matmuls bound
-        # it: no gain measured); tests set True or False
-        self.fused_loss: bool | None = None
+        self.fused_loss = fused_loss  # training's lm_head + loss in one pass (config.LOSS)
 
     def _mask(self, batch: Batch) -> tuple[Tensor, int]:
         """(loss mask [B,L], rows the full-vocabulary head ran over for it)."""
@@ -92,7 +91,7 @@ class TTTObjective(nn.Module):
         # training: lm_head and loss fused over row chunks (drafter/fused_loss.py); metrics
         # want each step's logits, so evaluation keeps the plain expression
         fused = counts is None and torch.is_grad_enabled()
-        fused = fused and (device_type == "cuda" if self.fused_loss is None else self.fused_loss)
+        fused = fused and self.fused_loss
         head = self.drafter.lm_head.weight
         for i, h in enumerate(hiddens):
             m = mask[:, i:]  # shape: [B,L-i] step i at index t targets index t+i

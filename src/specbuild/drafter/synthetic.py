@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from specbuild.drafter.config import ATTENTION
+from specbuild.drafter.config import ATTENTION, LOSS
 from specbuild.hidden.fp8 import quantize_fp8
 from specbuild.hidden.shards import write_shard
 from specbuild.io import atomic_path, write_json
@@ -188,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--attention", choices=["auto", *ATTENTION], default="auto", help="train.attention"
     )
+    ap.add_argument("--loss", choices=["auto", *LOSS], default="reference", help="train.loss")
     args = ap.parse_args(argv)
     out, preset = Path(args.out), PRESETS[args.preset]
     if args.spec_only:
@@ -222,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
             "log_interval": 5,
             "save_interval": 10_000,
             "attention": args.attention,
+            "loss": args.loss,
         },
     }
     write_json(out / "spec.json", spec)

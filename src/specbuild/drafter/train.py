@@ -194,8 +194,22 @@ def _autocast(cfg: TrainConfig, device: torch.device) -> bool:
     return False
 
 
+def _loss(cfg: TrainConfig, device: torch.device) -> str:
+    """train.loss resolved: `auto` is the fused loss on CUDA (on CPU the matmuls bound it: no
+    gain measured), the reference elsewhere."""
+    if cfg.loss != "auto":
+        return cfg.loss
+    return "fused" if device.type == "cuda" else "reference"
+
+
 def _objective(
-    cfg: TrainConfig, model: nn.Module, teacher: Teacher, *, amp: bool, attention: str
+    cfg: TrainConfig,
+    model: nn.Module,
+    teacher: Teacher,
+    *,
+    amp: bool,
+    attention: str,
+    loss: str = "reference",
 ) -> TTTObjective:
     """The training-time-test loss of `cfg` (training and `evaluate_drafter` alike)."""
     return TTTObjective(
@@ -206,6 +220,7 @@ def _objective(
         temperature=cfg.teacher_temperature,
         amp=amp,
         attention=attention,
+        fused_loss=loss == "fused",
     )
 
 
@@ -431,8 +446,8 @@ def train_drafter(
             clear_state(state_dir)
     if world > 1:
         dist.barrier()
-    attention = _attention(cfg, device)
-    objective = _objective(cfg, model, teacher, amp=amp, attention=attention)
+    attention, loss_path = _attention(cfg, device), _loss(cfg, device)
+    objective = _objective(cfg, model, teacher, amp=amp, attention=attention, loss=loss_path)
     step_fn = objective
     if world > 1:
         # gradients live in DDP's all-reduce buckets: no copy in and out of them each step
@@ -445,7 +460,7 @@ def train_drafter(
     }
     log.info(
         "drafter %.1fM trainable params; %d train / %d eval samples%s (%d skipped); %d steps "
-        "of <= %d tokens x %d rank(s) on %s; %s attention; %s",
+        "of <= %d tokens x %d rank(s) on %s; %s attention; %s loss; %s",
         sum(p.numel() for p in params) / 1e6,
         len(train_refs),
         len(eval_refs),
@@ -456,6 +471,7 @@ def train_drafter(
         world,
         device,
         attention,
+        loss_path,
         "bf16 autocast" if amp else "float32",
     )
     curves = Curves(tensorboard_dir if rank == 0 else None, start_step=state.step)
@@ -612,6 +628,7 @@ def train_drafter(
             token_budget=cfg.token_budget,
             torch=torch.__version__,
             attention=attention,
+            loss=loss_path,
         )
         write_json(bench_out, result)
         log.info("bench -> %s; BENCHMARKS.md row (steady, first window left out):", bench_out)
