@@ -86,7 +86,7 @@ print("| shape | device | steady steps | tokens/s | TFLOP/s | MFU |\n|---|---|--
 for r in runs.values():
     print(benchmarks_row(r))
 for n, r in runs.items():
-    print(f"\n{n} GPU(s): attention {r.get('attention')}, torch {r.get('torch')}; graphs compiled "
+    print(f"\n{n} GPU(s): attention {r.get('attention')}, loss {r.get('loss')}, torch {r.get('torch')}; graphs compiled "
           f"in the steady windows: {r['steady'].get('compiled')} (all steps: "
           f"{r['all_steps'].get('compiled')})")
 if len(runs) == 2:

@@ -133,7 +133,10 @@ sg = c["sglang"]
 options = ServerOptions(launcher=tuple(sg["launcher"]), server_args=sg.get("server_args", {}),
                         env={k: str(v) for k, v in sg.get("env", {}).items()},
                         host="127.0.0.1", startup_timeout_s=600)
-spec = options.spec(c["target"]["source"], extra_args={"mem_fraction_static": float(sys.argv[3])})
+# sleep_on_idle: once the data is built the server idles until the run ends; awake, its
+# scheduler spins a host thread at 100%
+spec = options.spec(c["target"]["source"],
+                    extra_args={"mem_fraction_static": float(sys.argv[3]), "sleep_on_idle": True})
 spec = dataclasses.replace(spec, port=int(sys.argv[2]), api_key=os.environ["SPECBUILD_DATA_SERVER_KEY"])
 with SGLangServer(spec, name="data-server"):  # SIGTERM stops it (its own handler)
     open(sys.argv[4], "w").close()

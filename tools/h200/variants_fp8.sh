@@ -9,10 +9,16 @@
 # The data comes from tools/h200/seed/variants-data.tar.gz (that folder's README), built by
 # this script's first hold: without it the data stage took 9 min 9 s of that hold (data
 # server start, synthesize, generate). SPECBUILD_SEED= (empty) builds the data instead,
-# through one data server. After the kit's three staging calls, call it (no carry) until it
-# prints "specbuild: done"; the arm's tables and logs come back in $OUT/arm-fp8. Give each
-# call SPECBUILD_BUDGET_S below the device budget left (a call the device stops returns no
-# files).
+# through one data server. The arm's tables and logs come back in $OUT/arm-fp8. The hold, call
+# by call, each right after the last:
+#   carry [.ship1]: bash .ship1/stage.sh .ship1 && for l in reference fused; do
+#     SPECBUILD_BENCH_PRESET=smollm2 SPECBUILD_BENCH_TOKENS=16384 SPECBUILD_BENCH_LOSS=$l \
+#     OUT=$OUT/$l bash tools/h200/bench_train.sh bench; done     # train.loss, both ways
+#   carry [.ship2]: bash .ship2/stage.sh .ship2 && bash .ship2/setup_site.sh
+#   carry [.ship3, .whl]: bash .ship3/stage.sh .ship3 && bash .ship3/model.sh /tmp/smol &&
+#     SPECBUILD_BUDGET_S=$((560-SECONDS)) bash tools/h200/variants_fp8.sh
+#   no carry: SPECBUILD_BUDGET_S=<device budget left - 40> bash tools/h200/variants_fp8.sh
+#     again until it prints "specbuild: done" (a call the device stops returns no files).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 COMMON="sglang.tuning.enabled=false bench.sweep_drafters=[] sglang.server_args.mem_fraction_static=0.2
