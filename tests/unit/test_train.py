@@ -109,6 +109,28 @@ def test_batches_respect_the_token_budget_and_ranks_step_together():
     assert again != plan_batches(lengths, token_budget=24, max_length=12, seed=1, epoch=0)
 
 
+def test_length_grouped_batches_pad_less_and_keep_every_sample_once():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(3, 200, (3000,), generator=g).tolist()
+    kw = dict(token_budget=800, max_length=150, seed=3)
+
+    def padding(plan):  # padded positions over all positions the batches hold
+        held = sum(len(b) * max(min(lengths[i], 150) for i in b) for b in plan)
+        return 1 - sum(min(lengths[i], 150) for b in plan for i in b) / held
+
+    plain = plan_batches(lengths, epoch=0, **kw)
+    grouped = plan_batches(lengths, epoch=0, group_by_length=True, **kw)
+    assert all(len(b) * max(min(lengths[i], 150) for i in b) <= 800 for b in grouped)
+    assert sorted(i for b in grouped for i in b) == list(range(3000))  # each sample, once
+    assert padding(grouped) < 0.1 < 0.3 < padding(plain)
+    assert len(grouped) < len(plain)  # more real tokens a step: fewer steps an epoch
+    # the batches' order is shuffled (not longest first) and differs between epochs
+    longest = [max(lengths[i] for i in b) for b in grouped]
+    assert longest != sorted(longest, reverse=True)
+    assert grouped != plan_batches(lengths, epoch=1, group_by_length=True, **kw)
+    assert grouped == plan_batches(lengths, epoch=0, group_by_length=True, **kw)
+
+
 def test_held_out_split_stays_put_when_shards_are_appended():
     keys = [f"d/{s:05d}:{i}" for s in range(4) for i in range(50)]
     _, held = split_samples(keys[:100], 0.1)

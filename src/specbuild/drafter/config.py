@@ -185,6 +185,7 @@ class TrainConfig:
     epochs: int = 1
     token_budget: int = 8192  # batch size x padded length per rank
     max_length: int = 2048  # longer samples keep their first max_length tokens
+    group_by_length: bool = False  # batches of like-length samples (data.plan_batches)
     seed: int = 0
     eval_fraction: float = 0.05  # held-out samples (0: evaluate on the training set)
     eval_set: str | None = None  # a held-out dataset evaluated instead (its shards: eval_shards)

@@ -345,6 +345,9 @@ def split_held_out_shards(
     return train, held
 
 
+GROUP_SAMPLES = 1024  # group_by_length: samples sorted together (a shuffled window)
+
+
 def plan_batches(
     lengths: Sequence[int],
     *,
@@ -356,6 +359,7 @@ def plan_batches(
     world_size: int = 1,
     shuffle: bool = True,
     drop_tail: bool = True,
+    group_by_length: bool = False,
 ) -> list[list[int]]:
     """Batches (lists of positions into `lengths`) for one rank in one epoch.
 
@@ -363,11 +367,21 @@ def plan_batches(
     size x longest > token_budget. Every rank plans the same list and takes every
     world_size-th batch; for training (`drop_tail`) the tail that does not divide evenly is
     dropped so DDP ranks step together.
+
+    `group_by_length`: each window of GROUP_SAMPLES samples of the permutation is sorted by
+    length before batches fill, so a batch holds samples of like length (a batch is padded to
+    its longest), and the batches are then shuffled (seeded likewise): what a step sees stays
+    random, its padding shrinks.
     """
     order = list(range(len(lengths)))
+    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
     if shuffle:
-        g = torch.Generator().manual_seed(seed * 100_003 + epoch)
         order = torch.randperm(len(lengths), generator=g).tolist()
+    if group_by_length:
+        clipped = [min(n, max_length) for n in lengths]
+        windows = [order[i : i + GROUP_SAMPLES] for i in range(0, len(order), GROUP_SAMPLES)]
+        # stable: like lengths keep the permutation's order
+        order = [i for w in windows for i in sorted(w, key=lambda i: -clipped[i])]
     batches: list[list[int]] = []
     cur: list[int] = []
     longest = 0
@@ -380,5 +394,7 @@ def plan_batches(
         longest = max(longest, n)
     if cur:
         batches.append(cur)
+    if group_by_length and shuffle:
+        batches = [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
     usable = len(batches) // world_size * world_size if drop_tail else len(batches)
     return batches[rank:usable:world_size]

@@ -407,6 +407,7 @@ def train_drafter(
             epoch=e,
             rank=rank,
             world_size=world,
+            group_by_length=cfg.group_by_length,
         )
         for e in range(cfg.epochs)
     ]
