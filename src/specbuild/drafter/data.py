@@ -381,7 +381,7 @@ def plan_batches(
         clipped = [min(n, max_length) for n in lengths]
         windows = [order[i : i + GROUP_SAMPLES] for i in range(0, len(order), GROUP_SAMPLES)]
         # stable: like lengths keep the permutation's order
-        order = [i for w in windows for i in sorted(w, key=lambda i: -clipped[i])]
+        order = [i for w in windows for i in sorted(w, key=lambda j: -clipped[j])]
     batches: list[list[int]] = []
     cur: list[int] = []
     longest = 0
