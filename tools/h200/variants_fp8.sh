@@ -13,7 +13,7 @@
 # by call, each right after the last:
 #   carry [.ship1]: bash .ship1/stage.sh .ship1 && for l in reference fused; do
 #     SPECBUILD_BENCH_PRESET=smollm2 SPECBUILD_BENCH_TOKENS=16384 SPECBUILD_BENCH_LOSS=$l \
-#     OUT=$OUT/$l bash tools/h200/bench_train.sh bench; done     # train.loss, both ways
+#     OUT=$OUT/$l timeout 150 bash tools/h200/bench_train.sh bench; done  # train.loss both ways
 #   carry [.ship2]: bash .ship2/stage.sh .ship2 && bash .ship2/setup_site.sh
 #   carry [.ship3, .whl]: bash .ship3/stage.sh .ship3 && bash .ship3/model.sh /tmp/smol &&
 #     SPECBUILD_BUDGET_S=$((560-SECONDS)) bash tools/h200/variants_fp8.sh
