@@ -19,7 +19,7 @@ shift
 DIR=/tmp/specbuild-arm-$NAME
 if [ ! -d "$DIR" ]; then
   [ -d results/generated ] || { echo "arm $NAME: the main run has no results/generated yet"; exit 2; }
-  tar -czf "$DIR.seed.tar.gz" results/samples results/checks/samples results/generated || exit 1
+  PYTHONPATH=$PWD/src python3 -m specbuild.seed pack "$DIR.seed.tar.gz" || exit 1
   mkdir -p "$DIR.tmp" &&
     tar -cf - --exclude=./results --exclude=./logs --exclude=./.snakemake --exclude='./.ship*' \
       --exclude=./.seed --exclude=./.git . | tar -xf - -C "$DIR.tmp" && mv "$DIR.tmp" "$DIR" || exit 1

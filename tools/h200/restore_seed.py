@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import shutil
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
 from specbuild.io import read_jsonl
 from specbuild.rejects import check_rejected_share, publish_shard
+from specbuild.seed import pack
 
 LOST = "not returned by the hold that built it (tools/h200/restore_seed.py): text lost"
 
@@ -69,11 +70,8 @@ def restore(hold: Path, out: Path) -> None:
                 if synthetic
                 else "samples.max_rejected_fraction",
             )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(out, "w:gz") as tar:
-            tar.add(work / "results/samples", "results/samples")
-            tar.add(work / "results/checks/samples", "results/checks/samples")
-            tar.add(hold / "results/generated", "results/generated")
+        shutil.copytree(hold / "results/generated", work / "results/generated")
+        pack(out, work)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@
 # then start the run with SPECBUILD_SEED=/tmp/seed.tar.gz: it builds the target, unpacks the
 # shards and marks them up to date on it (snakemake --touch: the target job is new, so each
 # shard would be stale by its time stamp alone), then builds the rest; a shard the seed lacks is
-# built as usual. Unpack into a fresh results/ only: the seed's files replace what is there.
+# built as usual (specbuild/seed.py; it refuses a results/ that already has the seed's shards).
 # The variants run on one H200 with the ninth session's data (~1,650 GPU-s of training and
 # ~600 of benches, estimated from that hold's unit costs: more than one 30-minute hold; name a
 # subset with SPECBUILD_VARIANTS):
@@ -154,12 +154,9 @@ PY
     # the last hold's data: after the target (its new fingerprint would make every shard
     # stale), unpacked and touched in the DAG's order; Snakemake has no metadata for these
     # files, so neither params nor code changes rerun them, only a newer input
-    seeded=$(tar -tzf "$SPECBUILD_SEED" | grep -E '^results/generated/[^/]+/[^/.]+\.jsonl$')
-    { python3 -m snakemake --configfile "$CONFIG" --cores 16 --until target &&
-      tar -xzf "$SPECBUILD_SEED" &&
-      python3 -m snakemake --configfile "$CONFIG" --cores 1 --touch $seeded; } >>"$RUN/snakemake.log" 2>&1 ||
+    python3 -m specbuild.seed plant "$SPECBUILD_SEED" -- \
+      python3 -m snakemake --configfile "$CONFIG" --cores 16 >>"$RUN/snakemake.log" 2>&1 ||
       { echo "seed $SPECBUILD_SEED failed" >>"$RUN/snakemake.log"; echo 1 >"$RUN/rc"; exit 1; }
-    echo "seeded from $SPECBUILD_SEED: $(echo $seeded | wc -w) generated shards" >>"$RUN/snakemake.log"
     touch "$RUN/seeded"
   fi
   # the detached run itself: snakemake, then the report when it succeeded, then the status.
@@ -215,8 +212,7 @@ tar -czf "$OUT/specbuild-h200.tar.gz" --exclude='*.safetensors' --exclude='resul
   logs results/tables results/plots results/align results/tuning results/generated results/bench \
   results/train results/report.html 2>/dev/null
 # the data seed for the next hold (SPECBUILD_SEED above): the shards, counts, rejects, checks
-[ -d results/generated ] && tar -czf "$OUT/specbuild-data.tar.gz" results/samples \
-  results/checks/samples results/generated 2>/dev/null
+[ -d results/generated ] && python3 -m specbuild.seed pack "$OUT/specbuild-data.tar.gz" >/dev/null
 if alive; then
   echo "specbuild: still running after ${BUDGET_S}s: call again to wait on it"
   exit 124

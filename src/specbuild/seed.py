@@ -1,0 +1,102 @@
+"""A data seed: one build's samples and generated shards, carried to another machine or
+checkout so that its build starts at tokenize. Writing prompts and answering them is the
+costly half of the data stage on a GPU (~9 of a 30-minute hold's minutes, BENCHMARKS.md);
+everything after it is cheap to rebuild.
+
+`pack` writes the shards (with their counts, rejects and reject checks) as one tar.gz.
+`plant` puts them in a workdir that has none: it builds the target first (a new target job
+would make every shard stale by its time stamp alone), unpacks, then marks the generated
+shards up to date with `snakemake --touch`, which touches them and what they derive from in
+the DAG's order. Snakemake keeps no metadata for touched files, so neither params nor code
+changes rerun them, only a newer input: plant a seed only into a config that asks for the
+same shards (datasets, counts, shard sizes, generate settings).
+
+    python -m specbuild.seed pack data.tar.gz
+    python -m specbuild.seed plant data.tar.gz -- snakemake --configfile my.yaml --cores 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from specbuild.io import atomic_path
+
+__all__ = ["SEED_PATHS", "generated_shards", "pack", "plant"]
+
+log = logging.getLogger("specbuild")
+
+# What a seed holds, relative to the workdir: the shards `generate` reads and writes, and the
+# reject checks between them (the counts and rejects files sit beside each shard).
+SEED_PATHS = ("results/samples", "results/checks/samples", "results/generated")
+_GENERATED = re.compile(r"^results/generated/[^/]+/[^/.]+\.jsonl$")
+
+
+def generated_shards(seed: str | Path) -> list[str]:
+    """The generated shards a seed holds, as workdir-relative paths."""
+    with tarfile.open(seed) as tar:
+        return sorted(n for n in tar.getnames() if _GENERATED.match(n))
+
+
+def pack(out: str | Path, workdir: str | Path = ".") -> list[str]:
+    """Write the seed of `workdir` to `out` (tar.gz, atomically); the generated shards in it."""
+    root = Path(workdir)
+    present = [p for p in SEED_PATHS if (root / p).is_dir()]
+    if "results/generated" not in present:
+        raise FileNotFoundError(f"{root.resolve()}: no results/generated to seed from")
+    with atomic_path(out) as tmp, tarfile.open(tmp, "w:gz") as tar:
+        for p in present:
+            tar.add(root / p, p)
+    return generated_shards(out)
+
+
+def plant(seed: str | Path, snakemake: list[str], workdir: str | Path = ".") -> list[str]:
+    """Unpack `seed` into `workdir` after its target is built, and mark its generated shards
+    up to date. `snakemake`: the command line of the build (config, cores, ...), without
+    targets. Returns the shards planted."""
+    root = Path(workdir)
+    shards = generated_shards(seed)
+    if not shards:
+        raise ValueError(f"{seed}: no results/generated/<dataset>/<shard>.jsonl in it")
+    clash = [s for s in shards if (root / s).exists()]
+    if clash:  # the seed's files would replace these, and their metadata would go stale
+        raise FileExistsError(
+            f"{root.resolve()} already has {clash[0]} (and {len(clash) - 1} more of the seed's "
+            f"shards): plant {seed} into a workdir without results/generated"
+        )
+    subprocess.run([*snakemake, "--until", "target"], cwd=root, check=True)
+    with tarfile.open(seed) as tar:
+        tar.extractall(root, filter="data")  # no absolute paths, links out or devices
+    subprocess.run([*snakemake, "--touch", *shards], cwd=root, check=True)
+    log.info("planted %d generated shard(s) from %s", len(shards), seed)
+    return shards
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("pack", help="write this workdir's seed")
+    p.add_argument("out")
+    p = sub.add_parser("plant", help="build the target, unpack a seed, mark it up to date")
+    p.add_argument("seed")
+    p.add_argument("snakemake", nargs=argparse.REMAINDER, help="-- snakemake --configfile ...")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.command == "pack":
+        shards = pack(args.out)
+        print(f"{args.out}: {len(shards)} generated shard(s)")
+        return
+    command = args.snakemake[1:] if args.snakemake[:1] == ["--"] else args.snakemake
+    if not command:
+        sys.exit("plant: give the snakemake command after --")
+    shards = plant(args.seed, command)
+    print(f"seeded from {args.seed}: {len(shards)} generated shard(s)")
+
+
+if __name__ == "__main__":
+    main()
