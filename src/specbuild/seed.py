@@ -69,9 +69,12 @@ def plant(seed: str | Path, snakemake: list[str], workdir: str | Path = ".") -> 
             f"{root.resolve()} already has {clash[0]} (and {len(clash) - 1} more of the seed's "
             f"shards): plant {seed} into a workdir without results/generated"
         )
+    with tarfile.open(seed) as tar:  # every member checked before anything runs or lands:
+        for member in tar.getmembers():  # no absolute paths, links out or devices
+            tarfile.data_filter(member, str(root.resolve()))
     subprocess.run([*snakemake, "--until", "target"], cwd=root, check=True)
     with tarfile.open(seed) as tar:
-        tar.extractall(root, filter="data")  # no absolute paths, links out or devices
+        tar.extractall(root, filter="data")
     subprocess.run([*snakemake, "--touch", *shards], cwd=root, check=True)
     log.info("planted %d generated shard(s) from %s", len(shards), seed)
     return shards
