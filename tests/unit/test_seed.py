@@ -1,4 +1,4 @@
-"""specbuild.seed's refusals (the round trip through a real build: tests/workflow/test_seed.py):
+"""specbuild.seed's refusals (the round trip through a real build: tests/workflow/test_seed_workflow.py):
 nothing to pack, a seed with no generated shard, and a member that would land outside the
 workdir."""
 
