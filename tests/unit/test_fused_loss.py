@@ -71,10 +71,9 @@ def test_bf16_rounds_as_the_plain_expression_under_autocast_does():
     assert loss.item() == pytest.approx(ref.item(), rel=1e-4)
     assert x.grad.dtype == w.grad.dtype == torch.bfloat16
     # the plain path rounds one whole-batch weight gradient to bf16; the fused one sums chunks
-    # in float32 first: the two differ by bf16 rounding only, so the gradients are compared at
-    # their own scale
-    for got, want in ((x.grad.float(), ref_x), (w.grad.float(), ref_w)):
-        assert (got - want).abs().max() <= 1e-2 * want.abs().max()
+    # in float32 first: the two differ by bf16 rounding only
+    assert torch.allclose(x.grad.float(), ref_x, rtol=2e-2, atol=1e-3)
+    assert torch.allclose(w.grad.float(), ref_w, rtol=2e-2, atol=1e-2)
 
 
 def test_no_rows_is_a_zero_loss_with_zero_gradients():
