@@ -40,7 +40,11 @@ _GENERATED = re.compile(r"^results/generated/[^/]+/[^/.]+\.jsonl$")
 def generated_shards(seed: str | Path) -> list[str]:
     """The generated shards a seed holds, as workdir-relative paths."""
     with tarfile.open(seed) as tar:
-        return sorted(n for n in tar.getnames() if _GENERATED.match(n))
+        return _shards(tar)
+
+
+def _shards(tar: tarfile.TarFile) -> list[str]:
+    return sorted(n for n in tar.getnames() if _GENERATED.match(n))
 
 
 def pack(out: str | Path, workdir: str | Path = ".") -> list[str]:
@@ -52,7 +56,7 @@ def pack(out: str | Path, workdir: str | Path = ".") -> list[str]:
     with atomic_path(out) as tmp, tarfile.open(tmp, "w:gz") as tar:
         for p in present:
             tar.add(root / p, p)
-    return generated_shards(out)
+        return _shards(tar)
 
 
 def plant(seed: str | Path, snakemake: list[str], workdir: str | Path = ".") -> list[str]:
@@ -60,20 +64,19 @@ def plant(seed: str | Path, snakemake: list[str], workdir: str | Path = ".") -> 
     up to date. `snakemake`: the command line of the build (config, cores, ...), without
     targets. Returns the shards planted."""
     root = Path(workdir)
-    shards = generated_shards(seed)
-    if not shards:
-        raise ValueError(f"{seed}: no results/generated/<dataset>/<shard>.jsonl in it")
-    clash = [s for s in shards if (root / s).exists()]
-    if clash:  # the seed's files would replace these, and their metadata would go stale
-        raise FileExistsError(
-            f"{root.resolve()} already has {clash[0]} (and {len(clash) - 1} more of the seed's "
-            f"shards): plant {seed} into a workdir without results/generated"
-        )
-    with tarfile.open(seed) as tar:  # every member checked before anything runs or lands:
-        for member in tar.getmembers():  # no absolute paths, links out or devices
-            tarfile.data_filter(member, str(root.resolve()))
-    subprocess.run([*snakemake, "--until", "target"], cwd=root, check=True)
     with tarfile.open(seed) as tar:
+        shards = _shards(tar)
+        if not shards:
+            raise ValueError(f"{seed}: no results/generated/<dataset>/<shard>.jsonl in it")
+        clash = [s for s in shards if (root / s).exists()]
+        if clash:  # the seed's files would replace these, and their metadata would go stale
+            raise FileExistsError(
+                f"{root.resolve()} already has {clash[0]} (and {len(clash) - 1} more of the "
+                f"seed's shards): plant {seed} into a workdir without results/generated"
+            )
+        for member in tar.getmembers():  # all checked before anything runs or lands:
+            tarfile.data_filter(member, str(root.resolve()))  # no absolute paths, links out
+        subprocess.run([*snakemake, "--until", "target"], cwd=root, check=True)
         tar.extractall(root, filter="data")
     subprocess.run([*snakemake, "--touch", *shards], cwd=root, check=True)
     log.info("planted %d generated shard(s) from %s", len(shards), seed)
