@@ -1,6 +1,6 @@
-"""specbuild.seed's refusals (the round trip through a real build: tests/workflow/test_seed_workflow.py):
-nothing to pack, a seed with no generated shard, and a member that would land outside the
-workdir."""
+"""specbuild.seed's refusals: nothing to pack, a seed with no generated shard, and a member
+that would land outside the workdir (the round trip through a real build:
+tests/workflow/test_seed_workflow.py)."""
 
 from __future__ import annotations
 
