@@ -74,14 +74,14 @@ bench-extract: setup
 # Stage train: drafter training tokens/s, TFLOP/s and MFU on synthetic shards of a target's
 # shapes -> results/bench-train/result.json (+ a BENCHMARKS.md row in the output).
 # On GPUs: make bench-train PRESET=llama8b NPROC=2 (torchrun, one process per GPU).
-# LOSS=fused: train.loss (reference | fused | auto).
+# LOSS=reference: train.loss (auto | reference | fused).
 # PROFILE=1: time shares of steps 4-6 of one epoch instead -> results/bench-train/profile.{json,txt}.
 PRESET  ?= tiny
 NPROC   ?= 1
 EPOCHS  ?= 3
 TOKEN_BUDGET ?= 8192
 PROFILE ?=
-LOSS    ?= reference
+LOSS    ?= auto
 bench-train: setup
 	$(BIN)/python -m specbuild.drafter.synthetic results/bench-train --preset $(PRESET) \
 		--nproc $(NPROC) --token-budget $(TOKEN_BUDGET) --loss $(LOSS) \

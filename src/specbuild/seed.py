@@ -9,10 +9,13 @@ would make every shard stale by its time stamp alone), unpacks, then marks the g
 shards up to date with `snakemake --touch`, which touches them and what they derive from in
 the DAG's order. Snakemake keeps no metadata for touched files, so neither params nor code
 changes rerun them, only a newer input: plant a seed only into a config that asks for the
-same shards (datasets, counts, shard sizes, generate settings).
+same shards (datasets, counts, shard sizes, generate settings). `--datasets` plants only the
+datasets a config has (a seed from a build with more; Snakemake cannot touch a shard of a
+dataset its config lacks). A plant that fails takes back the files it unpacked, so that it
+can be run again.
 
     python -m specbuild.seed pack data.tar.gz
-    python -m specbuild.seed plant data.tar.gz -- snakemake --configfile my.yaml --cores 4
+    python -m specbuild.seed plant data.tar.gz --datasets gsm8k,chat -- snakemake --cores 4
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import re
 import subprocess
 import sys
 import tarfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from specbuild.io import atomic_path
@@ -59,48 +63,86 @@ def pack(out: str | Path, workdir: str | Path = ".") -> list[str]:
         return _shards(tar)
 
 
-def plant(seed: str | Path, snakemake: list[str], workdir: str | Path = ".") -> list[str]:
+def plant(
+    seed: str | Path,
+    snakemake: list[str],
+    workdir: str | Path = ".",
+    datasets: Iterable[str] | None = None,
+) -> list[str]:
     """Unpack `seed` into `workdir` after its target is built, and mark its generated shards
     up to date. `snakemake`: the command line of the build (config, cores, ...), without
-    targets. Returns the shards planted."""
+    targets; `datasets`: plant only these (default: all the seed has). Returns the shards
+    planted."""
     root = Path(workdir)
     with tarfile.open(seed) as tar:
-        shards = _shards(tar)
+        members = tar.getmembers()
+        if datasets is not None:
+            keep = set(datasets)
+            left = sorted({d for m in members if (d := _dataset(m.name)) and d not in keep})
+            if left:
+                log.info("%s: dataset(s) %s not planted (not in %s)", seed, left, sorted(keep))
+            members = [m for m in members if _dataset(m.name) in keep]
+        shards = sorted(m.name for m in members if _GENERATED.match(m.name))
         if not shards:
-            raise ValueError(f"{seed}: no results/generated/<dataset>/<shard>.jsonl in it")
+            raise ValueError(
+                f"{seed}: no results/generated/<dataset>/<shard>.jsonl in it"
+                + (f" of dataset(s) {sorted(keep)}" if datasets is not None else "")
+            )
         clash = [s for s in shards if (root / s).exists()]
         if clash:  # the seed's files would replace these, and their metadata would go stale
             raise FileExistsError(
                 f"{root.resolve()} already has {clash[0]} (and {len(clash) - 1} more of the "
                 f"seed's shards): plant {seed} into a workdir without results/generated"
             )
-        for member in tar.getmembers():  # all checked before anything runs or lands:
+        for member in members:  # all checked before anything runs or lands:
             tarfile.data_filter(member, str(root.resolve()))  # no absolute paths, links out
         subprocess.run([*snakemake, "--until", "target"], cwd=root, check=True)
-        tar.extractall(root, filter="data")
-    subprocess.run([*snakemake, "--touch", *shards], cwd=root, check=True)
+        new = [root / m.name for m in members if m.isfile() and not (root / m.name).exists()]
+        try:
+            tar.extractall(root, members=members, filter="data")
+            subprocess.run([*snakemake, "--touch", *shards], cwd=root, check=True)
+        except BaseException:  # nothing half planted: a second try would refuse the shards
+            for path in new:
+                path.unlink(missing_ok=True)
+            raise
     log.info("planted %d generated shard(s) from %s", len(shards), seed)
     return shards
 
 
+def _dataset(name: str) -> str | None:
+    """The dataset a seed member belongs to (None: a folder above the datasets)."""
+    for top in SEED_PATHS:
+        if name.startswith(top + "/"):
+            return name[len(top) + 1 :].split("/")[0]
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    # the build's command line follows `--`, taken whole (its own flags are not ours)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    argv, command = argv[:cut], argv[cut + 1 :]
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pack", help="write this workdir's seed")
     p.add_argument("out")
-    p = sub.add_parser("plant", help="build the target, unpack a seed, mark it up to date")
+    p = sub.add_parser(
+        "plant",
+        help="build the target, unpack a seed, mark it up to date",
+        usage="%(prog)s SEED [--datasets A,B] -- SNAKEMAKE_COMMAND...",
+    )
     p.add_argument("seed")
-    p.add_argument("snakemake", nargs=argparse.REMAINDER, help="-- snakemake --configfile ...")
+    p.add_argument("--datasets", help="comma-separated: plant only these datasets' shards")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.command == "pack":
         shards = pack(args.out)
         print(f"{args.out}: {len(shards)} generated shard(s)")
         return
-    command = args.snakemake[1:] if args.snakemake[:1] == ["--"] else args.snakemake
     if not command:
         sys.exit("plant: give the snakemake command after --")
-    shards = plant(args.seed, command)
+    datasets = args.datasets.split(",") if args.datasets else None
+    shards = plant(args.seed, command, datasets=datasets)
     print(f"seeded from {args.seed}: {len(shards)} generated shard(s)")
 
 

@@ -156,6 +156,6 @@ def test_train_loss_picks_the_objectives_loss_and_a_typo_names_the_key():
         assert objective.fused_loss is fused, loss
     # auto is the fused loss where a GPU trains
     assert train._loss(TrainConfig.from_params({"loss": "auto"}), torch.device("cuda")) == "fused"
-    assert TrainConfig().loss == "reference"
+    assert TrainConfig().loss == "auto"
     with pytest.raises(ValueError, match="loss 'fast': choose auto, reference or fused"):
         TrainConfig.from_params({"loss": "fast"})

@@ -28,7 +28,7 @@ source "$(dirname "$0")/env.sh"
 W=results/bench-train
 PRESET=${SPECBUILD_BENCH_PRESET:-llama8b}  # tiny: try this script on a CPU (fake nvidia-smi)
 ATTENTION=${SPECBUILD_BENCH_ATTENTION:-auto}  # auto (flex on CUDA) | reference | flex
-LOSS=${SPECBUILD_BENCH_LOSS:-reference}  # train.loss: reference | fused | auto (fused on CUDA)
+LOSS=${SPECBUILD_BENCH_LOSS:-auto}  # train.loss: auto (fused on CUDA) | reference | fused
 # tokens a rank a step: 8,192 at llama8b; the SmolLM2 example trains on 16,384
 # (SPECBUILD_BENCH_PRESET=smollm2 SPECBUILD_BENCH_TOKENS=16384: that drafter's shapes)
 TOKENS=${SPECBUILD_BENCH_TOKENS:-8192}

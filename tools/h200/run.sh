@@ -9,8 +9,8 @@
 # 30 s and /tmp must survive):
 #   carry [.ship1]: bash .ship1/stage.sh .ship1
 #   carry [.ship2]: bash .ship2/stage.sh .ship2 && bash .ship2/setup_site.sh
-#   carry [.ship3, .whl]: bash .ship3/stage.sh .ship3 && bash .ship3/model.sh /tmp/smol &&
-#                   bash tools/h200/run.sh
+#   carry [.ship3]: bash .ship3/stage.sh .ship3 && bash .ship3/model.sh /tmp/smol
+#   carry [.whl]:   bash tools/h200/run.sh   (.ship3 and .whl with the tree: over 64 MiB)
 #   no carry:       bash tools/h200/run.sh          (repeat until it prints "specbuild: done")
 # The first call starts snakemake in its own process session (setsid: it outlives the call
 # and runs on until the machine goes back) and waits for it at most SPECBUILD_BUDGET_S seconds
@@ -153,8 +153,10 @@ PY
   if [ -n "${SPECBUILD_SEED:-}" ] && [ ! -f "$RUN/seeded" ]; then
     # the last hold's data: after the target (its new fingerprint would make every shard
     # stale), unpacked and touched in the DAG's order; Snakemake has no metadata for these
-    # files, so neither params nor code changes rerun them, only a newer input
-    python3 -m specbuild.seed plant "$SPECBUILD_SEED" -- \
+    # files, so neither params nor code changes rerun them, only a newer input. Only the
+    # config's datasets: a derived config (SPECBUILD_VARIANTS) may train on fewer.
+    datasets=$(python3 -c 'import sys, yaml; print(",".join(yaml.safe_load(open(sys.argv[1]))["datasets"]))' "$CONFIG")
+    python3 -m specbuild.seed plant "$SPECBUILD_SEED" --datasets "$datasets" -- \
       python3 -m snakemake --configfile "$CONFIG" --cores 16 >>"$RUN/snakemake.log" 2>&1 ||
       { echo "seed $SPECBUILD_SEED failed" >>"$RUN/snakemake.log"; echo 1 >"$RUN/rc"; exit 1; }
     touch "$RUN/seeded"

@@ -11,14 +11,16 @@
 # server start, synthesize, generate). SPECBUILD_SEED= (empty) builds the data instead,
 # through one data server. The arm's tables and logs come back in $OUT/arm-fp8. The hold, call
 # by call, each right after the last:
-#   carry [.ship1]: bash .ship1/stage.sh .ship1 && for l in reference fused; do
-#     SPECBUILD_BENCH_PRESET=smollm2 SPECBUILD_BENCH_TOKENS=16384 SPECBUILD_BENCH_LOSS=$l \
-#     OUT=$OUT/$l timeout 150 bash tools/h200/bench_train.sh bench; done  # train.loss both ways
+#   carry [.ship1]: bash .ship1/stage.sh .ship1
 #   carry [.ship2]: bash .ship2/stage.sh .ship2 && bash .ship2/setup_site.sh
-#   carry [.ship3, .whl]: bash .ship3/stage.sh .ship3 && bash .ship3/model.sh /tmp/smol &&
-#     SPECBUILD_BUDGET_S=$((560-SECONDS)) bash tools/h200/variants_fp8.sh
+#   carry [.ship3]: bash .ship3/stage.sh .ship3 && bash .ship3/model.sh /tmp/smol
+#   carry [.whl]: SPECBUILD_BUDGET_S=540 bash tools/h200/variants_fp8.sh
 #   no carry: SPECBUILD_BUDGET_S=<device budget left - 40> bash tools/h200/variants_fp8.sh
 #     again until it prints "specbuild: done" (a call the device stops returns no files).
+# SPECBUILD_PAIR=1: the fp8 pair alone (issue 17.3, the variants table is in BENCHMARKS.md,
+# thirteenth session): the main run is the recipe at 4 epochs with no variants (bf16 shards,
+# `epochs_4`'s config), the arm the same on fp8 shards; both from the seed, ~8 min estimated
+# (that hold's unit costs: hidden ~75 s a shard, training 4 epochs ~80 s, a bench ~2 min).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 COMMON="sglang.tuning.enabled=false bench.sweep_drafters=[] sglang.server_args.mem_fraction_static=0.2
@@ -29,6 +31,12 @@ export SPECBUILD_GPU_SLOTS=${SPECBUILD_GPU_SLOTS:-3}
 # the arm's bf16 twin, so that a hold cut short still has issue 17.3's pair (not exported:
 # the arm has no variants)
 FIRST=${SPECBUILD_PRIORITY:-base epochs_4}
+MAIN_SET=$COMMON
+if [ -n "${SPECBUILD_PAIR:-}" ]; then
+  export SPECBUILD_VARIANTS=
+  MAIN_SET="$COMMON train.epochs=4 bench.baseline=false"
+  FIRST=base
+fi
 SEED=${SPECBUILD_SEED-tools/h200/seed/variants-data.tar.gz}
 ready() {  # the arm copies the main run's data: once unpacked and marked, or once generated
   if [ -n "$SEED" ]; then [ -f /tmp/specbuild-run/seeded ]; return; fi
@@ -43,11 +51,11 @@ watch() {
 watch &
 watcher=$!
 if [ -n "$SEED" ]; then
-  SPECBUILD_SEED=$SEED SPECBUILD_DATA_SERVER= SPECBUILD_SET="$COMMON" SPECBUILD_PRIORITY="$FIRST" \
+  SPECBUILD_SEED=$SEED SPECBUILD_DATA_SERVER= SPECBUILD_SET="$MAIN_SET" SPECBUILD_PRIORITY="$FIRST" \
     SPECBUILD_BUDGET_S=${SPECBUILD_BUDGET_S:-540} bash tools/h200/run.sh "$@"
 else
   # the data jobs' requests in flight together (4 x 64) within the data server's decode graphs
-  SPECBUILD_SEED= SPECBUILD_DATA_SERVER=1 SPECBUILD_SET="$COMMON sglang.max_concurrency=64" \
+  SPECBUILD_SEED= SPECBUILD_DATA_SERVER=1 SPECBUILD_SET="$MAIN_SET sglang.max_concurrency=64" \
     SPECBUILD_PRIORITY="$FIRST" \
     SPECBUILD_BUDGET_S=${SPECBUILD_BUDGET_S:-540} bash tools/h200/run.sh "$@"
 fi
@@ -55,6 +63,8 @@ rc=$?
 kill "$watcher" 2>/dev/null
 if [ -d /tmp/specbuild-arm-fp8 ]; then
   echo "=== arm fp8"
-  SPECBUILD_SET="$ARM_SET" SPECBUILD_BUDGET_S=1 bash tools/h200/arm.sh fp8 | tail -8
+  # waits on the arm with what is left of this call's budget
+  left=$((${SPECBUILD_BUDGET_S:-540} - SECONDS))
+  SPECBUILD_SET="$ARM_SET" SPECBUILD_BUDGET_S=$((left > 1 ? left : 1)) bash tools/h200/arm.sh fp8 | tail -8
 fi
 exit $rc

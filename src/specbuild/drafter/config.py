@@ -200,10 +200,10 @@ class TrainConfig:
     precision: str = "auto"
     # training-time-test attention: auto (flex on CUDA, reference on CPU) | reference | flex
     attention: str = "auto"
-    # the TTT loss: reference | fused (lm_head + loss over row chunks) | auto (fused on CUDA).
-    # reference by default: the pipeline's one fused run trained at 31k tokens/s against 91k
-    # (BENCHMARKS.md, twelfth session) until a benchmark says otherwise
-    loss: str = "reference"
+    # the TTT loss: reference | fused (lm_head + loss over row chunks) | auto (fused on CUDA:
+    # 1.21x the reference's tokens/s at the H200 example's shapes, BENCHMARKS.md, thirteenth
+    # session)
+    loss: str = "auto"
     nproc: int = 1  # processes (GPUs) for DDP through torchrun
     init_from: str = ""  # an EAGLE-3 drafter folder to warm-start from ("": random init)
     init: str = "random"  # random | target_last_layer (drafter/target_init.py)

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--attention", choices=["auto", *ATTENTION], default="auto", help="train.attention"
     )
-    ap.add_argument("--loss", choices=["auto", *LOSS], default="reference", help="train.loss")
+    ap.add_argument("--loss", choices=["auto", *LOSS], default="auto", help="train.loss")
     args = ap.parse_args(argv)
     out, preset = Path(args.out), PRESETS[args.preset]
     if args.spec_only:
