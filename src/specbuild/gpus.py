@@ -214,7 +214,7 @@ def pin_gpus(
         timed_out=f"no {count} free GPU(s) among {','.join(ids)} (holders keep locks in {folder})",
     )
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
-    log.info("pinned to GPU(s) %s (of %s)", ",".join(chosen), ",".join(ids))
+    log.info("pinned to GPU(s) %s (of the %d here: %s)", ",".join(chosen), len(ids), ",".join(ids))
     return chosen
 
 

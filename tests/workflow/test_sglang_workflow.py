@@ -149,7 +149,7 @@ def test_gpu_jobs_pin_distinct_devices_and_their_servers_see_only_those(
 
     for shard in shards:
         text = (wd / "logs" / "generate" / "tiny" / f"{shard}.log").read_text()
-        pinned = re.search(r"pinned to GPU\(s\) (\S+) \(of 5,6\)", text)
+        pinned = re.search(r"pinned to GPU\(s\) (\S+) \(of the 2 here: 5,6\)", text)
         assert pinned and pinned.group(1) in ("5", "6"), text[-2000:]
         assert f"(CUDA_VISIBLE_DEVICES={pinned.group(1)})" in text  # the server inherited it
 
