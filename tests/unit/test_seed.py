@@ -66,7 +66,7 @@ def test_plant_only_the_datasets_named(tmp_path, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.delenv("FAIL", raising=False)
-    with pytest.raises(ValueError, match=r"of dataset\(s\) \['gsm8k'\]"):
+    with pytest.raises(ValueError, match=r"for dataset\(s\) \['gsm8k'\]"):
         plant(tmp_path / "seed.tar.gz", [*FAKE, "sh"], work, datasets=["gsm8k"])
     assert plant(tmp_path / "seed.tar.gz", [*FAKE, "sh"], work, datasets=["chat"]) == [
         "results/generated/chat/00000.jsonl"
@@ -103,3 +103,5 @@ def test_the_command_line_takes_the_build_whole_after_the_separator(tmp_path, mo
         "--cores 4 --until target",
         "--cores 4 --touch results/generated/chat_mt/00000.jsonl",
     ]
+    with pytest.raises(SystemExit, match="--datasets names no dataset"):  # never "all of them"
+        main(["plant", "seed.tar.gz", "--datasets", "", "--", *FAKE, "sh"])

@@ -51,9 +51,8 @@
 # shards and marks them up to date on it (snakemake --touch: the target job is new, so each
 # shard would be stale by its time stamp alone), then builds the rest; a shard the seed lacks is
 # built as usual (specbuild/seed.py; it refuses a results/ that already has the seed's shards).
-# The variants run on one H200 with the ninth session's data (~1,650 GPU-s of training and
-# ~600 of benches, estimated from that hold's unit costs: more than one 30-minute hold; name a
-# subset with SPECBUILD_VARIANTS):
+# The variants run on one H200 from a seed (every variant but base_multiturn built in 17 min
+# 44 s of the thirteenth hold, BENCHMARKS.md; name a subset with SPECBUILD_VARIANTS):
 #   SPECBUILD_SEED=/tmp/seed.tar.gz SPECBUILD_GPU_SLOTS=3 SPECBUILD_SET="sglang.tuning.enabled=false \
 #     bench.sweep_drafters=[] sglang.server_args.mem_fraction_static=0.2" bash tools/h200/run.sh
 # Tables, plots and logs come back in $OUT: summary.md, snakemake.log, specbuild-h200.tar.gz.
@@ -155,7 +154,8 @@ PY
     # stale), unpacked and touched in the DAG's order; Snakemake has no metadata for these
     # files, so neither params nor code changes rerun them, only a newer input. Only the
     # config's datasets: a derived config (SPECBUILD_VARIANTS) may train on fewer.
-    datasets=$(python3 -c 'import sys, yaml; print(",".join(yaml.safe_load(open(sys.argv[1]))["datasets"]))' "$CONFIG")
+    datasets=$(python3 -c 'import sys, yaml; print(",".join(yaml.safe_load(open(sys.argv[1]))["datasets"]))' "$CONFIG") ||
+      { echo "seed: no datasets read from $CONFIG" >>"$RUN/snakemake.log"; echo 1 >"$RUN/rc"; exit 1; }
     python3 -m specbuild.seed plant "$SPECBUILD_SEED" --datasets "$datasets" -- \
       python3 -m snakemake --configfile "$CONFIG" --cores 16 >>"$RUN/snakemake.log" 2>&1 ||
       { echo "seed $SPECBUILD_SEED failed" >>"$RUN/snakemake.log"; echo 1 >"$RUN/rc"; exit 1; }

@@ -6,8 +6,9 @@
 # 30-minute hold (~1,800 device-s a session, staging included): one chat shard of 4,096
 # prompts (not 20,480; training is the critical path, one at a time on the one GPU), tuning
 # and the drafters' concurrency sweep off. The thirteenth hold built every variant from the seed
-# in 17 min 44 s (BENCHMARKS.md), before `base_multiturn` (12 epochs on 6,745 samples: ~5 min
-# more, estimated from `base`'s 3 min 23 s on 5,174).
+# in 17 min 44 s (BENCHMARKS.md), before `base_multiturn` (12 epochs on 6,745 samples, ~4,030
+# steps: ~7-9 min more by `base`'s 1,524 steps in 3 min 23 s, estimated): with it every
+# variant and the arm take more than one hold; SPECBUILD_VARIANTS names the ones to build.
 # The data comes from tools/h200/seed/variants-data.tar.gz (that folder's README), built by
 # this script's first hold: without it the data stage took 9 min 9 s of that hold (data
 # server start, synthesize, generate). SPECBUILD_SEED= (empty) builds the data instead,
