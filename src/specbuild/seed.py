@@ -44,11 +44,11 @@ _GENERATED = re.compile(r"^results/generated/[^/]+/[^/.]+\.jsonl$")
 def generated_shards(seed: str | Path) -> list[str]:
     """The generated shards a seed holds, as workdir-relative paths."""
     with tarfile.open(seed) as tar:
-        return _shards(tar)
+        return _shards(tar.getnames())
 
 
-def _shards(tar: tarfile.TarFile) -> list[str]:
-    return sorted(n for n in tar.getnames() if _GENERATED.match(n))
+def _shards(names: Iterable[str]) -> list[str]:
+    return sorted(n for n in names if _GENERATED.match(n))
 
 
 def pack(out: str | Path, workdir: str | Path = ".") -> list[str]:
@@ -60,7 +60,7 @@ def pack(out: str | Path, workdir: str | Path = ".") -> list[str]:
     with atomic_path(out) as tmp, tarfile.open(tmp, "w:gz") as tar:
         for p in present:
             tar.add(root / p, p)
-        return _shards(tar)
+        return _shards(tar.getnames())
 
 
 def plant(
@@ -82,7 +82,7 @@ def plant(
             if left:
                 log.info("%s: dataset(s) %s not planted (not in %s)", seed, left, sorted(keep))
             members = [m for m in members if _dataset(m.name) in keep]
-        shards = sorted(m.name for m in members if _GENERATED.match(m.name))
+        shards = _shards(m.name for m in members)
         if not shards:
             raise ValueError(
                 f"{seed}: no results/generated/<dataset>/<shard>.jsonl in it"

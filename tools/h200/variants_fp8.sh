@@ -30,6 +30,7 @@ COMMON="sglang.tuning.enabled=false bench.sweep_drafters=[] sglang.server_args.m
 datasets.chat.synthesize.count=4096 datasets.chat.shard_size=4096"
 ARM_SET="$COMMON hidden.storage=fp8 train.epochs=4 bench.baseline=false"
 export SPECBUILD_GPU_SLOTS=${SPECBUILD_GPU_SLOTS:-3}
+BUDGET=${SPECBUILD_BUDGET_S:-540}
 # the main run's drafters built first (in either order: prioritized jobs tie): the recipe and
 # the arm's bf16 twin, so that a hold cut short still has issue 17.3's pair (not exported:
 # the arm has no variants)
@@ -55,19 +56,19 @@ watch &
 watcher=$!
 if [ -n "$SEED" ]; then
   SPECBUILD_SEED=$SEED SPECBUILD_DATA_SERVER= SPECBUILD_SET="$MAIN_SET" SPECBUILD_PRIORITY="$FIRST" \
-    SPECBUILD_BUDGET_S=${SPECBUILD_BUDGET_S:-540} bash tools/h200/run.sh "$@"
+    SPECBUILD_BUDGET_S=$BUDGET bash tools/h200/run.sh "$@"
 else
   # the data jobs' requests in flight together (4 x 64) within the data server's decode graphs
   SPECBUILD_SEED= SPECBUILD_DATA_SERVER=1 SPECBUILD_SET="$MAIN_SET sglang.max_concurrency=64" \
     SPECBUILD_PRIORITY="$FIRST" \
-    SPECBUILD_BUDGET_S=${SPECBUILD_BUDGET_S:-540} bash tools/h200/run.sh "$@"
+    SPECBUILD_BUDGET_S=$BUDGET bash tools/h200/run.sh "$@"
 fi
 rc=$?
 kill "$watcher" 2>/dev/null
 if [ -d /tmp/specbuild-arm-fp8 ]; then
   echo "=== arm fp8"
   # waits on the arm with what is left of this call's budget
-  left=$((${SPECBUILD_BUDGET_S:-540} - SECONDS))
+  left=$((BUDGET - SECONDS))
   SPECBUILD_SET="$ARM_SET" SPECBUILD_BUDGET_S=$((left > 1 ? left : 1)) bash tools/h200/arm.sh fp8 | tail -8
 fi
 exit $rc
