@@ -14,7 +14,9 @@ Sources:
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import hashlib
 import importlib.util
 import json
@@ -23,6 +25,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -145,6 +148,35 @@ def fingerprint_target(folder: str | os.PathLike, *, name: str, source: str) -> 
     )
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """Within it, `gguf` parses a file once and builds a tensor-name map once per shape.
+
+    transformers parses the whole GGUF for the tokenizer, again for the config and again for
+    the weights, and rebuilds gguf's tensor-name map for every module it maps (397 times for
+    SmolLM2): 26.5 s of the target job on the 2-core VM, 12 s with both cached, the same bytes
+    (BENCHMARKS.md, issue 17.5). The readers are read-only views of a memory map. Where a later
+    transformers no longer looks these names up on the module, it simply parses as before.
+    """
+    import gguf
+
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple, object] = {}
+
+    def cached_reader(path, mode: str = "r"):
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = cached_reader
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+
+
 def _convert_gguf(gguf: Path, out: Path, save_dtype: torch.dtype) -> None:
     """Dequantize a GGUF into a plain safetensors HF folder.
 
@@ -154,8 +186,9 @@ def _convert_gguf(gguf: Path, out: Path, save_dtype: torch.dtype) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kw = {"gguf_file": gguf.name}
-    tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
+    with _gguf_parsed_once():
+        tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
     # the model's own config: a separate AutoConfig parsed the whole GGUF again (~3 s a run)
     cfg = copy.deepcopy(loaded.config)
     state = loaded.state_dict()

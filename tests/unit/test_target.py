@@ -1,0 +1,34 @@
+"""The target stage's GGUF conversion: parsed once, the same bytes as parsing it three times."""
+
+from __future__ import annotations
+
+import os
+
+import gguf
+import pytest
+
+from specbuild.target import _gguf_parsed_once, read_target_info, resolve_gguf
+from tests.conftest import DEFAULT_SOURCE
+
+# SmolLM2-135M-Instruct.Q4_1.gguf dequantized to float32 by transformers 5.24.0 parsing the
+# file once per use (before the cache): what the cached conversion must still write.
+SMOLLM2_F32_WEIGHTS_SHA256 = "11d5b668dc68c6b6734fefd596ad685c106784aee5225c03ac95c3c72393e073"
+
+
+def test_gguf_parsed_once_shares_one_reader_and_restores_gguf():
+    path = resolve_gguf(DEFAULT_SOURCE)
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with _gguf_parsed_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first  # one parse, whichever form the path takes
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 30) is gguf.get_tensor_name_map(arch, 30)
+        assert "llama.block_count" in first.fields
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)
+
+
+def test_cached_conversion_writes_the_same_weights(target_dir):
+    if os.environ.get("SPECBUILD_TEST_TARGET"):
+        pytest.skip("a target given from outside was not converted from the GGUF here")
+    info = read_target_info(target_dir / "fingerprint.json")
+    assert info.weights_sha256 == SMOLLM2_F32_WEIGHTS_SHA256
