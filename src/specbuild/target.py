@@ -24,8 +24,8 @@ import logging
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
