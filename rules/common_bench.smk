@@ -143,17 +143,19 @@ def bench_prompt_limit(wildcards):
     return config["bench"]["hf"]["limit"] if wildcards.engine == "hf" else None
 
 
+def sweeps(engine, drafter):
+    """A served engine sweeps concurrency for the baseline and the drafters of
+    bench.sweep_drafters (null: all); the hf engine serves one request at a time."""
+    swept = config["bench"]["sweep_drafters"]
+    chosen = drafter == NO_DRAFTER or swept is None or drafter in swept
+    return engine in SERVED_ENGINES and chosen and bool(config["bench"]["concurrency"])
+
+
 @job_function
 def bench_concurrency(wildcards):
-    """Sweep levels of a served engine for the baseline and the drafters of
-    bench.sweep_drafters (null: all); the hf engine serves one request at a time."""
-    b = config["bench"]
-    swept = b["sweep_drafters"]
-    sweeps = (
-        wildcards.drafter == NO_DRAFTER or swept is None or wildcards.drafter in swept
-    )
-    served = wildcards.engine in SERVED_ENGINES
-    return list(b["concurrency"]) if served and sweeps else []
+    if sweeps(wildcards.engine, wildcards.drafter):
+        return list(config["bench"]["concurrency"])
+    return []
 
 
 def bench_env(wildcards):
@@ -263,7 +265,9 @@ def bench_report_files():
         out += table("train_vs_bench", "Benchmark", "Acceptance")
     out += table("latency", "Benchmark", "Speed")
     out += plot("speedup", "Benchmark", "Speed")
-    if set(bench_engines()) & set(SERVED_ENGINES) and config["bench"]["concurrency"]:
+    # only where a job sweeps: a served bench of drafters outside sweep_drafters and no
+    # baseline has no sweep rows
+    if any(sweeps(e, d) for e in bench_engines() for d, _ in bench_runs(e)):
         out += table("sweep", "Benchmark", "Concurrency")
         out += plot("sweep", "Benchmark", "Concurrency")
     return out

@@ -199,6 +199,39 @@ def test_each_drafter_is_served_by_its_own_server_and_only_the_named_ones_sweep(
     )
 
 
+def test_a_served_bench_that_sweeps_nothing_declares_no_sweep_table(
+    tmp_path, target_dir, random_drafter
+):
+    """No baseline and no drafter in sweep_drafters: no job writes sweep rows, so the report
+    must not promise a sweep table (issue 17.3's pair failed its report on exactly this)."""
+    from workflow_helpers import make_workdir, planned_jobs, snakemake, tiny_config, write_config
+
+    wd = make_workdir(tmp_path / "wf", target_dir)
+    folder = random_drafter(tmp_path / "theirs", read_json(target_dir / "config.json"), [1, 14, 26])
+    config = tiny_config()
+    mt = {"path": "resources/bench/mt_bench.jsonl", "format": "turns", "id_key": "question_id"}
+    config["bench"] = {
+        "engines": ["sglang"],
+        "chains": ["3-1-4"],
+        "variants": [],
+        "drafters": {"theirs": str(folder)},
+        "baseline": False,
+        "sweep_drafters": [],
+        "sets": {"mt": {**mt, "limit": 1}},
+        "concurrency": [2],
+    }
+    config["report"] = {"train_metrics": None}
+    write_config(wd, config)
+    assert ("bench_report", "") in planned_jobs(wd, "results/tables/bench.md")
+    missing = snakemake(wd, "--dry-run", "results/tables/sweep.md", check=False)
+    assert missing.returncode != 0
+    assert "MissingRuleException" in missing.stdout + missing.stderr, missing.stdout[-2000:]
+
+    config["bench"]["sweep_drafters"] = None  # all: now `theirs` sweeps
+    write_config(wd, config)
+    assert ("bench_report", "") in planned_jobs(wd, "results/tables/sweep.md")
+
+
 def test_engine_memory_reaches_feature_jobs_as_a_resource_not_a_param(tmp_path, target_dir):
     """sglang.hidden.mem_fraction_static sizes the runner's KV pool and changes no shard: it
     reaches hidden and align as the `engine_memory` resource (Snakemake reruns a job whose
