@@ -22,8 +22,8 @@
 #     again until it prints "specbuild: done" (a call the device stops returns no files).
 # SPECBUILD_PAIR=1: the fp8 pair alone (issue 17.3, the variants table is in BENCHMARKS.md,
 # thirteenth session): the main run is the recipe at 4 epochs with no variants (bf16 shards,
-# `epochs_4`'s config), the arm the same on fp8 shards; both from the seed, ~8 min estimated
-# (that hold's unit costs: hidden ~75 s a shard, training 4 epochs ~80 s, a bench ~2 min).
+# `epochs_4`'s config), the arm the same on fp8 shards; both from the seed: 7 min 39 s from the
+# first target job to the arm's last job in the fourteenth hold (BENCHMARKS.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 COMMON="sglang.tuning.enabled=false bench.sweep_drafters=[] sglang.server_args.mem_fraction_static=0.2
