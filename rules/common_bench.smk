@@ -131,7 +131,7 @@ def bench_options(wildcards):
     """The engine's own settings (its opener's `options` in specbuild.bench)."""
     b = config["bench"]
     if wildcards.engine == "hf":
-        return {k: b["hf"][k] for k in ("dtype", "device", "threads")}
+        return {k: b["hf"][k] for k in ("dtype", "device", "threads", "workers")}
     if wildcards.engine == "sglang":
         return {"server": sglang_server_options()}
     keys = ("endpoint", "api_key_env", "served_model", "name", "request_timeout_s")
@@ -171,12 +171,13 @@ def bench_gpus(wildcards):
 
 def bench_threads(wildcards):
     """Cores a job claims. hf with `exclusive`: every core of this machine (Snakemake caps it
-    at --cores), so timings measure the engine and not contention; else its torch threads.
-    A served engine's job is a client: one core."""
+    at --cores), so timings measure the engine and not contention; else its processes' torch
+    threads. A served engine's job is a client: one core."""
     hf = config["bench"]["hf"]
     if wildcards.engine != "hf":
         return 1
-    return max(hf["threads"], os.cpu_count() or 1) if hf["exclusive"] else hf["threads"]
+    cores = hf["workers"] * hf["threads"]
+    return max(cores, os.cpu_count() or 1) if hf["exclusive"] else cores
 
 
 # Tuning (rules/tuning.smk) and `make serve` (rules/serve.smk).

@@ -27,6 +27,7 @@ from specbuild.bench.hf import (
 )
 from specbuild.bench.metrics import acceptance_length
 from specbuild.bench.rows import ROW_KEYS, Completion, check_rows, run_requests
+from specbuild.bench.run import merge_rows, run_bench, split_prompts
 from specbuild.bench.sets import BenchPrompt, read_bench_prompts, render_prompt
 
 REPO = Path(__file__).resolve().parents[2]
@@ -496,3 +497,87 @@ def test_speculative_output_equals_greedy_generate_on_cuda(target_dir, tokenizer
         assert margin <= BF16_TIE, f"diverged at token {k} where the target's margin is {margin}"
         if k < len(got):
             assert got[k] in top.indices.tolist()
+
+
+def test_prompts_dealt_over_workers_merge_back_in_one_process_order():
+    sets = {
+        "mt": [BenchPrompt("81", ("a", "b")), BenchPrompt("82", ("c", "d"))],
+        "gsm8k": [BenchPrompt("0", ("e",)), BenchPrompt("1", ("f",)), BenchPrompt("2", ("g",))],
+    }
+    parts = split_prompts(sets, 2)
+    assert [{k: [p.id for p in v] for k, v in part.items()} for part in parts] == [
+        {"mt": ["81"], "gsm8k": ["0", "2"]},
+        {"mt": ["82"], "gsm8k": ["1"]},
+    ]
+    assert len(split_prompts(sets, 9)) == 5  # never more workers than prompts
+
+    def rows(part):  # what a worker returns: its prompts' turns, then its sweep
+        out = [
+            {"set": s, "prompt_id": p.id, "turn": t, "phase": "bench"}
+            for s, ps in part.items()
+            for p in ps
+            for t in range(len(p.turns), 0, -1)  # turns out of order: merge sorts them
+        ]
+        return out + [{"set": "mt", "prompt_id": "81", "turn": 1, "phase": "sweep"}]
+
+    merged = merge_rows(sets, [rows(p) for p in parts])
+    keys = [(r["set"], r["prompt_id"], r["turn"], r["phase"]) for r in merged]
+    assert keys[:7] == [
+        ("mt", "81", 1, "bench"),
+        ("mt", "81", 2, "bench"),
+        ("mt", "82", 1, "bench"),
+        ("mt", "82", 2, "bench"),
+        ("gsm8k", "0", 1, "bench"),
+        ("gsm8k", "1", 1, "bench"),
+        ("gsm8k", "2", 1, "bench"),
+    ]
+    assert keys[7:] == [("mt", "81", 1, "sweep")] * 2
+    stray = [{"set": "mt", "prompt_id": "99", "turn": 1, "phase": "bench"}]
+    with pytest.raises(RuntimeError, match="99"):
+        merge_rows(sets, [rows(parts[0]), rows(parts[1]) + stray])
+
+
+def test_a_repeated_prompt_id_is_refused_with_both_lines(tmp_path):
+    p = write_lines(tmp_path / "dup.jsonl", [{"id": 7, "prompt": "x"}, {"id": 7, "prompt": "y"}])
+    with pytest.raises(ValueError, match=r"dup.jsonl:2: id '7' repeats line 1"):
+        read_bench_prompts(p, format="prompt", id_key="id")
+
+
+def test_two_worker_processes_write_the_rows_one_process_writes(target_dir, target_model, tmp_path):
+    folder = export_random_drafter(target_model, tmp_path / "drafter")
+    sets = {
+        "mt_bench": {
+            "path": str(BENCH / "mt_bench.jsonl"),
+            "format": "turns",
+            "id_key": "question_id",
+            "limit": 2,
+            "turns": 2,
+        },
+        "gsm8k": {
+            "path": str(BENCH / "gsm8k_test.jsonl"),
+            "format": "prompt",
+            "key": "question",
+            "limit": 1,
+        },
+    }
+    got = {}
+    for workers in (1, 2):
+        rows = run_bench(
+            engine="hf",
+            target_dir=target_dir,
+            config="3-1-4",
+            sets=sets,
+            out=tmp_path / f"w{workers}.jsonl",
+            options={"dtype": "float32", "device": "cpu", "threads": 1, "workers": workers},
+            drafter_dir=str(folder),
+            drafter_name="random",
+            max_new_tokens=MAX_NEW,
+        )
+        got[workers] = [
+            (r["set"], r["prompt_id"], r["turn"], r["completion_tokens"], r["verify_steps"])
+            for r in rows
+        ]
+    assert len(got[1]) == 5 and [k[:3] for k in got[1]][:2] == [("mt_bench", "81", 1)] + [
+        ("mt_bench", "81", 2)
+    ]
+    assert got[2] == got[1]

@@ -306,7 +306,8 @@ def open_engine(
 ) -> Iterator[HFBaseline | HFSpecDecoder]:
     """The PyTorch engine (or its baseline) over a materialized target folder, in this job.
 
-    `options` (config `bench.hf`): dtype, device ("auto" takes CUDA when present), threads.
+    `options` (config `bench.hf`): dtype, device ("auto" takes CUDA when present), threads
+    (`workers` is run_bench's: that many of these engines, in as many processes).
     """
     from specbuild.target import load_target_model, load_tokenizer
 

@@ -9,21 +9,28 @@ Engines (config `bench.engines`), chosen here at construction and nothing else:
   sglang  an SGLang server this job starts for the config, with the `sglang.*` flags and env
   openai  an existing OpenAI-compatible endpoint (`bench.openai`): vLLM, another deployment
 
+An engine's `workers` option (hf: `bench.hf.workers`) splits the prompts over that many
+processes, each with its own engine: a 2-core machine decodes the CPU default's chain bench in
+about half the time, since one decode step of a small model does not spread over threads
+(BENCHMARKS.md, issue 17.5). Greedy decoding makes the rows the same either way.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from importlib import import_module
 from typing import Any
 
 from specbuild.bench.rows import bench_engine, check_rows
-from specbuild.bench.sets import read_bench_set
+from specbuild.bench.sets import BenchPrompt, read_bench_set
 from specbuild.io import write_jsonl
 
-__all__ = ["ENGINES", "run_bench"]
+__all__ = ["ENGINES", "merge_rows", "run_bench", "split_prompts"]
 
 log = logging.getLogger("specbuild")
 
@@ -73,22 +80,78 @@ def run_bench(
         name: read_bench_set(spec, limit=_limit(spec.get("limit"), prompt_limit))
         for name, spec in sets.items()
     }
-    with _opener(engine)(
-        target_dir=target_dir,
-        config=config,
-        drafter_dir=drafter_dir,
-        drafter_name=drafter_name,
-        options=options,
-    ) as eng:
-        log.info("bench %s / %s on %s: sets %s", engine, config, eng.device, list(prompt_sets))
-        rows = bench_engine(
-            eng,
-            prompt_sets,
-            tokenizer=tokenizer,
-            max_new_tokens=max_new_tokens,
-            concurrency=concurrency,
-            min_requests=sweep_min_requests,
+    engine_args = {
+        "target_dir": target_dir,
+        "config": config,
+        "drafter_dir": drafter_dir,
+        "drafter_name": drafter_name,
+        "options": options,
+    }
+    bench_args = {"tokenizer": tokenizer, "max_new_tokens": max_new_tokens}
+    sweep = {"concurrency": concurrency, "min_requests": sweep_min_requests}
+    parts = split_prompts(prompt_sets, int(options.get("workers", 1)))
+    if len(parts) == 1:
+        rows = _bench_part(
+            parts[0], {**bench_args, **sweep}, engine=engine, engine_args=engine_args
         )
+    else:
+        # fork, not spawn: the workers start with this process's imports (~6 s each otherwise);
+        # no engine, so no torch thread pool, exists here yet. The sweep goes to the first.
+        log.info("bench %s / %s: %d worker processes", engine, config, len(parts))
+        work = partial(_bench_part, engine=engine, engine_args=engine_args)
+        args = [{**bench_args, **sweep}] + [bench_args] * (len(parts) - 1)
+        pool = ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("fork"))
+        with pool:
+            rows = merge_rows(prompt_sets, list(pool.map(work, parts, args)))
     check_rows(rows, source=str(out))
     write_jsonl(out, rows)
     return rows
+
+
+def _bench_part(
+    prompt_sets: Mapping[str, Sequence[BenchPrompt]],
+    bench_args: Mapping[str, Any],
+    *,
+    engine: str,
+    engine_args: Mapping[str, Any],
+) -> list[dict]:
+    with _opener(engine)(**engine_args) as eng:
+        sets = list(prompt_sets)
+        log.info("bench %s / %s on %s: sets %s", engine, eng.config, eng.device, sets)
+        return bench_engine(eng, prompt_sets, **bench_args)
+
+
+def split_prompts(
+    prompt_sets: Mapping[str, Sequence[BenchPrompt]], workers: int
+) -> list[dict[str, list[BenchPrompt]]]:
+    """The prompts dealt round-robin over at most `workers` parts, each set's order kept (a
+    prompt's turns stay together: a later turn carries the earlier answers)."""
+    flat = [(name, p) for name, prompts in prompt_sets.items() for p in prompts]
+    n = max(1, min(workers, len(flat)))
+    parts: list[dict[str, list[BenchPrompt]]] = [{} for _ in range(n)]
+    for i, (name, p) in enumerate(flat):
+        parts[i % n].setdefault(name, []).append(p)
+    return parts
+
+
+def merge_rows(
+    prompt_sets: Mapping[str, Sequence[BenchPrompt]], parts: Sequence[Sequence[dict]]
+) -> list[dict]:
+    """The parts' rows in the order one process writes them: every set's prompts in order,
+    each prompt's turns in order, then the sweep."""
+    by_prompt: dict[tuple[str, str], list[dict]] = {}
+    sweep = []
+    for row in (r for part in parts for r in part):
+        if row["phase"] == "bench":
+            by_prompt.setdefault((row["set"], row["prompt_id"]), []).append(row)
+        else:
+            sweep.append(row)
+    ordered = [
+        row
+        for name, prompts in prompt_sets.items()
+        for p in prompts
+        for row in sorted(by_prompt.pop((name, p.id), []), key=lambda r: r["turn"])
+    ]
+    if by_prompt:
+        raise RuntimeError(f"bench rows of prompts nobody asked for: {sorted(by_prompt)}")
+    return ordered + sweep

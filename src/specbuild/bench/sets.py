@@ -72,6 +72,7 @@ def read_bench_prompts(
     key = key or SET_FORMATS[format]
     prompts: list[BenchPrompt] = []
     faults: list[str] = []
+    seen: dict[str, int] = {}  # id -> its line
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if limit is not None and len(prompts) + len(faults) >= limit:
@@ -94,6 +95,10 @@ def read_bench_prompts(
                 faults.append(f"{path}:{lineno}: no id key {id_key!r}")
                 continue
             pid = str(row[id_key]) if id_key is not None else str(lineno - 1)
+            if pid in seen:  # rows are keyed by (set, id, turn): a repeat would blur two
+                faults.append(f"{path}:{lineno}: id {pid!r} repeats line {seen[pid]}")
+                continue
+            seen[pid] = lineno
             prompts.append(BenchPrompt(id=pid, turns=tuple(found[:turns] if turns else found)))
     if faults:
         shown = "\n  ".join(faults[:MAX_LISTED_FAULTS])
