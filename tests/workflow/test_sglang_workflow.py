@@ -154,15 +154,12 @@ def test_gpu_jobs_pin_distinct_devices_and_their_servers_see_only_those(
         assert f"(CUDA_VISIBLE_DEVICES={pinned.group(1)})" in text  # the server inherited it
 
 
-def test_each_drafter_is_served_by_its_own_server_and_only_the_named_ones_sweep(
-    tmp_path, target_dir, random_drafter
-):
-    from workflow_helpers import REPO, make_workdir, snakemake, tiny_config, write_config
+def served_bench_workdir(tmp_path, target_dir, random_drafter, drafters, **bench):
+    """A workdir and config benching random drafters (`drafters`: their names, one folder) with
+    the sglang engine on one MT-Bench question, sweeping at concurrency 2; `bench` overrides."""
+    from workflow_helpers import make_workdir, tiny_config
 
-    launcher = [sys.executable, str(REPO / "tests" / "stubs" / "sglang_stub.py")]
     wd = make_workdir(tmp_path / "wf", target_dir)
-    if not (wd / "envs").exists():
-        shutil.copytree(REPO / "envs", wd / "envs")
     folder = random_drafter(tmp_path / "theirs", read_json(target_dir / "config.json"), [1, 14, 26])
     config = tiny_config()
     mt = {"path": "resources/bench/mt_bench.jsonl", "format": "turns", "id_key": "question_id"}
@@ -170,14 +167,32 @@ def test_each_drafter_is_served_by_its_own_server_and_only_the_named_ones_sweep(
         "engines": ["sglang"],
         "chains": ["3-1-4"],
         "variants": [],  # none of ours: nothing to train first
-        "drafters": {"theirs": str(folder), "again": str(folder)},
-        "sweep_drafters": ["theirs"],
+        "drafters": {name: str(folder) for name in drafters},
         "sets": {"mt": {**mt, "limit": 1}},
-        "max_new_tokens": 8,
         "concurrency": [2],
-        "sweep_min_requests": 2,
+        **bench,
     }
     config["report"] = {"train_metrics": None}
+    return wd, config
+
+
+def test_each_drafter_is_served_by_its_own_server_and_only_the_named_ones_sweep(
+    tmp_path, target_dir, random_drafter
+):
+    from workflow_helpers import REPO, snakemake, write_config
+
+    launcher = [sys.executable, str(REPO / "tests" / "stubs" / "sglang_stub.py")]
+    wd, config = served_bench_workdir(
+        tmp_path,
+        target_dir,
+        random_drafter,
+        ["theirs", "again"],
+        sweep_drafters=["theirs"],
+        max_new_tokens=8,
+        sweep_min_requests=2,
+    )
+    if not (wd / "envs").exists():
+        shutil.copytree(REPO / "envs", wd / "envs")
     config["sglang"] = {"launcher": launcher, "startup_timeout_s": 30}
     write_config(wd, config)
     snakemake(wd, "--cores", "2", "results/tables/sweep.md")
@@ -204,23 +219,11 @@ def test_a_served_bench_that_sweeps_nothing_declares_no_sweep_table(
 ):
     """No baseline and no drafter in sweep_drafters: no job writes sweep rows, so the report
     must not promise a sweep table (issue 17.3's pair failed its report on exactly this)."""
-    from workflow_helpers import make_workdir, planned_jobs, snakemake, tiny_config, write_config
+    from workflow_helpers import planned_jobs, snakemake, write_config
 
-    wd = make_workdir(tmp_path / "wf", target_dir)
-    folder = random_drafter(tmp_path / "theirs", read_json(target_dir / "config.json"), [1, 14, 26])
-    config = tiny_config()
-    mt = {"path": "resources/bench/mt_bench.jsonl", "format": "turns", "id_key": "question_id"}
-    config["bench"] = {
-        "engines": ["sglang"],
-        "chains": ["3-1-4"],
-        "variants": [],
-        "drafters": {"theirs": str(folder)},
-        "baseline": False,
-        "sweep_drafters": [],
-        "sets": {"mt": {**mt, "limit": 1}},
-        "concurrency": [2],
-    }
-    config["report"] = {"train_metrics": None}
+    wd, config = served_bench_workdir(
+        tmp_path, target_dir, random_drafter, ["theirs"], baseline=False, sweep_drafters=[]
+    )
     write_config(wd, config)
     assert ("bench_report", "") in planned_jobs(wd, "results/tables/bench.md")
     missing = snakemake(wd, "--dry-run", "results/tables/sweep.md", check=False)
