@@ -88,19 +88,17 @@ def run_bench(
         "drafter_name": drafter_name,
         "options": options,
     }
+    parts = split_prompts(prompt_sets, int(options.get("workers", 1)))
     bench_args = {"tokenizer": tokenizer, "max_new_tokens": max_new_tokens}
     sweep = {"concurrency": concurrency, "min_requests": sweep_min_requests}
-    parts = split_prompts(prompt_sets, int(options.get("workers", 1)))
+    args = [{**bench_args, **sweep}] + [bench_args] * (len(parts) - 1)  # the first part sweeps
+    work = partial(_bench_part, engine=engine, engine_args=engine_args)
     if len(parts) == 1:
-        rows = _bench_part(
-            parts[0], {**bench_args, **sweep}, engine=engine, engine_args=engine_args
-        )
+        rows = work(parts[0], args[0])
     else:
         # fork, not spawn: the workers start with this process's imports (~6 s each otherwise);
-        # no engine, so no torch thread pool, exists here yet. The sweep goes to the first.
+        # no engine, so no torch thread pool, exists here yet
         log.info("bench %s / %s: %d worker processes", engine, config, len(parts))
-        work = partial(_bench_part, engine=engine, engine_args=engine_args)
-        args = [{**bench_args, **sweep}] + [bench_args] * (len(parts) - 1)
         pool = ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("fork"))
         with pool:
             rows = merge_rows(prompt_sets, list(pool.map(work, parts, args)))
