@@ -99,6 +99,7 @@ class FakePrefillRunner:
         from specbuild.hidden.hf import HFFeatureBackend
 
         self.hf = HFFeatureBackend(model, layer_ids)
+        self.eagle_layer_ids = self.hf.eagle_layer_ids  # SmolLM2 is a Llama: the same ids
         self.device = torch.device("cpu")
         self.dtype = self.hf.dtype
         self.hidden_size = int(model.config.hidden_size)

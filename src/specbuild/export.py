@@ -27,6 +27,7 @@ from torch import Tensor
 
 from specbuild.drafter.config import AUX_LAYERS, DrafterConfig
 from specbuild.drafter.state import read_drafter
+from specbuild.eagle_layers import architecture_of, eagle_layer_ids
 from specbuild.io import atomic_path, read_json, write_json
 
 __all__ = ["ExportError", "export_for_sglang", "check_export", "export_faults", "hf_config"]
@@ -45,8 +46,29 @@ class ExportError(ValueError):
     """An exported drafter folder SGLang would load wrongly; the message lists every fault."""
 
 
-def hf_config(cfg: DrafterConfig, *, layer_ids: list[int], target_config: dict, dtype: str) -> dict:
-    """The config.json of the exported folder."""
+def serving_layer_ids(
+    layer_ids: list[int], target_config: dict, recorded: list[int] | None = None
+) -> list[int]:
+    """The eagle_config ids under which SGLang captures the outputs of `layer_ids`: those the
+    hidden stage recorded (checked against the model SGLang loaded, when it extracted), else
+    specbuild's reading of SGLang's rule for the target's architecture."""
+    if recorded:
+        return [int(i) for i in recorded]
+    text = target_config.get("text_config", target_config)
+    return eagle_layer_ids(
+        architecture_of(target_config), layer_ids, int(text["num_hidden_layers"])
+    )
+
+
+def hf_config(
+    cfg: DrafterConfig,
+    *,
+    layer_ids: list[int],
+    target_config: dict,
+    dtype: str,
+    eagle_ids: list[int] | None = None,
+) -> dict:
+    """The config.json of the exported folder; `eagle_ids` as recorded in the shards."""
     target = target_config.get("text_config", target_config)
     out = {k: target[k] for k in _COPIED if k in target}
     out |= {
@@ -71,7 +93,9 @@ def hf_config(cfg: DrafterConfig, *, layer_ids: list[int], target_config: dict, 
         "mlp_bias": False,
         "torch_dtype": dtype,
         "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": list(layer_ids),
+            "eagle_aux_hidden_state_layer_ids": serving_layer_ids(
+                layer_ids, target_config, eagle_ids
+            ),
             "use_aux_hidden_state": True,
         },
     }
@@ -119,7 +143,11 @@ def export_for_sglang(
     tensors, meta = read_drafter(checkpoint)
     cfg = DrafterConfig.from_dict(meta["drafter_config"])
     config = hf_config(
-        cfg, layer_ids=meta["layer_ids"], target_config=meta["target_config"], dtype=dtype
+        cfg,
+        layer_ids=meta["layer_ids"],
+        target_config=meta["target_config"],
+        dtype=dtype,
+        eagle_ids=meta.get("eagle_layer_ids"),
     )
     state = {
         k: (v.to(DTYPES[dtype]) if v.is_floating_point() else v).contiguous()
@@ -132,13 +160,15 @@ def export_for_sglang(
     write_json(out_dir / "config.json", config)
     check_export(out_dir)
     log.info(
-        "exported %s (step %s, accept_len %s): %d tensors, %s, aux layers %s; check passed",
+        "exported %s (step %s, accept_len %s): %d tensors, %s, aux layers %s (eagle_config %s); "
+        "check passed",
         out_dir,
         meta.get("step"),
         (meta.get("metrics") or {}).get("acceptance_length"),
         len(state),
         dtype,
         meta["layer_ids"],
+        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
     )
 
 

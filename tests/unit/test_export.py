@@ -190,3 +190,33 @@ def test_reloaded_export_gives_identical_logits(trained, tmp_path, dtype):
 def test_from_pretrained_rejects_an_embedding_of_another_target(exported):
     with pytest.raises(ValueError, match="embed_tokens_weight shape"):
         Eagle3Drafter.from_pretrained(exported, torch.zeros(10, 64))
+
+
+def _retarget(trained, tmp_path, **meta_changes):
+    """The trained checkpoint with its metadata changed (another target's facts)."""
+    tensors, meta = read_drafter(trained[0])
+    path = tmp_path / "retargeted.safetensors"
+    save_drafter(path, tensors, meta | meta_changes)
+    return path
+
+
+def test_eagle_ids_follow_sglangs_rule_for_a_deepseek_target(trained, tmp_path):
+    # SGLang's DeepSeek-V3 shifts eagle ids only when the first is 1: layer outputs 1, 3, 5
+    # take the ids as they are, layer outputs 2, 3, 5 need them shifted by hand
+    _, meta = read_drafter(trained[0])
+    deepseek = meta["target_config"] | {"architectures": ["DeepseekV3ForCausalLM"]}
+    for layer_ids, eagle in (([1, 3, 5], [1, 3, 5]), ([2, 3, 5], [3, 4, 6])):
+        ckpt = _retarget(
+            trained, tmp_path, target_config=deepseek, layer_ids=layer_ids, eagle_layer_ids=None
+        )
+        export_for_sglang(checkpoint=ckpt, out_dir=tmp_path / "d", dtype="bfloat16")
+        cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == eagle
+
+
+def test_eagle_ids_recorded_by_the_hidden_stage_win(trained, tmp_path):
+    assert read_drafter(trained[0])[1]["eagle_layer_ids"] == trained[2]["layer_ids"]  # via train
+    ckpt = _retarget(trained, tmp_path, layer_ids=[2, 3, 5], eagle_layer_ids=[3, 4, 6])
+    export_for_sglang(checkpoint=ckpt, out_dir=tmp_path / "d", dtype="bfloat16")
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [3, 4, 6]

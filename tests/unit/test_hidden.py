@@ -362,6 +362,7 @@ def test_a_backend_producing_nan_fails_the_job_and_publishes_nothing(
         name = "hf"
         device = torch.device("cpu")
         dtype = "float32"
+        eagle_layer_ids = [1, 14, 26]
 
         def extract(self, batch):
             n = sum(map(len, batch))

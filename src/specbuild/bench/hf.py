@@ -62,12 +62,13 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 
 def load_drafter(folder: str | os.PathLike, target) -> tuple[torch.nn.Module, list[int]]:
     """An EAGLE-3 drafter folder SGLang loads (ours or another trainer's) in float32 eval
-    mode, plus the target layer ids it reads: its `eagle_config`'s, or without one the layers
-    SGLang captures by default.
+    mode, plus the target layer-output ids SGLang feeds it: its `eagle_config`'s through
+    SGLang's rule for the target (specbuild.eagle_layers), or without one SGLang's defaults.
 
     Checks the folder against the target first and raises once with every mismatch.
     """
     from specbuild.drafter.model import Eagle3Drafter
+    from specbuild.eagle_layers import architecture_of, output_layer_ids
     from specbuild.hidden.extract import default_layer_ids
 
     folder = Path(folder)
@@ -79,10 +80,23 @@ def load_drafter(folder: str | os.PathLike, target) -> tuple[torch.nn.Module, li
         # SGLang then captures its model's default layers: EAGLE-3's [1, L/2 - 1, L - 4]
         layer_ids = default_layer_ids(tcfg.num_hidden_layers)
         log.info("%s: no eagle_config layer ids; SGLang's default %s", folder, layer_ids)
-    if not isinstance(layer_ids, list) or len(layer_ids) != 3:
+    elif (
+        not isinstance(layer_ids, list)
+        or len(layer_ids) != 3
+        or not all(isinstance(i, int) for i in layer_ids)
+    ):
         faults.append(f"eagle_config.eagle_aux_hidden_state_layer_ids is {layer_ids!r}, not 3 ids")
-    elif not all(isinstance(i, int) and 0 <= i < tcfg.num_hidden_layers for i in layer_ids):
-        faults.append(f"aux layer ids {layer_ids} outside the target's {tcfg.num_hidden_layers}")
+    else:
+        # the layers SGLang feeds this drafter, by its rule for the target's class
+        eagle_ids = list(layer_ids)
+        layer_ids = output_layer_ids(
+            architecture_of(tcfg.to_dict()), eagle_ids, tcfg.num_hidden_layers
+        )
+        if not all(0 <= i < tcfg.num_hidden_layers for i in layer_ids):
+            faults.append(
+                f"aux layer ids {eagle_ids} outside the target's {tcfg.num_hidden_layers} "
+                f"layers (SGLang would capture layer outputs {layer_ids})"
+            )
     for key, want in (("target_hidden_size", tcfg.hidden_size), ("vocab_size", tcfg.vocab_size)):
         if cfg.get(key, want) != want:
             faults.append(f"{key} is {cfg.get(key)}, the target has {want}")

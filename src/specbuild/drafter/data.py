@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 # Metadata that must agree across every shard of one training run.
-SHARED_META = ("layer_ids", "target_fingerprint", "tokenizer_fingerprint")
+SHARED_META = ("layer_ids", "eagle_layer_ids", "target_fingerprint", "tokenizer_fingerprint")
 MIN_TOKENS = 3  # a sample needs x_t, x_{t+1} (input) and x_{t+2} (predicted)
 _OPEN_FILES = 64  # memory-mapped shards kept open at once
 
@@ -250,6 +250,9 @@ class ShardSet:
             )
         self.meta = metas[0]
         self.layer_ids: list[int] = json.loads(self.meta["layer_ids"])
+        # the eagle_config ids serving needs (shards from before they were recorded: None)
+        eagle = self.meta.get("eagle_layer_ids")
+        self.eagle_layer_ids: list[int] | None = json.loads(eagle) if eagle else None
 
     def _open(self, shard: int):
         with self._lock:  # the trainer's loader thread and its eval share the cache

@@ -166,6 +166,7 @@ def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> di
             tensors["aux"], tensors["last"] = aux.bfloat16(), last.bfloat16()
         meta = {
             "layer_ids": json.dumps(paths["layer_ids"]),
+            "eagle_layer_ids": json.dumps(paths["layer_ids"]),  # a Llama target: the same
             "backend": "synthetic",
             "target_fingerprint": fingerprint,
             "tokenizer_fingerprint": "synthetic",

@@ -456,6 +456,7 @@ def train_drafter(
     meta = {
         "drafter_config": model.config.to_dict(),
         "layer_ids": data.layer_ids,
+        "eagle_layer_ids": data.eagle_layer_ids,
         "target_fingerprint": info.fingerprint,
         "target_config": read_json(Path(target_fingerprint).parent / "config.json"),
     }

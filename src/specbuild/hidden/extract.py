@@ -114,6 +114,7 @@ class FeatureBackend(Protocol):
     name: str
     device: torch.device
     dtype: str
+    eagle_layer_ids: list[int]  # eagle_config ids under which SGLang captures the same layers
 
     def extract(self, batch: list[list[int]]) -> Features: ...
 
@@ -406,6 +407,7 @@ def extract_shard(
     )
     shard_meta = {
         "layer_ids": json.dumps(ids),
+        "eagle_layer_ids": json.dumps(engine.eagle_layer_ids),
         "backend": engine.name,
         "target_fingerprint": target.fingerprint,
         "tokenizer_fingerprint": target.tokenizer_fingerprint,

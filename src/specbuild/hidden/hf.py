@@ -10,12 +10,15 @@ for just the three aux hidden states, so a batch holds 3 extra [B, T, H] tensors
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from specbuild.backends.hf import resolve_device
+from specbuild.eagle_layers import architecture_of, eagle_layer_ids
 from specbuild.hidden.extract import Features
+from specbuild.io import read_json
 from specbuild.target import load_target_model
 
 __all__ = ["HFFeatureBackend"]
@@ -26,9 +29,22 @@ class HFFeatureBackend:
 
     name = "hf"
 
-    def __init__(self, model: torch.nn.Module, layer_ids: list[int], *, pad_id: int = 0) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        layer_ids: list[int],
+        *,
+        pad_id: int = 0,
+        architecture: str | None = None,
+    ) -> None:
         self.base = model.base_model  # the decoder stack without lm_head
         self.layer_ids = list(layer_ids)
+        # what a served drafter's eagle_config needs for SGLang to capture these layers; the
+        # class SGLang builds is the folder's (a wrapper's, not its text model's)
+        arch = architecture or architecture_of(model.config.to_dict())
+        self.eagle_layer_ids = eagle_layer_ids(
+            arch, self.layer_ids, int(model.config.num_hidden_layers)
+        )
         # HF hidden_states[0] is the embedding output, so layer-output id i is index i + 1
         self.indices = [i + 1 for i in self.layer_ids]
         self.pad_id = pad_id  # any valid id: padded positions are masked and never returned
@@ -40,7 +56,8 @@ class HFFeatureBackend:
         cls, folder: str | os.PathLike, *, layer_ids: list[int], dtype: str, device: str
     ) -> HFFeatureBackend:
         model = load_target_model(folder, dtype=dtype, device=resolve_device(device))
-        return cls(model, layer_ids)
+        arch = architecture_of(read_json(Path(folder) / "config.json"))
+        return cls(model, layer_ids, architecture=arch)
 
     @torch.no_grad()  # not inference_mode: callers may use the returned tensors with autograd
     def forward(self, batch: list[list[int]]) -> tuple[Tensor, Tensor, list[int]]:

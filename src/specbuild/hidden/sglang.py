@@ -11,11 +11,14 @@ batches on it directly: no server, no HTTP, no JSON, no capture drafter.
                          [aux_low, aux_mid, aux_high] each [T, H]) for every token: one
                          forward hook takes both, packed in request order, on the GPU
 
-Layer ids. `set_eagle3_layers_to_capture(ids)` makes SGLang capture the *input* of layers
-id + 1, which is the output of layer id: HF `hidden_states[id + 1]`, the convention of our
-shards and of the served drafter. Some SGLang models shift ids differently (DeepSeek-V2 shifts
-only when the first id is 1), so the ids SGLang actually set are read back and must be
-[id + 1 for id in layer_ids]; anything else stops the job before any token runs.
+Layer ids. The shards hold the outputs of `layer_ids` (HF `hidden_states[id + 1]`), which are
+the *inputs* of SGLang's decoder layers id + 1. The eagle_config ids that make SGLang capture
+those differ between its model families (specbuild.eagle_layers: DeepSeek-V2/V3 shift only
+when the first id is 1); the runner sets them, reads the model's `layers_to_capture` back, and
+records the ids that worked in the shards, which export writes into the drafter's
+eagle_config, so serving captures the very layers the drafter trained on. A set nothing can
+reach stops the job before any token runs. The aux states come back as a list of [T, H]
+(Llama) or packed in one [T, 3H] (DeepSeek's AuxHiddenStatePacker); both are taken.
 
 Tensor parallel. With `tp_size` N > 1 this process is rank 0 on the job's first pinned GPU and
 starts ranks 1..N-1 (`python -m specbuild.hidden.sglang SPEC RANK`) on the next ones. Each
@@ -45,6 +48,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from specbuild.eagle_layers import eagle_layer_ids
 from specbuild.gpus import startup_lock
 from specbuild.hidden.extract import Features
 
@@ -54,6 +58,8 @@ __all__ = [
     "SGLangRunner",
     "capture_indices",
     "enable_aux_capture",
+    "pack_aux",
+    "stack_output",
     "worker_loop",
     "runner_server_args",
     "plan_chunks",
@@ -116,26 +122,68 @@ def plan_chunks(lengths: Sequence[int], *, max_tokens: int, max_requests: int) -
     return chunks
 
 
-def enable_aux_capture(model: torch.nn.Module, layer_ids: Sequence[int]) -> torch.nn.Module:
-    """Turn SGLang's EAGLE-3 aux capture on for `layer_ids` and return the decoder stack that
-    captures (its forward returns (final post-norm, [aux per id])); refuse any other shift."""
+def enable_aux_capture(
+    model: torch.nn.Module, layer_ids: Sequence[int], num_layers: int
+) -> tuple[torch.nn.Module, list[int]]:
+    """Turn SGLang's EAGLE-3 aux capture on so that it captures the outputs of `layer_ids`;
+    return the decoder stack that captures (its forward returns (final post-norm, aux)) and
+    the eagle_config ids that did it (specbuild.eagle_layers). The model's own
+    `layers_to_capture` decides: specbuild's reading of SGLang's rule comes first, the other
+    convention second, and anything else is refused."""
     if not hasattr(model, "set_eagle3_layers_to_capture"):
         raise RuntimeError(
             f"SGLang's {type(model).__name__} has no EAGLE-3 aux capture "
             f"(set_eagle3_layers_to_capture): SGLang cannot serve an EAGLE-3 drafter for this "
             f"target either"
         )
-    model.set_eagle3_layers_to_capture(list(layer_ids))
-    stacks = [m for m in model.modules() if getattr(m, "layers_to_capture", None)]
+    arch = type(model).__name__
     want = capture_indices(layer_ids)
-    if len(stacks) != 1 or list(stacks[0].layers_to_capture) != want:
+    try:
+        first = eagle_layer_ids(arch, layer_ids, num_layers)
+    except ValueError as err:
+        raise RuntimeError(str(err)) from err
+    tried = []
+    for eagle_ids in (first, *[c for c in ([int(i) for i in layer_ids], want) if c != first]):
+        model.set_eagle3_layers_to_capture(list(eagle_ids))
+        stacks = [m for m in model.modules() if getattr(m, "layers_to_capture", None)]
         got = [list(m.layers_to_capture) for m in stacks]
-        raise RuntimeError(
-            f"SGLang's {type(model).__name__} set capture indices {got} for layer ids "
-            f"{list(layer_ids)}; expected one decoder stack with {want} (inputs of layers "
-            f"id + 1). A served drafter would see other layers than the shards: stopping."
-        )
-    return stacks[0]
+        if got == [want]:
+            if eagle_ids != first:
+                log.warning(
+                    "SGLang's %s captured %s for eagle ids %s, not for %s as specbuild reads "
+                    "its rule: the shards and the exported eagle_config use %s",
+                    arch,
+                    want,
+                    eagle_ids,
+                    first,
+                    eagle_ids,
+                )
+            return stacks[0], list(eagle_ids)
+        tried.append(f"{eagle_ids} -> {got}")
+    raise RuntimeError(
+        f"SGLang's {arch} captures no decoder stack with {want} (the inputs of layers id + 1, "
+        f"the outputs of layer ids {list(layer_ids)}) for any eagle ids ({'; '.join(tried)}): a "
+        f"served drafter would see other layers than the shards, so this stops here."
+    )
+
+
+def pack_aux(aux: Tensor | Sequence[Tensor] | None) -> Tensor | None:
+    """[T, 3H] from what SGLang's decoder stack hands back: a list of [T, H] (Llama, Qwen,
+    ...), one tensor already packed (models on AuxHiddenStatePacker: DeepSeek-V2/V3), or
+    nothing captured."""
+    if aux is None:
+        return None
+    if isinstance(aux, Tensor):
+        return aux if aux.numel() else None
+    return torch.cat(list(aux), dim=-1) if len(aux) else None
+
+
+def stack_output(out: Tensor | tuple) -> tuple[Tensor, Tensor | None]:
+    """(final post-norm [T, H], aux [T, 3H] or None) from a decoder stack's forward output:
+    a tuple while capturing, the bare final state otherwise."""
+    if isinstance(out, tuple):
+        return out[0], pack_aux(out[1])
+    return out, None
 
 
 def worker_loop(
@@ -159,6 +207,7 @@ class PrefillRunner(Protocol):
     vocab_size: int
     max_tokens: int
     max_requests: int
+    eagle_layer_ids: list[int]  # the eagle_config ids that captured the shards' layers
 
     def prefill(
         self, batch: list[list[int]], *, capture: bool = True
@@ -176,6 +225,7 @@ class SGLangFeatureBackend:
         self.runner = runner
         self.device = runner.device
         self.dtype = runner.dtype
+        self.eagle_layer_ids = list(runner.eagle_layer_ids)
 
     @classmethod
     def from_folder(
@@ -347,7 +397,9 @@ class SGLangRunner:
         self.max_tokens = int(mr.max_total_num_tokens)
         self.max_requests = int(mr.req_to_token_pool.size)
         self.model = mr.model
-        self._stack = enable_aux_capture(self.model, self.layer_ids)
+        self._stack, self.eagle_layer_ids = enable_aux_capture(
+            self.model, self.layer_ids, int(cfg.num_hidden_layers)
+        )
         self._out: list[Any] = []
         self._stack.register_forward_hook(lambda _m, _i, out: self._out.append(out))
         # host seconds per part of a prefill (SGLang's step launches the forward and syncs
@@ -418,10 +470,7 @@ class SGLangRunner:
                 self.host_s[key] += seconds
             self.batches += 1
         (out,) = self._out
-        if isinstance(out, tuple):
-            last, aux = out[0], out[1]
-            return last, (torch.cat(list(aux), dim=-1) if aux else None)  # shape: [T, 3H]
-        return out, None
+        return stack_output(out)
 
     def close(self) -> None:
         if self._closed:
