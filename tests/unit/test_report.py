@@ -82,6 +82,18 @@ def test_bench_table_has_sglangs_acceptance_and_speedup_over_the_same_engines_ba
     assert pd.isna(chain["accept_length_lo"])  # 2 requests: no interval
 
 
+def test_bench_table_has_each_steps_cost_and_the_break_even_acceptance():
+    # decode = wall - TTFT: the baseline 2 x 1.5 s for 2 x 31 tokens after the first, the
+    # chain 2 x 0.5 s for 16 + 8 verify cycles
+    t = build_bench(pd.DataFrame(synthetic_rows())).set_index(["set", "config"])
+    base, chain = t.loc[("gsm8k", "baseline")], t.loc[("gsm8k", "3-1-4")]
+    assert base["step_ms"] == pytest.approx(3000 / 62) and base["break_even"] == 1.0
+    assert chain["step_ms"] == pytest.approx(1000 / 24)
+    assert chain["break_even"] == pytest.approx((1000 / 24) / (3000 / 62))
+    # my_prompts: one 3.5 s decode for 31 cycles against 31 tokens: a cycle costs a step
+    assert t.loc[("my_prompts", "3-1-4"), "break_even"] == pytest.approx(1.0)
+
+
 def test_lines_follow_the_configured_engines_sets_and_configs():
     rows = synthetic_rows() + [
         {**r, "engine": "sglang", "accepted_per_position": []} for r in synthetic_rows()

@@ -21,6 +21,15 @@ tokens/s            single stream: Σ completion_tokens / Σ wall; at concurrenc
                     completion_tokens / the span from the first request's start to the last
                     request's end (output throughput).
 speedup             tokens/s over the baseline's on the same engine and set.
+step time           decode milliseconds per target forward, single stream: Σ (wall - TTFT) /
+                    Σ verify_steps for a chain (one verify cycle: the draft's steps plus the
+                    target's verify), Σ (wall - TTFT) / Σ (completion_tokens - 1) for the
+                    baseline (one token).
+break-even          a chain's step time over the baseline's on the same engine and set: the
+                    verify-cycle cost in baseline steps, which is the acceptance length (decode
+                    tokens per verify cycle) at which the chain only breaks even. Decode
+                    speedup = (acceptance length - requests / Σ verify_steps) / break-even:
+                    the acceptance column counts each request's prefill token too.
 """
 
 from __future__ import annotations
@@ -42,7 +51,9 @@ __all__ = [
     "latency_stats",
     "output_throughput",
     "position_rates",
+    "break_even",
     "speedup",
+    "step_ms",
     "summarize",
 ]
 
@@ -145,6 +156,27 @@ def speedup(tokens_per_s: float | None, baseline_tokens_per_s: float | None) -> 
     return tokens_per_s / baseline_tokens_per_s
 
 
+def step_ms(rows: Sequence[Mapping[str, Any]], config: str) -> float | None:
+    """Decode milliseconds per target forward of `rows` (one config's): per verify cycle for a
+    chain, per token for the baseline; None where no request has a TTFT and a decode step."""
+    decode, steps = 0.0, 0
+    for r in rows:
+        if r.get("ttft_s") is None:
+            continue
+        n = r["completion_tokens"] - 1 if config == BASELINE else r["verify_steps"]
+        if n:
+            decode += r["wall_s"] - r["ttft_s"]
+            steps += n
+    return 1e3 * decode / steps if steps else None
+
+
+def break_even(chain_step_ms: float | None, baseline_step_ms: float | None) -> float | None:
+    """A verify cycle's cost in baseline steps: the acceptance length a chain must reach."""
+    if not chain_step_ms or not baseline_step_ms:
+        return None
+    return chain_step_ms / baseline_step_ms
+
+
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Every number of one group of request rows of one config (an engine, set and chain; a
     sweep level; a tuning point), in display order; None where it is undefined."""
@@ -171,6 +203,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     rates = position_rates((r["accepted_per_position"] for r in counted), sum(verify))
     out |= {f"accept_pos{k}": rate for k, rate in enumerate(rates, 1)}
     out["tokens_per_s"] = tokens / wall if wall > 0 else None
+    out["step_ms"] = step_ms(counted if config != BASELINE else rows, config)
     for name in LATENCIES:
         out |= latency_stats((r.get(name) for r in rows), name)
     return out

@@ -5,9 +5,9 @@ Every number comes from `specbuild.bench.metrics`, group by group, and the plots
 tables, so tables and figures agree:
 
   bench           one line per engine, set, config and drafter: acceptance length with its
-                  interval,
-                  acceptance per draft position, tokens/s, speedup over the same engine's
-                  baseline on the set
+                  interval, acceptance per draft position, tokens/s, speedup over the same
+                  engine's baseline on the set, decode ms per target step and the break-even
+                  acceptance length (a verify cycle's cost in baseline steps)
   positions       the per-position acceptance in long form
   latency         TTFT and ITL mean, p50, p90, p99 per engine, set, config and drafter
   sweep           per engine, config, drafter and concurrency: output tokens/s, acceptance,
@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbuild.bench.chain import BASELINE, Chain, chain_order
-from specbuild.bench.metrics import output_throughput, speedup, summarize
+from specbuild.bench.metrics import break_even, output_throughput, speedup, summarize
 from specbuild.bench.rows import check_rows
 from specbuild.io import atomic_open, read_jsonl
 
@@ -94,14 +94,19 @@ def build_bench(rows: pd.DataFrame, set_order: Sequence[str] | None = None) -> p
     for key, group in _groups(rows[rows["phase"] == "bench"], GROUP_KEYS):
         out.append(key | {"device": group[0]["device"]} | summarize(group))
     table = pd.DataFrame(out)
-    base = table[table["config"] == BASELINE].set_index(["engine", "set"])["tokens_per_s"]
+    base = table[table["config"] == BASELINE].set_index(["engine", "set"])
     table["speedup"] = [
-        speedup(r.tokens_per_s, base.get((r.engine, r.set))) for r in table.itertuples()
+        speedup(r.tokens_per_s, base["tokens_per_s"].get((r.engine, r.set)))
+        for r in table.itertuples()
+    ]
+    table["break_even"] = [
+        break_even(r.step_ms, base["step_ms"].get((r.engine, r.set))) for r in table.itertuples()
     ]
     pos = sorted((c for c in table if c.startswith("accept_pos")), key=lambda c: int(c[10:]))
     lead = GROUP_KEYS + ["device", "requests", "completion_tokens", "verify_steps"]
     lead += ["accept_length", "accept_length_lo", "accept_length_hi"]
-    return _ordered(table[lead + pos + ["tokens_per_s", "speedup"]], set_order)
+    tail = ["tokens_per_s", "speedup", "step_ms", "break_even"]
+    return _ordered(table[lead + pos + tail], set_order)
 
 
 def build_positions(bench: pd.DataFrame) -> pd.DataFrame:
