@@ -387,6 +387,7 @@ def sglang_server_options():
         "host": sg["host"],
         "startup_timeout_s": sg["startup_timeout_s"],
         "request_timeout_s": sg["request_timeout_s"],
+        "draft_attention_backend": sg["draft_attention_backend"],
     }
 
 
@@ -409,6 +410,7 @@ def sglang_backend_args(backend):
     server = sglang_server_options()
     # request_timeout_s comes with `common`, where generate's params have always had it
     del server["request_timeout_s"]
+    del server["draft_attention_backend"]  # generation serves no drafter
     return {"target_dir": f"results/target/{TARGET}", **server, **common}
 
 

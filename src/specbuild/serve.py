@@ -60,7 +60,12 @@ def serve_command(
     """argv of an SGLang server for the target (the folder of its `fingerprint.json`) with the
     drafter (the folder of its `config.json`) at `chain`."""
     drafter_dir = str(Path(drafter_config).parent)
-    flags = {**server.server_args, **Chain.parse(chain).server_args(drafter_dir)}
+    flags = {
+        **server.server_args,
+        **Chain.parse(chain).server_args(
+            drafter_dir, draft_attention_backend=server.draft_attention_backend
+        ),
+    }
     return [
         *resolve_launcher(server.launcher),
         "--model-path",

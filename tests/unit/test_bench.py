@@ -64,6 +64,9 @@ def test_a_chain_parses_and_renders_sglangs_flags(tmp_path):
         "speculative_num_draft_tokens": 8,
     }
     assert Chain.parse("3-4-8").is_chain is False  # a tree: SGLang only
+    # the draft's attention backend only where one is named (sglang.draft_attention_backend)
+    named = chain.server_args(str(tmp_path), draft_attention_backend="triton")
+    assert named["speculative_draft_attention_backend"] == "triton"
 
 
 @pytest.mark.parametrize(

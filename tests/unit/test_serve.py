@@ -46,6 +46,7 @@ def test_the_script_runs_the_launcher_with_the_drafter_flags_and_the_environment
         server=ServerOptions(
             launcher=("python", "-c", echo),
             server_args={"attention_backend": "triton", "disable_cuda_graph": True},
+            draft_attention_backend="triton",
         ),
         port=30001,
     )
@@ -66,4 +67,5 @@ def test_the_script_runs_the_launcher_with_the_drafter_flags_and_the_environment
     assert "--speculative-draft-model-path results/drafter" in flags
     assert "--speculative-num-steps 3 --speculative-eagle-topk 1" in flags
     assert "--speculative-num-draft-tokens 4" in flags and "--disable-cuda-graph" in flags
+    assert "--speculative-draft-attention-backend triton" in flags
     assert env == "a b" and command[0] == sys.executable

@@ -225,6 +225,7 @@ class ServerOptions:
     host: str = "127.0.0.1"
     startup_timeout_s: float = 900.0
     request_timeout_s: float = 600.0  # one HTTP request to the server
+    draft_attention_backend: str | None = None  # servers with a drafter: its attention kernels
 
     def spec(
         self,

@@ -51,15 +51,21 @@ class Chain:
         """One draft per step (topk 1): what the PyTorch engine runs."""
         return self.topk == 1
 
-    def server_args(self, drafter_dir: str) -> dict[str, Any]:
-        """SGLang's flags serving `drafter_dir` with this chain."""
-        return {
+    def server_args(
+        self, drafter_dir: str, *, draft_attention_backend: str | None = None
+    ) -> dict[str, Any]:
+        """SGLang's flags serving `drafter_dir` with this chain; the draft's attention backend
+        when one is named (config `sglang.draft_attention_backend`), else SGLang's choice."""
+        args: dict[str, Any] = {
             "speculative_algorithm": "EAGLE3",
             "speculative_draft_model_path": str(drafter_dir),
             "speculative_num_steps": self.steps,
             "speculative_eagle_topk": self.topk,
             "speculative_num_draft_tokens": self.draft_tokens,
         }
+        if draft_attention_backend:
+            args["speculative_draft_attention_backend"] = draft_attention_backend
+        return args
 
 
 def chain_order(configs) -> list[str]:

@@ -171,7 +171,9 @@ def open_sglang(
     if config != BASELINE:
         if not drafter_dir:
             raise ValueError(f"chain {config!r} needs a drafter folder (stage export)")
-        extra = Chain.parse(config).server_args(drafter_dir)
+        extra = Chain.parse(config).server_args(
+            drafter_dir, draft_attention_backend=server.draft_attention_backend
+        )
     with SGLangServer(server.spec(target_dir, extra_args=extra), name=f"sglang-{config}") as srv:
         yield sglang_engine(
             srv, config=config, drafter=drafter_name, timeout=server.request_timeout_s

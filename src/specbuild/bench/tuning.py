@@ -156,7 +156,13 @@ def run_tuning_point(
     (rule sglang_help writes it once per sweep)."""
     from specbuild.target import load_tokenizer
 
-    chain_args = {} if chain == BASELINE else Chain.parse(chain).server_args(str(drafter_dir))
+    chain_args = (
+        {}
+        if chain == BASELINE
+        else Chain.parse(chain).server_args(
+            str(drafter_dir), draft_attention_backend=server.draft_attention_backend
+        )
+    )
     extra = {**dict(point_args), **chain_args}
     spec = server.spec(target_dir, extra_args=extra, extra_env=point_env)
     args = {**dict(server.server_args), **extra}
