@@ -124,3 +124,31 @@ class FakePrefillRunner:
 def fake_runner():
     """The FakePrefillRunner class (see its docstring)."""
     return FakePrefillRunner
+
+
+def _random_deepseek():
+    """tools/h200/random_deepseek.py, the device's DeepSeek-V3 target writer, as a module."""
+    import importlib.util
+
+    path = REPO / "tools" / "h200" / "random_deepseek.py"
+    spec = importlib.util.spec_from_file_location("random_deepseek", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def random_deepseek():
+    return _random_deepseek()
+
+
+@pytest.fixture(scope="session")
+def deepseek_target(tmp_path_factory, target_dir, random_deepseek) -> Path:
+    """A materialized random-weight DeepSeek-V3 target (MLA's own dims, narrower elsewhere;
+    8 layers, 8 routed experts 2 a token + 1 shared) with SmolLM2's tokenizer."""
+    from specbuild.target import materialize_target
+
+    root = tmp_path_factory.mktemp("deepseek")
+    random_deepseek.write_target(root / "src", target_dir, **random_deepseek.TEST_WIDTHS)
+    materialize_target(source=str(root / "src"), name="deepseek-v3-test", out_dir=root / "target")
+    return root / "target"

@@ -8,6 +8,11 @@ token ids, and each layer (low, mid, high aux states and the final post-norm sta
 compared token by token:
 
   cosine_mean, cosine_min  cosine similarity of the two feature vectors per token
+  cosine_p1                its 1st percentile: a low minimum from a handful of tokens (an
+                           MoE router flipping on a near-tie, say) against a low tail
+  other_layer_cosine       mean cosine of the training layer against the serving engine's
+                           nearest *other* captured layer: what a layer-id mix-up scores, so
+                           the margin between it and min_cosine shows the check can tell
   max_abs_diff             largest absolute difference over all tokens and dims
   norm_ratio               mean L2 norm (serving) / mean L2 norm (training shards)
 
@@ -50,6 +55,8 @@ ALIGN_KEYS = (
     "tokens",
     "cosine_mean",
     "cosine_min",
+    "cosine_p1",
+    "other_layer_cosine",
     "max_abs_diff",
     "norm_ratio",
     "status",
@@ -68,6 +75,8 @@ class LayerAlignment:
     tokens: int
     cosine_mean: float
     cosine_min: float
+    cosine_p1: float
+    other_layer_cosine: float | None
     max_abs_diff: float
     norm_ratio: float
     status: str = "ok"
@@ -83,14 +92,21 @@ def pick_samples(counts: Sequence[int], n: int, seed: int) -> list[tuple[int, in
     return sorted(rng.sample(pool, min(n, len(pool))))
 
 
-def compare_layer(name: str, layer_id: int | None, train: Tensor, serve: Tensor) -> LayerAlignment:
-    """Metrics of one layer over all sampled tokens; both tensors [T, H] float32."""
+def _cosine(a: Tensor, b: Tensor) -> Tensor:
+    return torch.nn.functional.cosine_similarity(a, b, dim=-1, eps=1e-12)  # shape: [T]
+
+
+def compare_layer(
+    name: str, layer_id: int | None, train: Tensor, serve: Tensor, other: Tensor | None = None
+) -> LayerAlignment:
+    """Metrics of one layer over all sampled tokens; tensors [T, H] float32, `other` the
+    serving engine's state of another layer (the mix-up control)."""
     if train.shape != serve.shape:
         raise AlignmentError(
             f"align: layer {name}: training features {tuple(train.shape)} vs serving "
             f"{tuple(serve.shape)}; the engines disagree on the token rows or the hidden size"
         )
-    cos = torch.nn.functional.cosine_similarity(train, serve, dim=-1, eps=1e-12)  # shape: [T]
+    cos = _cosine(train, serve)
     norms_t = train.norm(dim=-1)  # shape: [T]
     norms_s = serve.norm(dim=-1)
     return LayerAlignment(
@@ -99,6 +115,8 @@ def compare_layer(name: str, layer_id: int | None, train: Tensor, serve: Tensor)
         tokens=int(train.shape[0]),
         cosine_mean=float(cos.mean()),
         cosine_min=float(cos.min()),
+        cosine_p1=float(torch.quantile(cos, 0.01)),
+        other_layer_cosine=None if other is None else float(_cosine(train, other).mean()),
         max_abs_diff=float((train - serve).abs().max()),
         norm_ratio=float(norms_s.mean() / norms_t.mean().clamp_min(1e-12)),
     )
@@ -207,16 +225,23 @@ def check_alignment(
     serve_last = served.last.float().cpu()  # shape: [T, H]
     t_aux, t_last = torch.cat(train_aux), torch.cat(train_last)
     hidden = t_last.shape[1]
+
+    def part(x: Tensor, k: int) -> Tensor:
+        return x[:, k * hidden : (k + 1) * hidden]
+
+    # the control for each layer: the serving engine's next captured layer (high's: mid, the
+    # final state's: high), as a layer id off by that distance would have trained on
     layers = [
         compare_layer(
             name,
             lid,
-            t_aux[:, k * hidden : (k + 1) * hidden],
-            serve_aux[:, k * hidden : (k + 1) * hidden],
+            part(t_aux, k),
+            part(serve_aux, k),
+            part(serve_aux, k + 1 if k + 1 < len(AUX_NAMES) else k - 1),
         )
         for k, (name, lid) in enumerate(zip(AUX_NAMES, layer_ids, strict=True))
     ]
-    layers.append(compare_layer("last", None, t_last, serve_last))
+    layers.append(compare_layer("last", None, t_last, serve_last, part(serve_aux, 2)))
     faults = alignment_faults(
         layers,
         min_cosine=min_cosine,

@@ -31,7 +31,19 @@ def test_identical_features_align_perfectly():
     x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
     la = compare_layer("low", 1, x, x.clone())
     assert la.cosine_min == pytest.approx(1.0) and la.max_abs_diff == 0.0
-    assert la.norm_ratio == pytest.approx(1.0)
+    assert la.norm_ratio == pytest.approx(1.0) and la.cosine_p1 == pytest.approx(1.0)
+    assert la.other_layer_cosine is None  # no other layer given
+
+
+def test_one_flipped_token_lowers_the_minimum_not_the_mean_or_the_tail():
+    # 300 tokens, one of them computed differently (an MoE router flipping on a near-tie)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 16, generator=g)
+    y = x.clone()
+    y[7] = torch.randn(16, generator=g)
+    la = compare_layer("last", None, x, y, other=torch.randn(300, 16, generator=g))
+    assert la.cosine_min < 0.8 and la.cosine_mean > 0.99 and la.cosine_p1 == pytest.approx(1.0)
+    assert abs(la.other_layer_cosine) < 0.2
 
 
 def test_faults_name_each_layer_and_threshold_it_breaks():
@@ -96,6 +108,12 @@ def test_hf_shards_served_by_hf_are_green(tmp_path, hf_shard, target_dir):
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["ok"] and report["layer_ids"] == LAYER_IDS and len(report["rows"]) == 2
     assert [layer["layer"] for layer in report["layers"]] == ["low", "mid", "high", "last"]
+    # the control: each layer against the serving engine's next captured one scores far below
+    # the threshold, so a layer-id mix-up would stop the build
+    assert all(la.other_layer_cosine < 0.99 for la in layers), [
+        la.other_layer_cosine for la in layers
+    ]
+    assert all(la.cosine_p1 > 0.999 for la in layers)
 
 
 def test_a_shard_whose_final_state_is_off_stops_the_build_naming_it(tmp_path, hf_shard, target_dir):

@@ -365,3 +365,55 @@ def test_tuning_point_measures_and_notes_nccl_without_collectives(
     assert row["accept_length"] == 1.0 and row["itl_s_p99"] >= row["itl_s_p50"] > 0
     assert "NCCL_PROTO has no effect at tp_size 1" in row["notes"]
     assert json.loads(row["env"]) == {"NCCL_PROTO": "LL"}
+
+
+# --- the real SGLang (device machine) --------------------------------------------------------
+
+
+def _sglang_available() -> bool:
+    try:
+        import sglang  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (device machine, the kit)")
+def test_a_drafter_for_a_deepseek_target_serves_with_eagle3_on_mla(
+    tmp_path, deepseek_target, random_drafter, tokenizer
+):
+    from specbuild.bench.served import open_sglang
+
+    config = json.loads((deepseek_target / "config.json").read_text())
+    drafter = random_drafter(tmp_path / "drafter", config, [2, 3, 5])
+    eagle = read_json(drafter / "config.json")["eagle_config"]
+    assert eagle["eagle_aux_hidden_state_layer_ids"] == [3, 4, 6]  # SGLang's DeepSeek rule
+    server = ServerOptions(
+        server_args={
+            "attention_backend": "triton",
+            "sampling_backend": "pytorch",
+            "grammar_backend": "none",
+            "mem_fraction_static": 0.5,
+            "context_length": 2048,
+            "cuda_graph_max_bs_decode": 4,
+        },
+        draft_attention_backend="triton",
+        startup_timeout_s=600,
+    )
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name three colours."}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+    with open_sglang(
+        target_dir=deepseek_target,
+        config="3-1-4",
+        drafter_dir=str(drafter),
+        drafter_name="random",
+        options={"server": asdict(server)},
+    ) as engine:
+        c = engine.complete(list(prompt), max_new_tokens=32)
+    print("DeepSeek-V3 EAGLE-3 3-1-4:", c.completion_tokens, "tokens,", c.verify_steps, "cycles")
+    assert c.verify_steps and 1 <= c.completion_tokens / c.verify_steps <= 4 + 1

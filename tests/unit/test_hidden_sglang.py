@@ -442,3 +442,35 @@ def test_tensor_parallel_2_shards_agree_with_tensor_parallel_1(tmp_path, target_
     cos = _layer_cosines(outs[1], outs[2])
     print("tp2 vs tp1 mean cosine per layer:", cos)
     assert all(v > 0.999 for v in cos.values()), cos
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (device machine, the kit)")
+def test_deepseek_v3_states_from_sglang_agree_with_transformers_at_the_layers_asked(
+    tmp_path, deepseek_target, tokenizer
+):
+    # MLA + MoE, aux states packed by SGLang in one tensor; a first layer id other than 1,
+    # which SGLang's DeepSeek takes unshifted, so the runner must hand it [3, 4, 6]
+    from specbuild.hidden.shards import read_shard
+
+    tok = _tokenized_mt_bench(tmp_path, tokenizer, deepseek_target)
+    sgl, hf = tmp_path / "sglang.safetensors", tmp_path / "hf.safetensors"
+    options = {"server_args": {"attention_backend": "triton", "sampling_backend": "pytorch"}}
+    ids = [2, 3, 5]
+    _extract_in_subprocess(
+        tok,
+        deepseek_target,
+        sgl,
+        backend="sglang",
+        backend_options=options,
+        layer_ids=ids,
+        batch_tokens=2048,
+    )
+    _extract_in_subprocess(
+        tok, deepseek_target, hf, backend="hf", layer_ids=ids, dtype="bfloat16", device="cuda"
+    )
+    cos = _layer_cosines(sgl, hf)
+    print("DeepSeek-V3: sglang vs hf mean cosine per layer:", cos)
+    assert all(v > 0.99 for v in cos.values()), cos
+    for path in (sgl, hf):
+        assert json.loads(read_shard(path)[1]["eagle_layer_ids"]) == [3, 4, 6]
