@@ -142,13 +142,26 @@ def random_deepseek():
     return _random_deepseek()
 
 
+def _materialized_deepseek(root: Path, tokenizer_dir: Path, module, *, wrapper: bool) -> Path:
+    from specbuild.target import materialize_target
+
+    module.write_target(root / "src", tokenizer_dir, wrapper=wrapper, **module.TEST_WIDTHS)
+    name = "kimi-k25-test" if wrapper else "deepseek-v3-test"
+    materialize_target(source=str(root / "src"), name=name, out_dir=root / "target")
+    return root / "target"
+
+
 @pytest.fixture(scope="session")
 def deepseek_target(tmp_path_factory, target_dir, random_deepseek) -> Path:
     """A materialized random-weight DeepSeek-V3 target (MLA's own dims, narrower elsewhere;
     8 layers, 8 routed experts 2 a token + 1 shared) with SmolLM2's tokenizer."""
-    from specbuild.target import materialize_target
-
     root = tmp_path_factory.mktemp("deepseek")
-    random_deepseek.write_target(root / "src", target_dir, **random_deepseek.TEST_WIDTHS)
-    materialize_target(source=str(root / "src"), name="deepseek-v3-test", out_dir=root / "target")
-    return root / "target"
+    return _materialized_deepseek(root, target_dir, random_deepseek, wrapper=False)
+
+
+@pytest.fixture(scope="session")
+def kimi_target(tmp_path_factory, target_dir, random_deepseek) -> Path:
+    """The same weights (same seed, same draws) in Kimi-K2.5's layout:
+    KimiK25ForConditionalGeneration, `text_config`, tensors under `language_model.`."""
+    root = tmp_path_factory.mktemp("kimi")
+    return _materialized_deepseek(root, target_dir, random_deepseek, wrapper=True)

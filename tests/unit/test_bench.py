@@ -380,11 +380,14 @@ def _sglang_available() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (device machine, the kit)")
+@pytest.mark.parametrize("layout", ["deepseek_target", "kimi_target"])
 def test_a_drafter_for_a_deepseek_target_serves_with_eagle3_on_mla(
-    tmp_path, deepseek_target, random_drafter, tokenizer
+    tmp_path, layout, request, random_drafter, tokenizer
 ):
+    # DeepSeek-V3 as is, and wrapped as Kimi-K2.5 (KimiK25ForConditionalGeneration)
     from specbuild.bench.served import open_sglang
 
+    deepseek_target = request.getfixturevalue(layout)
     config = json.loads((deepseek_target / "config.json").read_text())
     drafter = random_drafter(tmp_path / "drafter", config, [2, 3, 5])
     eagle = read_json(drafter / "config.json")["eagle_config"]

@@ -474,3 +474,32 @@ def test_deepseek_v3_states_from_sglang_agree_with_transformers_at_the_layers_as
     assert all(v > 0.99 for v in cos.values()), cos
     for path in (sgl, hf):
         assert json.loads(read_shard(path)[1]["eagle_layer_ids"]) == [3, 4, 6]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (device machine, the kit)")
+def test_kimi_k25_layout_gives_the_states_of_the_same_deepseek_text_model(
+    tmp_path, deepseek_target, kimi_target, tokenizer
+):
+    # SGLang's KimiK25ForConditionalGeneration around the same DeepSeek-V3 weights, with no
+    # vision weights in the folder: its text states must be the plain target's
+    from specbuild.hidden.shards import read_shard
+
+    options = {"server_args": {"attention_backend": "triton", "sampling_backend": "pytorch"}}
+    shards = {}
+    for name, target in (("deepseek", deepseek_target), ("kimi", kimi_target)):
+        tok = _tokenized_mt_bench(tmp_path / name, tokenizer, target)
+        shards[name] = tmp_path / f"{name}.safetensors"
+        _extract_in_subprocess(
+            tok,
+            target,
+            shards[name],
+            backend="sglang",
+            backend_options=options,
+            layer_ids=[2, 3, 5],
+            batch_tokens=2048,
+        )
+    cos = _layer_cosines(shards["deepseek"], shards["kimi"])
+    print("Kimi-K2.5 layout vs DeepSeek-V3: mean cosine per layer:", cos)
+    assert all(v > 0.999 for v in cos.values()), cos
+    assert json.loads(read_shard(shards["kimi"])[1]["eagle_layer_ids"]) == [3, 4, 6]

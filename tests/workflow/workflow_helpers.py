@@ -153,8 +153,8 @@ def append_records(workdir: Path, n_total: int) -> None:
             fh.write(json.dumps({"prompt": p}) + "\n")
 
 
-def link_target(workdir: Path, target_dir: Path) -> None:
-    out = workdir / "results" / "target" / TARGET_NAME
+def link_target(workdir: Path, target_dir: Path, name: str = TARGET_NAME) -> None:
+    out = workdir / "results" / "target" / name
     out.mkdir(parents=True, exist_ok=True)
     for src in target_dir.iterdir():
         if src.name == "fingerprint.json":

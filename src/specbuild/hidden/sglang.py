@@ -417,7 +417,10 @@ class SGLangRunner:
         )
 
     def _capture(self, on: bool) -> None:
-        self.model.capture_aux_hidden_states = on
+        # the flag lives on the causal LM, which a wrapper (Kimi-K2.5's) holds inside it
+        for m in self.model.modules():
+            if hasattr(m, "capture_aux_hidden_states"):
+                m.capture_aux_hidden_states = on
         self._stack.layers_to_capture = capture_indices(self.layer_ids) if on else []
 
     def _start_workers(self, spec: Mapping[str, Any]) -> None:
