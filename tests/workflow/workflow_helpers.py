@@ -289,8 +289,8 @@ NOT_COMPARED = (
     "results/tables/disk.",
 )
 # Keys and columns that measure time on this machine at that moment: wall/ttft/itl seconds
-# (and their mean and percentiles), tokens/s, and speedup (a ratio of two timings).
-_TIMING = re.compile(r"(_s|_ms|per_s)(_mean|_p[0-9]+)?$|^speedup$")
+# (and their mean and percentiles), tokens/s, and speedup and break_even (ratios of timings).
+_TIMING = re.compile(r"(_s|_ms|per_s)(_mean|_p[0-9]+)?$|^(speedup|break_even)$")
 
 
 def results_files(workdir: Path) -> list[str]:

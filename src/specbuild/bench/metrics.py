@@ -203,7 +203,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     rates = position_rates((r["accepted_per_position"] for r in counted), sum(verify))
     out |= {f"accept_pos{k}": rate for k, rate in enumerate(rates, 1)}
     out["tokens_per_s"] = tokens / wall if wall > 0 else None
-    out["step_ms"] = step_ms(counted if config != BASELINE else rows, config)
+    out["step_ms"] = step_ms(rows, config)
     for name in LATENCIES:
         out |= latency_stats((r.get(name) for r in rows), name)
     return out
