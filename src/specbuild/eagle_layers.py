@@ -27,6 +27,8 @@ from typing import Any
 __all__ = [
     "SHIFT_IF_FIRST_IS_ONE",
     "architecture_of",
+    "candidate_eagle_ids",
+    "capture_indices",
     "capture_layers",
     "eagle_layer_ids",
     "output_layer_ids",
@@ -55,6 +57,16 @@ def architecture_of(config: Mapping[str, Any]) -> str:
     return str(archs[0]) if archs else ""
 
 
+def capture_indices(layer_ids: Sequence[int]) -> list[int]:
+    """SGLang layer indices whose *input* is layer-output id `i` (HF hidden_states[i + 1])."""
+    return [int(i) + 1 for i in layer_ids]
+
+
+def candidate_eagle_ids(layer_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The two eagle_config conventions for `layer_ids`: as given, and shifted by one."""
+    return [int(i) for i in layer_ids], capture_indices(layer_ids)
+
+
 def capture_layers(architecture: str, eagle_ids: Sequence[int], num_layers: int) -> list[int]:
     """SGLang's `layers_to_capture` for a drafter whose eagle_config holds `eagle_ids`."""
     ids = [int(i) for i in eagle_ids]
@@ -73,8 +85,8 @@ def output_layer_ids(architecture: str, eagle_ids: Sequence[int], num_layers: in
 def eagle_layer_ids(architecture: str, layer_ids: Sequence[int], num_layers: int) -> list[int]:
     """The eagle_config ids that make SGLang capture the outputs of `layer_ids`; ValueError
     naming the rule when none can."""
-    want = [int(i) + 1 for i in layer_ids]
-    for candidate in ([int(i) for i in layer_ids], want):
+    want = capture_indices(layer_ids)
+    for candidate in candidate_eagle_ids(layer_ids):
         if capture_layers(architecture, candidate, num_layers) == want:
             return candidate
     raise ValueError(

@@ -48,7 +48,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from specbuild.eagle_layers import eagle_layer_ids
+from specbuild.eagle_layers import candidate_eagle_ids, capture_indices, eagle_layer_ids
 from specbuild.gpus import startup_lock
 from specbuild.hidden.extract import Features
 
@@ -75,11 +75,6 @@ DEFAULT_MAX_REQUESTS = 1024
 # Server-only flags a model runner has no use for; dropped so a server_args block shared with
 # the serving bench does not trip ServerArgs' own checks here.
 SERVER_ONLY_ARGS = ("host", "port", "api_key", "enable_return_hidden_states")
-
-
-def capture_indices(layer_ids: Sequence[int]) -> list[int]:
-    """SGLang layer indices whose *input* is layer-output id `i` (HF hidden_states[i + 1])."""
-    return [int(i) + 1 for i in layer_ids]
 
 
 def runner_server_args(
@@ -143,7 +138,7 @@ def enable_aux_capture(
     except ValueError as err:
         raise RuntimeError(str(err)) from err
     tried = []
-    for eagle_ids in (first, *[c for c in ([int(i) for i in layer_ids], want) if c != first]):
+    for eagle_ids in (first, *[c for c in candidate_eagle_ids(layer_ids) if c != first]):
         model.set_eagle3_layers_to_capture(list(eagle_ids))
         stacks = [m for m in model.modules() if getattr(m, "layers_to_capture", None)]
         got = [list(m.layers_to_capture) for m in stacks]
