@@ -7,7 +7,7 @@ engines cannot run are config faults (specbuild.config_check), caught at parse t
 
 import os
 
-from specbuild.bench.chain import BASELINE, CONFIG_PATTERN
+from specbuild.bench.chain import BASELINE, CONFIG_PATTERN, NO_DRAFTER
 
 # Align (rules/align.smk).
 
@@ -45,7 +45,6 @@ def align_gpus():
 # has none: results/bench/{engine}/none/baseline.jsonl, once per engine.
 
 SERVED_ENGINES = ("sglang", "openai")
-NO_DRAFTER = "none"  # the baseline's `drafter` (its rows and its folder)
 
 
 def bench_engines():

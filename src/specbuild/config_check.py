@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 
-from specbuild.bench.chain import BASELINE, Chain
+from specbuild.bench.chain import BASELINE, NO_DRAFTER, Chain
 
 __all__ = [
     "RESERVED_DRAFTER_NAMES",
@@ -91,7 +91,7 @@ class ConfigError(ValueError):
 VARIANT_FIXED = ("eval_set", "variants")
 # names a variant (or a bench.drafters entry) cannot take: the bench's no-drafter run
 # (results/bench/<engine>/none/baseline.jsonl, `drafter` "none" in its rows)
-RESERVED_DRAFTER_NAMES = ("none", BASELINE)
+RESERVED_DRAFTER_NAMES = (NO_DRAFTER, BASELINE)
 
 
 def load_schema(path: str | os.PathLike) -> dict:

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BASELINE", "CONFIG_PATTERN", "Chain", "chain_order"]
+__all__ = ["BASELINE", "CONFIG_PATTERN", "NO_DRAFTER", "Chain", "chain_order"]
 
 BASELINE = "baseline"  # the config of rows decoded without a drafter
+NO_DRAFTER = "none"  # the baseline's `drafter` (its rows and its folder)
 # A config name as a regex (rule wildcards): the baseline or any chain-shaped name.
 CONFIG_PATTERN = rf"{BASELINE}|[0-9]+-[0-9]+-[0-9]+"
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from specbuild.bench.chain import BASELINE, Chain
+from specbuild.bench.chain import BASELINE, NO_DRAFTER, Chain
 from specbuild.bench.rows import Completion, device_label
 from specbuild.io import read_json
 
@@ -169,7 +169,7 @@ class HFBaseline:
 
     name = "hf"
     config = BASELINE
-    drafter = "none"
+    drafter = NO_DRAFTER
 
     def __init__(self, target, *, eos_ids: set[int]):
         self.target = target

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from specbuild.backends.openai import api_key_from_env, get_json, iter_sse
 from specbuild.backends.server import ServerOptions, SGLangServer
-from specbuild.bench.chain import BASELINE, Chain
+from specbuild.bench.chain import BASELINE, NO_DRAFTER, Chain
 from specbuild.bench.rows import Completion, device_label
 
 __all__ = [
@@ -152,7 +152,7 @@ def sglang_engine(srv: SGLangServer, *, config: str, drafter: str, timeout: floa
         stream_generate, srv.base_url, api_key=srv.api_key, timeout=timeout, drafted=drafted
     )
     device = device_label(srv.get_json("/server_info").get("device", "unknown"))
-    return ServedEngine("sglang", device, config, drafter if drafted else "none", stream)
+    return ServedEngine("sglang", device, config, drafter if drafted else NO_DRAFTER, stream)
 
 
 @contextmanager
@@ -203,7 +203,7 @@ def open_openai(
     url = urlsplit(base_url)
     timeout = options["request_timeout_s"]
     stream = partial(stream_completions, base_url, model, api_key=key, timeout=timeout)
-    drafter = drafter_name if config != BASELINE else "none"
+    drafter = drafter_name if config != BASELINE else NO_DRAFTER
     yield ServedEngine(
         options["name"], f"endpoint {url.hostname}:{url.port}", config, drafter, stream
     )

@@ -48,6 +48,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from specbuild.backends.server import free_port
 from specbuild.eagle_layers import candidate_eagle_ids, capture_indices, eagle_layer_ids
 from specbuild.gpus import startup_lock
 from specbuild.hidden.extract import Features
@@ -327,14 +328,6 @@ def _broadcast(batch: list[list[int]] | None) -> list[list[int]] | None:
     return box[0]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class SGLangRunner:
     """PrefillRunner over SGLang's ModelRunner (rank 0 here, ranks 1..tp-1 as subprocesses)."""
 
@@ -368,7 +361,7 @@ class SGLangRunner:
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
             )
         os.environ.update({k: str(v) for k, v in (env or {}).items()})
-        spec = {"server_args": args, "nccl_port": _free_port()}
+        spec = {"server_args": args, "nccl_port": free_port()}
         self._tmp = tempfile.TemporaryDirectory(prefix="specbuild-sglang-ranks-")
         self.workers: list[subprocess.Popen] = []
         self._closed = False
