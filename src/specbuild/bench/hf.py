@@ -323,11 +323,10 @@ def open_engine(
     `options` (config `bench.hf`): dtype, device ("auto" takes CUDA when present), threads
     (`workers` is run_bench's: that many of these engines, in as many processes).
     """
+    from specbuild.backends.hf import resolve_device
     from specbuild.target import load_target_model, load_tokenizer
 
-    device = options["device"]
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(options["device"])
     torch.set_num_threads(options["threads"])
     target = load_target_model(target_dir, dtype=options["dtype"], device=device)
     eos = eos_token_ids(target, load_tokenizer(target_dir))
