@@ -56,7 +56,7 @@ def _one_line(text: str) -> str:
 
 
 def _scalar(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
+    return value if isinstance(value, str) and value else json.dumps(value, ensure_ascii=False)
 
 
 def _kind(spec: Mapping) -> str:
