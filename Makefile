@@ -114,7 +114,7 @@ LIMIT    ?= 20
 bench-fp8: run
 	$(BIN)/python -m specbuild.bench.fp8 --config $(CONFIG) --storages $(STORAGES) --limit $(LIMIT)
 
-# Every job through sbatch, with the profile's resources (README "Running on a cluster").
+# Every job through sbatch, with the profile's resources (docs/clusters.md).
 # profiles/slurm needs its account/partition placeholders filled in first;
 # SLURM_PROFILE=profiles/slurm-test starts and uses this machine's one-node test cluster.
 # CORES caps each job's threads (default: this machine's core count).

@@ -15,6 +15,7 @@ ILLUSTRATIVE = {"config/my.yaml"}
 
 def _mentions() -> dict[str, set[str]]:
     texts = [REPO / "README.md", REPO / "BENCHMARKS.md", REPO / "Makefile", REPO / "Snakefile"]
+    texts += sorted((REPO / "docs").glob("*.md"))
     texts += sorted((REPO / "src").rglob("*.py")) + sorted((REPO / "config").rglob("*.yaml"))
     found: dict[str, set[str]] = {}
     for path in texts:

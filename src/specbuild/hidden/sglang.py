@@ -346,8 +346,8 @@ class SGLangRunner:
         except ImportError as err:
             raise RuntimeError(
                 f"hidden.backend sglang runs SGLang inside the job, and this Python "
-                f"({sys.executable}) cannot import it ({err}): install sglang (envs/, README "
-                f"'SGLang as the engine') or use hidden.backend hf"
+                f"({sys.executable}) cannot import it ({err}): install sglang (envs/, "
+                f"docs/sglang.md) or use hidden.backend hf"
             ) from err
         self.layer_ids = [int(i) for i in layer_ids]
         args = runner_server_args(
