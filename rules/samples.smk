@@ -50,7 +50,7 @@ rule synthesize:
         engine_env(config["generate"]["backend"])
     # one torch thread: two spinning threads decoded 32 prompts 4x slower than one under
     # load 4 (1.3x faster with passive waits), so two shards side by side, a thread each
-    # (BENCHMARKS.md, `make run`)
+    # (BENCHMARKS.md, "CPU decoding")
     threads: 1
     resources:
         gpu=generate_gpus(),

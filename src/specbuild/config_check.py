@@ -366,7 +366,7 @@ MOVED = {
     "bench.device": "bench.hf.device",
     "bench.threads": "bench.hf.threads",
     "bench.exclusive": "bench.hf.exclusive",
-    # the bench measures every variant (issue 15): our drafters by name, others' by folder
+    # the bench measures every variant: our drafters by name, others' by folder
     "bench.drafter": (
         "bench.variants (which of ours to bench; each variant's results/drafter/<name> by "
         "default) and bench.drafters (name: folder, a drafter built elsewhere)"

@@ -2,7 +2,7 @@
 
 They size the engine's KV pool and change no output, so the rules hand them to jobs as
 Snakemake resources, not params: a job made to fit beside others on a GPU
-(`sglang.hidden.mem_fraction_static`, the eighth session's hold) must not rerun every finished
+(`sglang.hidden.mem_fraction_static` beside a data server on one H200) must not rerun every finished
 shard, as a changed param does.
 """
 

@@ -227,7 +227,7 @@ def startup_lock(
     Why: SGLang's model runner sizes its KV pool from the memory free when it starts, read once
     before the weights load and once after. A runner starting on the GPU between another's two
     reads takes its pool out of that one's count, which fails ("Loaded weights leave no GPU
-    memory for the KV cache"; the ninth session's hold lost two `hidden` jobs so, at fractions
+    memory for the KV cache"; two `hidden` jobs on one H200 failed so, at fractions
     0.4 and 0.7 alike). One start at a time per GPU (locks taken in id order: no deadlock)
     removes the race. Inside a SLURM job nothing is locked, as in `pin_gpus`.
     """

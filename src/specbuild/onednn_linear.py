@@ -5,14 +5,15 @@ Why: PyTorch's CPU build does float32 matmuls with MKL, and MKL picks its kernel
 vendor: on the AMD EPYC (AVX-512) of the CPU default's machine it runs a generic path
 (`MKL_VERBOSE` names no ISA) at about half the speed of oneDNN, which picks its kernels by ISA
 flags. Weights are packed once for oneDNN (`torch.ops.mkldnn._reorder_linear_weight`), then
-every forward is `torch.ops.mkldnn._linear_pointwise` (BENCHMARKS.md, issue 17.5).
+every forward is `torch.ops.mkldnn._linear_pointwise` (BENCHMARKS.md, "CPU decoding").
 
 What changes: float32 rounding only (another summation order; max |diff| ~1e-4 on logits of
 magnitude ~20), so a greedy decode can differ from MKL's where two logits tie within that.
 The inference swap: packed weights take no gradient, and tied weights (a tied lm_head) get a
 packed copy of their own. The training one keeps each `nn.Linear` and its parameter and runs
 forward and both backward products through oneDNN (an autograd function), repacking a weight
-once per optimizer step: 1.15x a float32 drafter step on the real shards (BENCHMARKS.md).
+once per optimizer step: 1.15x a float32 drafter step on the real shards (BENCHMARKS.md, "CPU
+training").
 """
 
 from __future__ import annotations

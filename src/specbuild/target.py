@@ -155,7 +155,7 @@ def _gguf_parsed_once() -> Iterator[None]:
     transformers parses the whole GGUF for the tokenizer, again for the config and again for
     the weights, and rebuilds gguf's tensor-name map for every module it maps (397 times for
     SmolLM2): the conversion took 26.5 s on the 2-core VM, 12 s with both cached, the same bytes
-    (BENCHMARKS.md, issue 17.5). The readers are read-only views of a memory map. Where a later
+    (BENCHMARKS.md, "CPU pipeline"). The readers are read-only views of a memory map. Where a later
     transformers no longer looks these names up on the module, it simply parses as before.
     """
     import gguf

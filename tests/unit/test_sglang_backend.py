@@ -195,7 +195,7 @@ def _started(srv: SGLangServer, until, timeout_s: float = 20.0) -> None:
 
 def test_a_server_start_holds_its_gpu_until_its_kv_pool_is_sized(model_dir, one_gpu):
     # SGLang sizes the KV pool from the memory free before and after loading: another start
-    # in between takes its share out of this one's count (ninth session's hold)
+    # in between takes its share out of this one's count (two runners on one H200 failed so)
     srv = SGLangServer(spec_for(model_dir, env={"SGLANG_STUB_POOL_S": "1.5"}))
     starting = threading.Thread(target=srv.start)
     starting.start()

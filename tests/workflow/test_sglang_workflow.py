@@ -218,7 +218,7 @@ def test_a_served_bench_that_sweeps_nothing_declares_no_sweep_table(
     tmp_path, target_dir, random_drafter
 ):
     """No baseline and no drafter in sweep_drafters: no job writes sweep rows, so the report
-    must not promise a sweep table (issue 17.3's pair failed its report on exactly this)."""
+    must not promise a sweep table (the fp8 pair's bf16 run failed its report on exactly this)."""
     from workflow_helpers import planned_jobs, snakemake, write_config
 
     wd, config = served_bench_workdir(

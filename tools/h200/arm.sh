@@ -6,7 +6,7 @@
 # time the main run leaves idle.
 #
 #   SPECBUILD_SET="<the main run's keys> hidden.storage=fp8 train.epochs=4 bench.baseline=false" \
-#     bash tools/h200/arm.sh fp8            # issue 17.3: fp8 shards against the main run's bf16
+#     bash tools/h200/arm.sh fp8            # fp8 shards against the main run's bf16
 #
 # Call it once the main run's generate jobs are done (its data is copied at the first call;
 # a shard missing then is built by the arm itself). Every call waits on the arm at most

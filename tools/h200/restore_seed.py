@@ -1,12 +1,12 @@
-"""A data seed (tools/h200/run.sh, SPECBUILD_SEED) rebuilt from a hold that returned only its
-generated shards: the eighth session's, before run.sh returned samples too.
+"""A data seed (tools/h200/run.sh, SPECBUILD_SEED) rebuilt from a run that returned only its
+generated shards (as run.sh did before it returned samples too).
 
 Each samples shard is rebuilt from its generated rows (id, the first user turn: what synthesize
 or samples wrote; `generate` reads nothing else of a sample), its rejects from the ids missing
 from the shard's span, each with the reason that its text was not returned, and its counts and
-rejects check from the hold's own reject table, so the data report shows what that hold built.
+rejects check from the run's own reject table, so the data report shows what that run built.
 
-    python tools/h200/restore_seed.py <unpacked hold folder> .seed/data.tar.gz
+    python tools/h200/restore_seed.py <unpacked run folder> .seed/data.tar.gz
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ from specbuild.io import read_jsonl
 from specbuild.rejects import check_rejected_share, publish_shard
 from specbuild.seed import pack
 
-LOST = "not returned by the hold that built it (tools/h200/restore_seed.py): text lost"
+LOST = "not returned by the run that built it (tools/h200/restore_seed.py): text lost"
 
 
-def restore(hold: Path, out: Path) -> None:
-    with open(hold / "results/tables/rejects.csv", newline="") as fh:
+def restore(built: Path, out: Path) -> None:
+    with open(built / "results/tables/rejects.csv", newline="") as fh:
         table = [r for r in csv.DictReader(fh) if r["stage"] == "samples"]
-    hold, out = hold.resolve(), out.resolve()
+    built, out = built.resolve(), out.resolve()
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):  # paths in counts: relative
         work = Path(".")
         for r in table:
             dataset, shard = r["dataset"], r["shard"]
-            generated = hold / f"results/generated/{dataset}/{shard}.jsonl"
+            generated = built / f"results/generated/{dataset}/{shard}.jsonl"
             rows = [
                 {
                     "id": g["id"],
@@ -70,7 +70,7 @@ def restore(hold: Path, out: Path) -> None:
                 if synthetic
                 else "samples.max_rejected_fraction",
             )
-        shutil.copytree(hold / "results/generated", work / "results/generated")
+        shutil.copytree(built / "results/generated", work / "results/generated")
         pack(out, work)
 
 

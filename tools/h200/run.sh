@@ -5,7 +5,7 @@
 #   bash ../shared/tools/sglang-device/prepare_local.sh $PWD/.sgl
 #   rm -rf .ship1 .ship2 .ship3 && for i in 1 2 3; do cp -r .sgl/ship$i .ship$i; done
 #   bash tools/h200/wheels.sh            # snakemake + its pure-python deps -> .whl (~7 MB)
-# On the device, one machine hold, each call right after the last (the machine stays warm
+# On the device, one machine, each call right after the last (the machine stays warm
 # 30 s and /tmp must survive):
 #   carry [.ship1]: bash .ship1/stage.sh .ship1
 #   carry [.ship2]: bash .ship2/stage.sh .ship2 && bash .ship2/setup_site.sh
@@ -42,9 +42,9 @@
 # jobs' requests in flight together within its cuda_graph_max_bs_decode (sglang.max_concurrency
 # a job): above it decode runs without CUDA graphs. SPECBUILD_DATA_SERVER=done keeps that
 # config for a run whose data is built, and starts no server.
-# A hold's data goes on to the next: $OUT/specbuild-data.tar.gz holds every built samples
+# A run's data goes on to the next: $OUT/specbuild-data.tar.gz holds every built samples
 # and generated shard with their counts and rejects checks (the GPU half of the data stage, ~10
-# GPU-minutes of the eighth session's hold). Keep it (git-ignored .seed/data.tar.gz) and carry
+# GPU-minutes on one H200, BENCHMARKS.md). Keep it (git-ignored .seed/data.tar.gz) and carry
 # it in a call of its own after the kit's second (its third call is near the device's 64 MiB):
 #   carry [.seed]: cp .seed/data.tar.gz /tmp/seed.tar.gz
 # then start the run with SPECBUILD_SEED=/tmp/seed.tar.gz: it builds the target, unpacks the
@@ -52,7 +52,7 @@
 # shard would be stale by its time stamp alone), then builds the rest; a shard the seed lacks is
 # built as usual (specbuild/seed.py; it refuses a results/ that already has the seed's shards).
 # The variants run on one H200 from a seed (every variant but base_multiturn built in 17 min
-# 44 s of the thirteenth hold, BENCHMARKS.md; name a subset with SPECBUILD_VARIANTS):
+# 44 s, BENCHMARKS.md, "SmolLM2 example on H200"; name a subset with SPECBUILD_VARIANTS):
 #   SPECBUILD_SEED=/tmp/seed.tar.gz SPECBUILD_GPU_SLOTS=3 SPECBUILD_SET="sglang.tuning.enabled=false \
 #     bench.sweep_drafters=[] sglang.server_args.mem_fraction_static=0.2" bash tools/h200/run.sh
 # Tables, plots and logs come back in $OUT: summary.md, snakemake.log, specbuild-h200.tar.gz.
@@ -75,7 +75,7 @@ if [ -n "$DATA_SERVER" ]; then
 fi
 if [ -n "$NPROC$SET" ] || [ "$VARIANTS" != all ]; then
   # a derived copy: train.nproc, only the named variants (base is always built) with the
-  # datasets they train on, so a hold that cannot fit every variant still ends with a report,
+  # datasets they train on, so a run that cannot fit every variant still ends with a report,
   # and the SPECBUILD_SET keys
   python3 - "$CONFIG" "$NPROC" "$VARIANTS" "$SET" "$RUN/config.yaml" <<'PY' || exit 1
 import sys, yaml
@@ -150,7 +150,7 @@ PY
     done
   fi
   if [ -n "${SPECBUILD_SEED:-}" ] && [ ! -f "$RUN/seeded" ]; then
-    # the last hold's data: after the target (its new fingerprint would make every shard
+    # the last run's data: after the target (its new fingerprint would make every shard
     # stale), unpacked and touched in the DAG's order; Snakemake has no metadata for these
     # files, so neither params nor code changes rerun them, only a newer input. Only the
     # config's datasets: a derived config (SPECBUILD_VARIANTS) may train on fewer.
@@ -163,9 +163,9 @@ PY
   fi
   # the detached run itself: snakemake, then the report when it succeeded, then the status.
   # greedy scheduler: the ILP one needs pulp (16 MB of solver binaries) for no gain here.
-  # The base recipe's drafter first (SPECBUILD_PRIORITY: the variants to build first): a hold
-  # that ends early leaves variants, not the recipe, unbuilt (the sixth session's hold trained
-  # two variants and never started base).
+  # The base recipe's drafter first (SPECBUILD_PRIORITY: the variants to build first): a run
+  # that ends early leaves variants, not the recipe, unbuilt (on nvidia-h200-x2, 2026-11-30, a
+  # run out of device time had trained two variants and never started base).
   first=()
   for v in ${SPECBUILD_PRIORITY:-base}; do first+=("results/drafter/$v/model.safetensors"); done
   python3 -m snakemake --configfile "$CONFIG" --cores 16 --resources gpu=$((GPUS * SLOTS)) \
@@ -213,7 +213,7 @@ cp "$RUN/snakemake.log" "$OUT/snakemake.log"
 tar -czf "$OUT/specbuild-h200.tar.gz" --exclude='*.safetensors' --exclude='results/train/*/state' \
   logs results/tables results/plots results/align results/tuning results/generated results/bench \
   results/train results/report.html 2>/dev/null
-# the data seed for the next hold (SPECBUILD_SEED above): the shards, counts, rejects, checks
+# the data seed for the next run (SPECBUILD_SEED above): the shards, counts, rejects, checks
 [ -d results/generated ] && python3 -m specbuild.seed pack "$OUT/specbuild-data.tar.gz" >/dev/null
 if alive; then
   echo "specbuild: still running after ${BUDGET_S}s: call again to wait on it"

@@ -336,7 +336,7 @@ class SGLangServer:
         # One start at a time per GPU until the KV pools are sized: SGLang sizes them from the
         # memory free before and after loading the weights, and another start in between takes
         # its own share out of this one's count ("Loaded weights leave no GPU memory for the KV
-        # cache"), as two `hidden` runners did in the ninth session's hold.
+        # cache"), as two `hidden` runners on one H200 did (BENCHMARKS.md).
         with startup_lock(self.name):
             log.info("starting %s: %s", self.name, note)
             # Its own process group (not a new session) lets stop() reach the scheduler and

@@ -1,4 +1,4 @@
-"""fp8 hidden-state shards against bf16 on the same data (issue 17.3): a benchmark, not a test.
+"""fp8 hidden-state shards against bf16 on the same data: a benchmark, not a test.
 
     python -m specbuild.bench.fp8 [--config config/config.yaml] [--storages fp8 [fp8-g64]]
         [--errors fp8 fp8-g64 fp8-g32] [--limit 20] [--out results/bench-fp8] [--cores 2]
@@ -57,7 +57,7 @@ from specbuild.io import read_jsonl, write_json
 
 __all__ = ["quantization_error", "make_arm", "run_arms", "compare", "main"]
 
-GOAL_BYTES = 0.55  # issue 17.3: fp8 bytes per token <= 0.55x bf16's ...
+GOAL_BYTES = 0.55  # the goal: fp8 bytes per token <= 0.55x bf16's ...
 GOAL_ACCEPTANCE = 0.98  # ... at >= 0.98x its acceptance
 LAYER_NAMES = ("low", "mid", "high", "last")
 WORKFLOW_FILES = (

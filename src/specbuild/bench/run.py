@@ -12,7 +12,7 @@ Engines (config `bench.engines`), chosen here at construction and nothing else:
 An engine's `workers` option (hf: `bench.hf.workers`) splits the prompts over that many
 processes, each with its own engine: two on a 2-core machine decode the CPU default's chain
 bench in 23 s against 37 s, where a second torch thread saved nothing (one decode step of a
-small model does not spread over threads; BENCHMARKS.md, issue 17.5). Greedy decoding makes
+small model does not spread over threads; BENCHMARKS.md, "CPU decoding"). Greedy decoding makes
 the rows the same either way.
 """
 

@@ -67,7 +67,7 @@ __all__ = [
     "main",
 ]
 
-GOAL = 1.2  # issue 17: project / bare, for `snakemake -n` and the no-op rerun
+GOAL = 1.2  # the goal: project / bare, for `snakemake -n` and the no-op rerun
 SHARD_SIZE = 4  # records per shard of the grown dataset: small, so ~2,000 shards stay cheap
 # Workflow files a run needs (results, logs and .snakemake are the run's own); the workflow
 # tests copy the same set. envs: rules name their conda env (--sdm conda), metadata records it;

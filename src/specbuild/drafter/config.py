@@ -202,7 +202,7 @@ class TrainConfig:
     attention: str = "auto"
     # the TTT loss: reference | fused (lm_head + loss over row chunks) | auto (fused on CUDA:
     # 1.21x the reference's tokens/s at the H200 example's shapes on synthetic batches,
-    # BENCHMARKS.md, thirteenth session)
+    # BENCHMARKS.md, "train: speed and MFU")
     loss: str = "auto"
     nproc: int = 1  # processes (GPUs) for DDP through torchrun
     init_from: str = ""  # an EAGLE-3 drafter folder to warm-start from ("": random init)
