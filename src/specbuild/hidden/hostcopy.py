@@ -1,8 +1,7 @@
 """Device-to-host copies of a batch's states into the shard's host tensors, behind the compute.
 
 Why: a shard's states must end up in host memory, and copying them synchronously after each
-batch leaves the GPU idle for the copy (transformers extraction ran at 0.455 of a bare forward
-on an H200 that way: BENCHMARKS.md). Here each packed batch tensor goes in one asynchronous copy
+batch leaves the GPU idle for the copy. Here each packed batch tensor goes in one asynchronous copy
 on a side stream into a small pinned staging slot, ordered after the kernels that wrote it by an
 event, while the next batch computes; a pool of host threads then scatters the staged rows to
 their samples' rows of the shard (the shard file's mapped pages, writer.py), in tasks of a few

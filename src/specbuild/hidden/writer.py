@@ -2,8 +2,7 @@
 
 Why: extraction used to fill multi-GB host buffers (allocated and first touched per shard),
 then safetensors copied them once more into bytes and wrote the file, and the checksums hashed
-them on one thread: on an H200 the host side of that took 3x the GPU's prefill (BENCHMARKS.md).
-Here the temp file is sized up front (fallocate: a full disk fails now, not mid-write), mapped
+them on one thread, so the host side outlasted the GPU's prefill. Here the temp file is sized up front (fallocate: a full disk fails now, not mid-write), mapped
 shared, and each tensor of the shard is a view into the mapping at its final place in the
 file, so a batch's rows land in the page cache once and the kernel writes them back in the
 background. Each 16 MiB piece of a tensor is hashed (and its NaN/Inf counted, integrity.py) on
