@@ -259,8 +259,8 @@ def generate_shard(
             else:
                 todo.append(GenerationRequest(id=row["id"], messages=prompt))
             continue
-        first, *later = answer_contexts(row["messages"])
-        if not any(m["role"] == "user" for m in first):
+        roles = [m["role"] for m in row["messages"]]
+        if "assistant" in roles[: roles.index("user") if "user" in roles else len(roles)]:
             bad.append(
                 {
                     "id": row["id"],
@@ -269,6 +269,7 @@ def generate_shard(
                 }
             )
             continue
+        first, *later = answer_contexts(row["messages"])
         todo.append(GenerationRequest(id=row["id"], messages=first))
         rest[row["id"]] = later
     n_answers = len(todo) + sum(map(len, rest.values()))
