@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specbuild.io import read_jsonl, write_json
 from specbuild.rejects import publish_shard
@@ -170,8 +170,7 @@ class Tokenized:
     truncated: int = 0  # rows truncated
     turns_dropped: int = 0  # messages dropped from the front of truncated rows
     reasoning_tokens: int = 0
-    per_turn: bool = False
-    extra: dict = field(default_factory=dict)
+    per_turn: bool = False  # a row per assistant turn (module docstring)
 
     @property
     def row(self) -> dict:
