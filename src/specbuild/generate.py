@@ -2,8 +2,26 @@
 
 The drafter learns to predict the target's own output, so responses come from the serving
 target (any backend). Every row records finish_reason, reasoning, usage and which backend,
-model and target fingerprint produced it; `keep` mode reuses assistant turns already in the
-samples (earlier inference from the same target) and marks where each response came from.
+model and target fingerprint produced it.
+
+`regenerate` answers every assistant turn of a conversation anew, in order, each on the
+target's own earlier answers, as a served conversation goes: the dataset's assistant text is
+dropped, and its other turns (system, user, tool) are kept where they were. A run of assistant
+turns is one answer; a conversation ending on a user turn gets a last answer after it. So every
+assistant turn of a generated row is the target's, and `tokenize` trains on all of them. Cost:
+N requests for a conversation of N answers, sequential within it and batched across the
+shard's conversations (round k sends the k-th answer of every conversation that has one). A
+conversation ends early, keeping the answers it has, when an answer stops at max_new_tokens
+(the next user turn would follow an answer the target never finished) or fails after the
+first; the log counts each reason. A failed first answer rejects the sample, as does a
+conversation whose first assistant turn comes before any user turn (`samples` drops such a
+turn; nothing would be answered).
+
+`keep` reuses a conversation whose last turn is an assistant turn as it is (earlier inference
+from the same target), every assistant turn included, and marks it `response_source:
+dataset`; a conversation ending on a user turn gets one answer after the dataset's turns.
+`tokenize` trains on every assistant turn, so under `keep` the dataset's own turns are trained
+on: use it only for text the target wrote.
 
 Self-written conversations (`synthesize.turns` > 1) go on for more turns in the same job: the
 target writes each follow-up user turn itself and answers it (`generate_shard`).
@@ -36,7 +54,7 @@ from specbuild.samples import split_prompt
 from specbuild.target import load_tokenizer, read_target_info
 from specbuild.user_turn import follow_up_seed, open_user_turn, written_user_turn
 
-__all__ = ["generate_shard", "generate_each", "split_prompt"]
+__all__ = ["generate_shard", "generate_each", "split_prompt", "answer_contexts"]
 
 MODES = ("regenerate", "keep")
 ERROR_CHARS = 500  # of an exception's text kept as a reject reason
@@ -107,17 +125,39 @@ def _answer_failure(gen: Generation | str) -> str | None:
     return None
 
 
+def answer_contexts(messages: list[dict]) -> list[list[dict]]:
+    """The turns the target answers, in order, with the dataset's assistant text dropped: the
+    turns before each run of assistant turns, and the turns after the last run when the
+    conversation ends on them. A conversation is rebuilt as context 1, answer 1, context 2,
+    answer 2, ..."""
+    contexts, current = [], []
+    for m in messages:
+        if m["role"] != "assistant":
+            current.append(m)
+        elif current:
+            contexts.append(current)
+            current = []
+    if current:
+        contexts.append(current)
+    return contexts
+
+
+def _n_answers(messages: list[dict]) -> int:
+    return sum(m["role"] == "assistant" for m in messages)
+
+
 def _follow_ups(
     engine: GenerationBackend,
     tokenizer,
     conversations: dict[str, list[dict]],
     *,
-    turn: int,
     sampling: SamplingParams,
     batch_size: int,
 ) -> tuple[list[GenerationRequest], Counter]:
-    """User turn `turn` of each conversation, written by the target (see specbuild.user_turn),
-    as the requests that answer it; and why the other conversations end here."""
+    """The next user turn of each conversation (turn = its answers + 1), written by the target
+    (see specbuild.user_turn), as the requests that answer it; and why the other
+    conversations end here."""
+    turn = {cid: _n_answers(msgs) + 1 for cid, msgs in conversations.items()}
     requests = [
         GenerationRequest(
             id=cid,
@@ -125,18 +165,19 @@ def _follow_ups(
             prompt=tokenizer(open_user_turn(tokenizer, msgs), add_special_tokens=False)[
                 "input_ids"
             ],
-            seed=follow_up_seed(sampling.seed, cid, turn),
+            seed=follow_up_seed(sampling.seed, cid, turn[cid]),
         )
         for cid, msgs in conversations.items()
     ]
     answers: list[GenerationRequest] = []
     ended: Counter = Counter()
-    for req, gen in _run(engine, requests, sampling, batch_size, f"user turn {turn}"):
+    what = "user turn " + "/".join(map(str, sorted(set(turn.values()))))
+    for req, gen in _run(engine, requests, sampling, batch_size, what):
         text, reason = (
             ("", gen) if isinstance(gen, str) else written_user_turn(gen, sampling.max_new_tokens)
         )
         if reason is not None:
-            ended[f"user turn {turn}: {reason}"] += 1
+            ended[f"user turn {turn[req.id]}: {reason}"] += 1
             continue
         user = {"role": "user", "content": text}
         answers.append(GenerationRequest(id=req.id, messages=conversations[req.id] + [user]))
@@ -163,6 +204,8 @@ def generate_shard(
     to `counts`.
 
     `backend` is a constructor, called only if some sample needs the model (keep mode may not).
+    `mode`: `regenerate` answers every assistant turn anew, `keep` reuses finished
+    conversations (module docstring).
 
     `turns` > 1 (self-written conversations, `synthesize.turns`): after the target answers, it
     writes the next user turn itself with `follow_up` sampling (the open user turn of
@@ -200,25 +243,44 @@ def generate_shard(
         )
     kept: dict[str, dict] = {}
     todo: list[GenerationRequest] = []
+    rest: dict[str, list[list[dict]]] = {}  # contexts still to answer, per conversation
     for row in rows:
         if row["id"] in dups:
             continue
         prompt, answer = split_prompt(row["messages"])
-        if mode == "keep" and answer is not None:
-            kept[row["id"]] = {
-                "messages": prompt + [answer],
-                "finish_reason": "stop",
-                "usage": None,
-                "response_source": "dataset",
-            }
-        else:
-            todo.append(GenerationRequest(id=row["id"], messages=prompt))
+        if mode == "keep":
+            if answer is not None:
+                kept[row["id"]] = {
+                    "messages": prompt + [answer],
+                    "finish_reason": "stop",
+                    "usage": None,
+                    "response_source": "dataset",
+                }
+            else:
+                todo.append(GenerationRequest(id=row["id"], messages=prompt))
+            continue
+        roles = [m["role"] for m in row["messages"]]
+        if "assistant" in roles[: roles.index("user") if "user" in roles else len(roles)]:
+            bad.append(
+                {
+                    "id": row["id"],
+                    "reason": "an assistant turn before any user turn answers nothing; "
+                    "rerun samples (which drops it)",
+                }
+            )
+            continue
+        first, *later = answer_contexts(row["messages"])
+        todo.append(GenerationRequest(id=row["id"], messages=first))
+        rest[row["id"]] = later
+    n_answers = len(todo) + sum(map(len, rest.values()))
+    multi = turns > 1 or n_answers > len(todo)
     log.info(
-        "generate %s: %d samples, %d kept from the dataset, %d to generate%s",
+        "generate %s: %d samples, %d kept from the dataset, %d to generate (%d answers%s)",
         samples,
         len(rows),
         len(kept),
         len(todo),
+        n_answers,
         f", {turns} turns each" if turns > 1 else "",
     )
 
@@ -229,17 +291,21 @@ def generate_shard(
         tokenizer = load_tokenizer(Path(fingerprint).parent) if turns > 1 else None
         engine = backend()
         try:
-            pending = todo
-            for turn in range(1, turns + 1):
-                finished: dict[str, list[dict]] = {}  # answered at end of turn: may go on
-                what = "generate" if turns == 1 else f"generate turn {turn}/{turns}"
+            pending, round_ = todo, 0
+            while pending:
+                round_ += 1
+                follow: dict[str, list[dict]] = {}  # answered to the end: the target goes on
+                after: list[GenerationRequest] = []
+                what = f"generate answer {round_}" if multi else "generate"
                 for req, gen in _run(engine, pending, sampling, batch_size, what):
+                    n = _n_answers(req.messages) + 1
+                    more = bool(rest.get(req.id)) or n < turns
                     reason = _answer_failure(gen)
                     if reason is not None:
-                        if turn == 1:
+                        if req.id not in made:
                             bad.append({"id": req.id, "reason": reason})
-                        else:  # the conversation keeps its earlier turns
-                            ended[f"answer {turn}: {reason}"] += 1
+                        else:  # the conversation keeps its earlier answers
+                            ended[f"answer {n}: {reason}"] += 1
                         continue
                     answer = {"role": "assistant", "content": gen.content}
                     if gen.reasoning:
@@ -255,30 +321,28 @@ def generate_shard(
                         },
                         "response_source": "generated",
                     }
-                    if gen.finish_reason == "stop":
-                        finished[req.id] = made[req.id]["messages"]
-                    elif turn < turns:
-                        ended[f"answer {turn}: stopped at max_new_tokens"] += 1
-                if turn == turns or not finished:
-                    break
-                pending, why = _follow_ups(
-                    engine,
-                    tokenizer,
-                    finished,
-                    turn=turn + 1,
-                    sampling=follow_up,
-                    batch_size=batch_size,
-                )
-                ended += why
+                    if gen.finish_reason != "stop":
+                        if more:
+                            ended[f"answer {n}: stopped at max_new_tokens"] += 1
+                    elif rest.get(req.id):
+                        context = made[req.id]["messages"] + rest[req.id].pop(0)
+                        after.append(GenerationRequest(id=req.id, messages=context))
+                    elif n < turns:
+                        follow[req.id] = made[req.id]["messages"]
+                if follow:
+                    asked, why = _follow_ups(
+                        engine, tokenizer, follow, sampling=follow_up, batch_size=batch_size
+                    )
+                    after += asked
+                    ended += why
+                pending = after
             producer = {"backend": engine.name, "model": engine.model}
         finally:
             engine.close()
     else:
         producer = {"backend": None, "model": None}
-    if turns > 1:
-        answers = Counter(
-            sum(m["role"] == "assistant" for m in r["messages"]) for r in made.values()
-        )
+    if multi:
+        answers = Counter(_n_answers(r["messages"]) for r in made.values())
         log.info(
             "conversations by answers: %s; ended early: %s",
             ", ".join(f"{n} answers: {c}" for n, c in sorted(answers.items())) or "none",

@@ -46,26 +46,30 @@ def publish_shard(
     label: str,
     detail: str = "",
     log_rejects: bool = True,
+    n_kept: int | None = None,
 ) -> int:
     """Write `bad` (rows with a "reason") to `rejected`, then `rows` to `out`, then the counts to
     `counts`; check and log in = kept + rejected. Returns the rows written.
 
     `log_rejects=False` where the caller already logged each reject with more context.
+    `n_kept`: the input records kept, where one record may make several output rows (the
+    counts then count records; None: every row is one record).
     """
     if log_rejects:
         for r in bad:
             log.warning("rejected %s: %s", r.get("id"), r["reason"])
     write_jsonl(rejected, bad)
     n = write_jsonl(out, rows)
-    if n + len(bad) != n_in:  # a row dropped without a reason is a bug, never a silent loss
-        raise RuntimeError(f"{out}: in={n_in} but kept {n} + rejected {len(bad)}")
-    log.info("%s: in=%d = kept %d + rejected %d%s", label, n_in, n, len(bad), detail)
+    kept = n if n_kept is None else n_kept
+    if kept + len(bad) != n_in or n < kept:  # a row dropped without a reason is a bug
+        raise RuntimeError(f"{out}: in={n_in} but kept {kept} + rejected {len(bad)}")
+    log.info("%s: in=%d = kept %d + rejected %d%s", label, n_in, kept, len(bad), detail)
     write_json(
         counts,
         {
             "label": label,
             "in": n_in,
-            "kept": n,
+            "kept": kept,
             "rejected": len(bad),
             "output": str(out),
             "rejected_file": str(rejected),

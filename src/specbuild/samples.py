@@ -6,8 +6,14 @@ shards and leaves earlier ones untouched; `record_digests` gives each slice a co
 the workflow passes as a param, so a shard reruns exactly when its own records change (or, with
 `id_key`, the ids before it, which decide what counts as a duplicate).
 Bad records are never dropped silently: each goes to the rejected file with file, line and
-reason (malformed, empty, unknown role, duplicate id, a prompt longer than `max_prompt_tokens`
-of the target's tokenizer), and the counts always add up (in = kept + rejected).
+reason (malformed, empty, unknown role, duplicate id, a conversation the target's chat template
+cannot render, a prompt longer than `max_prompt_tokens` of the target's tokenizer), and the
+counts always add up (in = kept + rejected).
+
+One repair, never silent: assistant turns before the first user turn (ShareGPT dumps that open
+with the bot's greeting) answer nothing, and most templates cannot render them or put them
+where no served conversation has them; they are dropped, the row says so in `repairs` (a list
+of what was changed, empty for most rows) and the log counts them.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ __all__ = [
     "record_digests",
     "record_id",
     "normalize_sample",
+    "repair_conversation",
     "write_sample_shard",
 ]
 
@@ -258,6 +265,19 @@ def normalize_sample(obj, *, fmt: str = "auto", prompt_key: str = "prompt") -> l
     return messages
 
 
+def repair_conversation(messages: list[dict]) -> tuple[list[dict], list[str]]:
+    """(`messages` with the assistant turns before the first user turn dropped, what was
+    changed). A system prompt stays first."""
+    head = messages[:1] if messages[0]["role"] == "system" else []
+    body = messages[len(head) :]
+    lead = next(i for i, m in enumerate(body) if m["role"] == "user")  # _check_order: one is
+    dropped = sum(m["role"] == "assistant" for m in body[:lead])
+    if not dropped:
+        return messages, []
+    kept = head + [m for m in body[:lead] if m["role"] != "assistant"] + body[lead:]
+    return kept, [f"dropped {dropped} assistant turn(s) before the first user turn"]
+
+
 def _parse(rec: RawRecord):
     try:
         text = rec.raw.decode("utf-8")
@@ -299,9 +319,17 @@ class PromptLength:
         self.max_chars = max_tokens * max(len(t) for t in self.tok.get_vocab())
 
     def check(self, messages: list[dict]) -> int:
-        """The prompt's token count, or SampleError when it is over `max_tokens`."""
+        """The prompt's token count, or SampleError when it is over `max_tokens` or the chat
+        template cannot render the conversation (`generate` and `tokenize` would fail on it)."""
         prompt, _ = split_prompt(messages)
-        text = self.tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        try:
+            self.tok.apply_chat_template(messages, tokenize=False)
+            text = self.tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+        except Exception as err:  # a template's own raise_exception, or a jinja error
+            raise SampleError(
+                f"the target's chat template cannot render this conversation "
+                f"({type(err).__name__}: {str(err)[:300]})"
+            ) from None
         if len(text) > self.max_chars:
             raise SampleError(
                 f"prompt too long: {len(text):,} characters cannot fit in max_prompt_tokens "
@@ -360,7 +388,9 @@ def write_sample_shard(
             if sid in first_line:
                 raise SampleError(f"duplicate id {sid!r} (first at line {first_line[sid]})")
             first_line[sid] = rec.line
-            messages = normalize_sample(obj, fmt=fmt, prompt_key=prompt_key)
+            messages, repairs = repair_conversation(
+                normalize_sample(obj, fmt=fmt, prompt_key=prompt_key)
+            )
             if length is not None:
                 length.check(messages)
         except SampleError as err:
@@ -374,7 +404,9 @@ def write_sample_shard(
             )
             log.warning("rejected %s:%d: %s", raw, rec.line, err)
             continue
-        kept.append({"id": sid, "messages": messages, "source": where})
+        for what in repairs:
+            log.info("repaired %s:%d: %s", raw, rec.line, what)
+        kept.append({"id": sid, "messages": messages, "source": where, "repairs": repairs})
     n_in = len(kept) + len(bad)
     if n_in == 0:
         raise ValueError(f"{raw}: no records in [{start}, {stop}); the shard list is out of date")
@@ -386,6 +418,7 @@ def write_sample_shard(
         bad=bad,
         n_in=n_in,
         label=f"samples {dataset} [{start}, {stop})",
+        detail=f" ({sum(bool(r['repairs']) for r in kept)} repaired)",
         log_rejects=False,  # logged above with file and line
     )
     return len(kept), len(bad)

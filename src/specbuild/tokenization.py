@@ -3,8 +3,34 @@ tokens the drafter learns from.
 
 `loss_mask` is 1 exactly on assistant tokens: the response text and the template's end-of-turn
 token, never the role header or the newline after end-of-turn. Spans are found by rendering
-each conversation prefix with the same template, so any template that renders prefixes as
-prefixes works; one that does not is reported, not guessed around.
+each conversation prefix with the same template. Every assistant turn of a generated row is
+trained on (`generate` decides whose text they are: all the target's with `regenerate`, the
+dataset's with `keep`).
+
+Each assistant turn is trained on as the target sees it when served: the prefix the template
+renders when that turn is the one being answered. Most templates render a conversation's
+prefixes as prefixes of the whole, and the conversation is one row with every turn masked.
+Reasoning templates (Qwen3, DeepSeek-R1, Kimi-K2.5) drop the `reasoning_content` of earlier
+assistant turns once a later user turn follows, so the whole conversation is no longer what the
+target saw at turn k; found by rendering (the prefix through turn k is not a prefix of the
+whole), never by the model's name. Such a conversation becomes one row per assistant turn
+(id `<id>#<k>`, k = 1, 2, ...), each rendered through its own turn and masked on it alone.
+A row per turn is the simplest exact answer: one token sequence cannot hold two different
+prefixes, so a single row with a mask per turn would train some turn on a prefix the target
+never sees. Its cost: turn k repeats the k-1 turns before it, so a conversation of N turns
+takes about N/2 times its own tokens (and hidden-state bytes); conversations without reasoning
+stay one row.
+
+An overlong row (`truncate`) drops its oldest exchanges first (a user turn and what follows it
+up to the next user turn, whole, after the system prompt) until it fits, so the last answer
+stays; only when its last exchange alone is too long is its end cut. The meta counts the rows
+truncated and the turns dropped. Reasoning tokens (`reasoning_tokens` in the meta: loss tokens
+inside a trained turn's reasoning text) are counted beside the response tokens.
+
+No single record stops a shard: a record that cannot be rendered or tokenized (its template
+raises, no assistant turn, too long under `drop`) is rejected with its id and the reason; a
+record is kept when all its rows are, so counts are records (in = kept + rejected) and `rows`
+in the meta says how many rows they made.
 """
 
 from __future__ import annotations
@@ -20,9 +46,11 @@ from specbuild.target import read_target_info
 
 __all__ = [
     "ROW_KEYS",
+    "META_TOTALS",
     "RowRejected",
     "render_chat",
     "assistant_char_spans",
+    "drops_earlier_reasoning",
     "tokenize_conversation",
     "tokenize_shard",
 ]
@@ -37,7 +65,16 @@ ROW_KEYS = (
     "has_reasoning",
     "finish_reason",
 )
+# Per-shard totals of the meta (summed over shards by the report's data table).
+META_TOTALS = (
+    "truncated",
+    "turns_dropped",
+    "tokens",
+    "response_tokens",
+    "reasoning_tokens",
+)
 OVERLONG = ("truncate", "drop")
+ERROR_CHARS = 500  # of an exception's text kept as a reject reason
 log = logging.getLogger("specbuild")
 
 
@@ -70,37 +107,184 @@ def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool 
     )
 
 
-def assistant_char_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered text and the [start, end) character span of every assistant turn.
-
-    A span starts after the generation prompt and ends after the end-of-turn token.
-    """
-    text = render_chat(tokenizer, messages)
+def _turn_span(tokenizer, messages: list[dict], i: int) -> tuple[str, tuple[int, int]]:
+    """The rendering through assistant turn `i` and that turn's [start, end) character span:
+    after the generation prompt, through the end-of-turn token."""
+    head = render_chat(tokenizer, messages[:i], add_generation_prompt=True)
+    upto = render_chat(tokenizer, messages[: i + 1])
+    if not upto.startswith(head):
+        raise RowRejected(
+            f"assistant turn {i}: the chat template does not render the answered prompt as the "
+            "start of the answered turn; assistant tokens cannot be located"
+        )
+    start, end = len(head), len(upto.rstrip())
     eot = tokenizer.eos_token or ""
+    if eot:
+        at = upto.find(eot, start)
+        if at >= 0:
+            end = at + len(eot)
+    return upto, (start, end)
+
+
+def _assistant_turns(messages: list[dict]) -> list[int]:
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not turns:
+        raise RowRejected("no assistant turn to learn from")
+    if not any(m["role"] == "user" for m in messages[: turns[0]]):
+        raise RowRejected(
+            "an assistant turn before any user turn (nothing it answers); samples drops one"
+        )
+    return turns
+
+
+def assistant_char_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered text and the [start, end) character span of every assistant turn, or
+    RowRejected when the template does not render prefixes as prefixes (see
+    `drops_earlier_reasoning`)."""
+    text = render_chat(tokenizer, messages)
     spans = []
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        head = render_chat(tokenizer, messages[:i], add_generation_prompt=True)
-        upto = render_chat(tokenizer, messages[: i + 1])
-        if not text.startswith(head) or not text.startswith(upto) or not upto.startswith(head):
+    for i in _assistant_turns(messages):
+        upto, span = _turn_span(tokenizer, messages, i)
+        if not text.startswith(upto):
             raise RowRejected(
                 "the chat template does not render conversation prefixes as prefixes; "
-                "assistant tokens cannot be located"
+                "assistant tokens cannot be located in one row"
             )
-        start, end = len(head), len(upto.rstrip())
-        if eot:
-            at = upto.find(eot, start)
-            if at >= 0:
-                end = at + len(eot)
-        spans.append((start, end))
+        spans.append(span)
     return text, spans
+
+
+def drops_earlier_reasoning(tokenizer, messages: list[dict]) -> bool:
+    """Whether the template renders some assistant turn of `messages` differently once later
+    turns follow (Qwen3-style templates drop earlier reasoning): found by rendering."""
+    text = render_chat(tokenizer, messages)
+    return any(
+        not text.startswith(render_chat(tokenizer, messages[: i + 1]))
+        for i in _assistant_turns(messages)
+    )
 
 
 @dataclass
 class Tokenized:
-    row: dict
-    truncated: bool
+    rows: list[dict]
+    truncated: int = 0  # rows truncated
+    turns_dropped: int = 0  # messages dropped from the front of truncated rows
+    reasoning_tokens: int = 0
+    per_turn: bool = False  # a row per assistant turn (module docstring)
+
+    @property
+    def row(self) -> dict:
+        """The only row (a conversation that makes one)."""
+        (row,) = self.rows
+        return row
+
+
+def _exchange_starts(messages: list[dict]) -> list[int]:
+    """Indices where an exchange (a user turn and all up to the next user turn) starts."""
+    return [i for i, m in enumerate(messages) if m["role"] == "user"]
+
+
+def _drop_exchanges(messages: list[dict], k: int) -> list[dict]:
+    """`messages` without their first k exchanges (the system prompt stays)."""
+    head = messages[:1] if messages[0]["role"] == "system" else []
+    return head + messages[_exchange_starts(messages)[k] :]
+
+
+def _encode(tokenizer, text: str):
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return enc["input_ids"], enc["offset_mapping"]
+
+
+def _n_tokens(tokenizer, messages: list[dict]) -> int:
+    return len(tokenizer(render_chat(tokenizer, messages), add_special_tokens=False)["input_ids"])
+
+
+def _fit(tokenizer, messages: list[dict], max_length: int) -> int:
+    """The fewest oldest exchanges to drop so that `messages` render in max_length tokens (at
+    most all but the last). Rendered length falls as exchanges go, so the count is found by
+    bisection: a few renderings even for a long conversation."""
+    lo, hi = 0, len(_exchange_starts(messages)) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _n_tokens(tokenizer, _drop_exchanges(messages, mid)) <= max_length:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _reasoning_ranges(text: str, spans, messages: list[dict], turns: list[int]):
+    """Character ranges of the reasoning text inside each trained span (templates may strip
+    its surrounding newlines)."""
+    out = []
+    for (s, e), i in zip(spans, turns, strict=True):
+        reasoning = (messages[i].get("reasoning_content") or "").strip()
+        if reasoning:
+            at = text.find(reasoning, s, e)
+            if at >= 0:
+                out.append((at, at + len(reasoning)))
+    return out
+
+
+def _one_row(
+    tokenizer,
+    messages: list[dict],
+    source: list[dict],
+    *,
+    row_id: str,
+    finish_reason: str | None,
+    max_length: int,
+    overlong: str,
+    last_only: bool,
+    out: Tokenized,
+) -> dict:
+    """One row over `messages` (template-ready), masked on its last assistant turn
+    (`last_only`) or on all of them; `source` holds the same turns with their reasoning."""
+
+    def layout(msgs: list[dict]):
+        turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+        if last_only:
+            turns = turns[-1:]
+            text, span = _turn_span(tokenizer, msgs, turns[0])
+            spans = [span]
+        else:
+            text, spans = assistant_char_spans(tokenizer, msgs)
+        return turns, text, spans
+
+    _assistant_turns(messages)
+    turns, text, spans = layout(messages)
+    ids, offsets = _encode(tokenizer, text)
+    if len(ids) > max_length:
+        if overlong == "drop":
+            raise RowRejected(f"overlong: {len(ids)} tokens > max_length {max_length}")
+        k = _fit(tokenizer, messages, max_length)
+        if k:
+            fitted = _drop_exchanges(messages, k)
+            out.turns_dropped += len(messages) - len(fitted)
+            messages, source = fitted, _drop_exchanges(source, k)
+            turns, text, spans = layout(messages)
+            ids, offsets = _encode(tokenizer, text)
+        out.truncated += 1
+    mask = [int(any(s <= a < e for s, e in spans)) for a, _ in offsets]
+    if len(ids) > max_length:
+        ids, mask, offsets = ids[:max_length], mask[:max_length], offsets[:max_length]
+    n_resp = sum(mask)
+    if n_resp == 0:
+        raise RowRejected(f"no response token within max_length {max_length}")
+    ranges = _reasoning_ranges(text, spans, source, turns)
+    out.reasoning_tokens += sum(
+        m and any(s <= a < e for s, e in ranges) for m, (a, _) in zip(mask, offsets, strict=True)
+    )
+    return {
+        "id": row_id,
+        "input_ids": ids,
+        "loss_mask": mask,
+        "seq_len": len(ids),
+        "n_prompt_tokens": len(ids) - n_resp,
+        "n_response_tokens": n_resp,
+        "has_reasoning": any(source[i].get("reasoning_content") for i in turns),
+        "finish_reason": finish_reason,
+    }
 
 
 def tokenize_conversation(
@@ -112,34 +296,53 @@ def tokenize_conversation(
     max_length: int,
     overlong: str,
 ) -> Tokenized:
-    """One conversation to a row with exactly ROW_KEYS, or RowRejected with the reason."""
-    has_reasoning = any(m.get("reasoning_content") for m in messages)
+    """One conversation to its rows (each with exactly ROW_KEYS): one row, or one per
+    assistant turn where the template drops earlier reasoning (module docstring); or
+    RowRejected with the reason."""
     msgs = _with_reasoning(messages, _template_takes_reasoning(tokenizer))
-    if not any(m["role"] == "assistant" for m in msgs):
-        raise RowRejected("no assistant turn to learn from")
-    text, spans = assistant_char_spans(tokenizer, msgs)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    mask = [int(any(s <= a < e for s, e in spans)) for a, _ in offsets]
-    truncated = False
-    if len(ids) > max_length:
-        if overlong == "drop":
-            raise RowRejected(f"overlong: {len(ids)} tokens > max_length {max_length}")
-        ids, mask, truncated = ids[:max_length], mask[:max_length], True
-    n_resp = sum(mask)
-    if n_resp == 0:
-        raise RowRejected(f"no response token within max_length {max_length}")
-    row = {
-        "id": row_id,
-        "input_ids": ids,
-        "loss_mask": mask,
-        "seq_len": len(ids),
-        "n_prompt_tokens": len(ids) - n_resp,
-        "n_response_tokens": n_resp,
-        "has_reasoning": has_reasoning,
-        "finish_reason": finish_reason,
-    }
-    return Tokenized(row, truncated)
+    turns = _assistant_turns(msgs)
+    out = Tokenized(rows=[])
+    kw = {"max_length": max_length, "overlong": overlong, "out": out}
+    if not drops_earlier_reasoning(tokenizer, msgs):
+        out.rows.append(
+            _one_row(
+                tokenizer,
+                msgs,
+                messages,
+                row_id=row_id,
+                finish_reason=finish_reason,
+                last_only=False,
+                **kw,
+            )
+        )
+        return out
+    out.per_turn = True
+    for k, i in enumerate(turns, 1):
+        last = i == turns[-1]
+        try:
+            out.rows.append(
+                _one_row(
+                    tokenizer,
+                    msgs[: i + 1],
+                    messages[: i + 1],
+                    row_id=f"{row_id}#{k}",
+                    # an earlier answer ended at its end-of-turn: the target went on after it
+                    finish_reason=finish_reason if last else "stop",
+                    last_only=True,
+                    **kw,
+                )
+            )
+        except RowRejected as err:
+            raise RowRejected(f"assistant turn {k}: {err}") from None
+    return out
+
+
+def _failure(err: Exception) -> str:
+    if isinstance(err, RowRejected):
+        return str(err)
+    text = str(err)
+    text = text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
+    return f"cannot render or tokenize it ({type(err).__name__}: {text})"
 
 
 def tokenize_shard(
@@ -160,13 +363,17 @@ def tokenize_shard(
         raise ValueError(f"tokenize.overlong {overlong!r}: allowed {', '.join(OVERLONG)}")
     target = read_target_info(fingerprint)
     tokenizer = load_tokenizer(os.path.dirname(fingerprint))
-    rows, bad, n_in, n_trunc = [], [], 0, 0
-    for src in read_jsonl(generated):
-        n_in += 1
+    rows, bad, n_in, n_kept, per_turn = [], [], 0, 0, 0
+    totals = dict.fromkeys(("truncated", "turns_dropped", "reasoning_tokens"), 0)
+    for n_in, src in enumerate(read_jsonl(generated), 1):
+        if not isinstance(src, dict):
+            bad.append({"id": None, "reason": f"line {n_in}: not a JSON object"})
+            continue
+        rid = src.get("id")
         if src.get("target_fingerprint") != target.fingerprint:
             bad.append(
                 {
-                    "id": src["id"],
+                    "id": rid,
                     "reason": "generated by another target fingerprint "
                     f"({str(src.get('target_fingerprint'))[:12]}); rerun generate",
                 }
@@ -176,25 +383,30 @@ def tokenize_shard(
             t = tokenize_conversation(
                 tokenizer,
                 src["messages"],
-                row_id=src["id"],
+                row_id=rid,
                 finish_reason=src.get("finish_reason"),
                 max_length=max_length,
                 overlong=overlong,
             )
-        except RowRejected as err:
-            bad.append({"id": src["id"], "reason": str(err)})
+        except Exception as err:  # one record's failure must not stop the shard
+            bad.append({"id": rid, "reason": _failure(err)})
             continue
-        rows.append(t.row)
-        n_trunc += t.truncated
+        rows += t.rows
+        n_kept += 1
+        per_turn += t.per_turn
+        for key in totals:
+            totals[key] += getattr(t, key)
     record = {
         "target": target.name,
         "target_fingerprint": target.fingerprint,
         "tokenizer_fingerprint": target.tokenizer_fingerprint,
         "chat_template_sha256": target.chat_template_sha256,
         "in": n_in,
+        "kept": n_kept,
         "rows": len(rows),
         "rejected": len(bad),
-        "truncated": n_trunc,
+        "row_per_turn": per_turn,
+        **totals,
         "tokens": sum(r["seq_len"] for r in rows),
         "response_tokens": sum(r["n_response_tokens"] for r in rows),
         "max_length": max_length,
@@ -210,8 +422,13 @@ def tokenize_shard(
         counts=counts,
         bad=bad,
         n_in=n_in,
+        n_kept=n_kept,
         label=f"tokenize {generated}",
-        detail=f" ({n_trunc} truncated, {record['tokens']} tokens)",
+        detail=(
+            f" ({len(rows)} rows, {per_turn} of them split a row per assistant turn; "
+            f"{totals['truncated']} rows truncated, {totals['turns_dropped']} turns dropped; "
+            f"{record['tokens']} tokens, {totals['reasoning_tokens']} reasoning)"
+        ),
     )
     write_json(meta, record)
     return record

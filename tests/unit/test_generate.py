@@ -348,3 +348,111 @@ def test_a_near_duplicate_of_an_earlier_shards_prompt_is_rejected_before_any_ans
         "reason": "near-duplicate of d-0 (Jaccard 1.00 >= 0.8 over 5-word shingles)",
     }
     assert read_json(counts)["in"] == 2 and [r["id"] for r in read_jsonl(out)] == ["d-2"]
+
+
+# Dataset conversations of several turns, regenerated ------------------------------------------
+
+
+class Recording(Scripted):
+    """Scripted, keeping every chat request it answered."""
+
+    def __init__(self, fail=None):
+        super().__init__(fail)
+        self.asked: list[GenerationRequest] = []
+
+    def generate(self, requests, sampling):
+        self.asked += [r for r in requests if r.prompt is None]
+        return super().generate(requests, sampling)
+
+
+def _dialog(n, *, end_with_user=False):
+    msgs = []
+    for i in range(1, n + 1):
+        msgs += [
+            {"role": "user", "content": f"Q{i}"},
+            {"role": "assistant", "content": f"dataset answer {i}"},
+        ]
+    return msgs + ([{"role": "user", "content": "Q-last"}] if end_with_user else [])
+
+
+def test_regenerate_answers_every_turn_on_the_targets_own_earlier_answers(
+    tmp_path, target_dir, tokenizer
+):
+    system = {"role": "system", "content": "Be brief."}
+    rows = [
+        {"id": "three", "messages": [system, *_dialog(3)]},
+        {"id": "two", "messages": _dialog(1, end_with_user=True)},
+        {"id": "cut", "messages": _dialog(3)},
+        # opens with the bot's greeting (a samples shard written before samples dropped it)
+        {"id": "greet", "messages": [{"role": "assistant", "content": "Hi!"}, *_dialog(1)]},
+    ]
+    engine = Recording({"cut": "answer 2"})  # its second answer stops at max_new_tokens
+    got, rejects = _turns(tmp_path, target_dir, engine, rows, turns=1)
+    assert [r["id"] for r in rejects] == ["greet"]
+    assert "before any user turn" in rejects[0]["reason"]
+    counts = read_json(tmp_path / "c.json")
+    assert (counts["in"], counts["kept"], counts["rejected"]) == (4, 3, 1)
+    assert engine.follow_ups == []  # dataset turns: no user turn is written
+    # round k asks the k-th question after the target's own k-1 answers, never the dataset's
+    three = [r.messages for r in engine.asked if r.id == "three"]
+    assert [[m["content"] for m in msgs] for msgs in three] == [
+        ["Be brief.", "Q1"],
+        ["Be brief.", "Q1", "answer 1", "Q2"],
+        ["Be brief.", "Q1", "answer 1", "Q2", "answer 2", "Q3"],
+    ]
+    assert [m["content"] for m in got["three"]["messages"]] == [
+        "Be brief.", "Q1", "answer 1", "Q2", "answer 2", "Q3", "answer 3",
+    ]  # fmt: skip
+    assert got["three"]["usage"] == {"prompt_tokens": 10 + 20 + 30, "completion_tokens": 9}
+    # a conversation ending on a user turn gets its last answer too
+    assert [m["content"] for m in got["two"]["messages"]] == [
+        "Q1",
+        "answer 1",
+        "Q-last",
+        "answer 2",
+    ]
+    # an answer cut at max_new_tokens ends its conversation: no question follows it
+    assert [m["content"] for m in got["cut"]["messages"]] == ["Q1", "answer 1", "Q2", "answer 2"]
+    assert got["cut"]["finish_reason"] == "length"
+    # the loss covers only text the target wrote
+    for cid, answers in (("three", 3), ("two", 2), ("cut", 2)):
+        row = tokenize_conversation(
+            tokenizer,
+            got[cid]["messages"],
+            row_id=cid,
+            finish_reason="stop",
+            max_length=512,
+            overlong="truncate",
+        ).row
+        masked = tokenizer.decode(
+            [t for t, m in zip(row["input_ids"], row["loss_mask"], strict=True) if m]
+        )
+        assert masked == "".join(f"answer {n}<|im_end|>" for n in range(1, answers + 1))
+        assert "dataset answer" not in tokenizer.decode(row["input_ids"])
+
+
+def test_keep_reuses_every_dataset_turn_and_answers_only_an_open_conversation(tmp_path, target_dir):
+    rows = [
+        {"id": "done", "messages": _dialog(2)},
+        {"id": "open", "messages": _dialog(2, end_with_user=True)},
+    ]
+    engine = Recording()
+    out = tmp_path / "g.jsonl"
+    generate_shard(
+        samples=_samples(tmp_path / "s.jsonl", rows),
+        fingerprint=target_dir / "fingerprint.json",
+        out=out,
+        rejected=tmp_path / "r.jsonl",
+        counts=tmp_path / "c.json",
+        backend=lambda: engine,
+        mode="keep",
+        sampling=SamplingParams(),
+        batch_size=4,
+    )
+    got = {r["id"]: r for r in read_jsonl(out)}
+    assert got["done"]["messages"] == rows[0]["messages"]
+    assert got["done"]["response_source"] == "dataset"
+    assert [r.id for r in engine.asked] == ["open"]
+    assert got["open"]["messages"] == rows[1]["messages"] + [
+        {"role": "assistant", "content": "answer 3"}
+    ]

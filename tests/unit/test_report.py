@@ -266,8 +266,10 @@ def test_data_table_counts_kept_and_rejected_records_per_stage(tmp_path):
 
     s = counts(tmp_path / "samples/d/00000.counts.json", **{"in": 10, "kept": 9, "rejected": 1})
     g = counts(tmp_path / "generated/d/00000.counts.json", **{"in": 9, "kept": 8, "rejected": 1})
-    meta = {"in": 8, "rows": 7, "rejected": 1, "truncated": 2, "tokens": 700}
-    t = counts(tmp_path / "tokenized/d/00000.meta.json", **meta, response_tokens=300)
+    # 7 records kept as 9 rows (one split a row per assistant turn)
+    meta = {"in": 8, "kept": 7, "rows": 9, "rejected": 1, "truncated": 2, "turns_dropped": 4}
+    meta |= {"tokens": 700, "response_tokens": 300, "reasoning_tokens": 120}
+    t = counts(tmp_path / "tokenized/d/00000.meta.json", **meta)
     table = pipeline.build_data(["d"], samples=[s], generated=[g], tokenized=[t])
     assert table[["stage", "in", "kept", "rejected"]].values.tolist() == [
         ["samples", 10, 9, 1],
@@ -275,7 +277,8 @@ def test_data_table_counts_kept_and_rejected_records_per_stage(tmp_path):
         ["tokenize", 8, 7, 1],
     ]
     assert table.iloc[2]["response_tokens"] == 300 and table.iloc[0]["rejected_share"] == 0.1
-    assert pd.isna(table.iloc[0]["tokens"])
+    assert table.iloc[2][["rows", "turns_dropped", "reasoning_tokens"]].tolist() == [9, 4, 120]
+    assert pd.isna(table.iloc[0]["tokens"]) and pd.isna(table.iloc[0]["reasoning_tokens"])
 
 
 def test_train_table_and_curves_read_metrics_and_tensorboard_events(tmp_path):

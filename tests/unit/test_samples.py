@@ -266,3 +266,55 @@ def test_prompt_length_counts_what_generate_sends(target_dir, tokenizer):
     assert PromptLength(target_dir, 8192).check(chat) == len(sent)
     with pytest.raises(SampleError, match=f"{len(sent)} tokens > max_prompt_tokens"):
         PromptLength(target_dir, len(sent) - 1).check(chat)
+
+
+def test_a_conversation_opening_with_the_bots_greeting_is_repaired_and_says_so(
+    tmp_path, target_dir, caplog
+):
+    turn = [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]
+    records = [
+        {"conversations": turn},
+        {"conversations": [{"from": "gpt", "value": "Welcome! Ask me anything."}, *turn]},
+        {"conversations": [{"from": "system", "value": "Be kind."}, turn[1], turn[1], *turn]},
+    ]
+    raw = _write_jsonl(tmp_path / "raw.jsonl", records)
+    with caplog.at_level("INFO", logger="specbuild"):
+        rows, bad, counts = _shard(tmp_path, raw, target_dir=target_dir, max_prompt_tokens=64)
+    assert bad == [] and counts["in"] == counts["kept"] == 3
+    assert [[m["role"] for m in r["messages"]] for r in rows] == [
+        ["user", "assistant"],
+        ["user", "assistant"],
+        ["system", "user", "assistant"],
+    ]
+    assert rows[0]["repairs"] == []
+    assert rows[1]["repairs"] == ["dropped 1 assistant turn(s) before the first user turn"]
+    assert rows[2]["repairs"] == ["dropped 2 assistant turn(s) before the first user turn"]
+    assert f"repaired {raw}:2: dropped 1 assistant" in caplog.text
+    assert "in=3 = kept 3 + rejected 0 (2 repaired)" in caplog.text
+
+
+def test_a_conversation_the_template_cannot_render_is_rejected_with_its_line(tmp_path, target_dir):
+    # a template that insists on alternating turns, as Llama-2 and Mistral templates do
+    strict = tmp_path / "strict-target"
+    strict.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (strict / name).write_bytes((target_dir / name).read_bytes())
+    template = (target_dir / "chat_template.jinja").read_text()
+    (strict / "chat_template.jinja").write_text(
+        "{%- for m in messages %}{%- if loop.index0 > 0 and m.role == messages[loop.index0 - 1]"
+        ".role %}{{ raise_exception('Conversation roles must alternate') }}{%- endif %}"
+        "{%- endfor %}" + template
+    )
+    records = [
+        {"messages": [{"role": "user", "content": "Hi"}]},
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Hi?"}]},
+        {"messages": [{"role": "user", "content": "Bye"}]},
+    ]
+    raw = _write_jsonl(tmp_path / "raw.jsonl", records)
+    rows, bad, counts = _shard(tmp_path, raw, target_dir=strict, max_prompt_tokens=64)
+    assert [r["id"] for r in rows] == ["d-0000000", "d-0000002"]
+    (reject,) = bad
+    assert reject["line"] == 2 and reject["file"] == str(raw)
+    assert "chat template cannot render" in reject["reason"]
+    assert "Conversation roles must alternate" in reject["reason"]
+    assert counts["in"] == counts["kept"] + counts["rejected"] == 3

@@ -40,7 +40,8 @@ def test_counts_are_conserved_from_samples_to_tokens(built_workflow):
         meta = read_json(meta_path)
         shard = meta_path.name.removesuffix(".meta.json")
         samples = wd / "results" / "samples" / meta_path.parent.name / f"{shard}.jsonl"
-        assert meta["in"] == len(list(read_jsonl(samples))) == meta["rows"] + meta["rejected"]
+        assert meta["in"] == len(list(read_jsonl(samples))) == meta["kept"] + meta["rejected"]
+        assert meta["rows"] == meta["kept"]  # one-turn prompts: a row a record
         assert meta["tokenizer_fingerprint"] and meta["chat_template_sha256"]
 
 

@@ -1,7 +1,9 @@
 """The build's part of the report: what the pipeline kept, made and spent, from its own files.
 
 data    per dataset and stage (samples, generate, tokenize): records in, kept, rejected (the
-        shards' .rejected.jsonl files), and the tokenized shards' token counts
+        shards' .rejected.jsonl files), and the tokenized shards' rows and totals
+        (`specbuild.tokenization.META_TOTALS`: truncation, turns dropped, tokens, response and
+        reasoning tokens)
 vocab   the draft vocabulary's coverage of the loss-masked target tokens (vocab_stats.json)
 align   training features vs the serving engine's, per layer (results/align/report.json)
 disk    files and bytes of every results folder the report reads; bytes per token of hidden
@@ -23,6 +25,7 @@ from specbuild.align import ALIGN_KEYS
 from specbuild.io import read_json, read_jsonl
 from specbuild.report.plots import plot_train
 from specbuild.report.tables import check_written, format_cell, output_folders, write_table
+from specbuild.tokenization import META_TOTALS
 
 __all__ = [
     "build_data",
@@ -45,7 +48,7 @@ def build_data(
     tokenized: Sequence[str | os.PathLike],
 ) -> pd.DataFrame:
     """One line per dataset and stage from the shards' counts (`samples`, `generated`: their
-    .counts.json; `tokenized`: their .meta.json, which adds truncation and tokens)."""
+    .counts.json; `tokenized`: their .meta.json, which adds its rows and META_TOTALS)."""
     out = []
     for d in datasets:
         for stage, paths in (
@@ -55,8 +58,8 @@ def build_data(
         ):
             counts = [read_json(p) for p in paths if Path(p).parent.name == d]
             line = {"dataset": d, "stage": stage, "shards": len(counts)}
-            for key in ("in", "kept", "rejected", "truncated", "tokens", "response_tokens"):
-                # tokenize's meta names the kept rows `rows`
+            for key in ("in", "kept", "rejected", "rows", *META_TOTALS):
+                # a meta older than `kept` (records) had one row a record
                 values = [
                     c.get(key, c.get("rows")) if key == "kept" else c.get(key) for c in counts
                 ]
