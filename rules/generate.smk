@@ -29,6 +29,7 @@ rule generate:
         backend=config["generate"]["backend"],
         backend_args=generate_backend_args(),
         mode=config["generate"]["mode"],
+        rows_version=GENERATED_ROWS,
         sampling=sampling_params,
         batch_size=config["generate"]["batch_size"],
         turns=conversation_turns,

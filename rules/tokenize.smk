@@ -19,5 +19,6 @@ rule tokenize:
     params:
         max_length=config["tokenize"]["max_length"],
         overlong=config["tokenize"]["overlong"],
+        rows_version=TOKENIZED_ROWS,
     script:
         "../scripts/tokenize.py"

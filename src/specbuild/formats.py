@@ -1,0 +1,12 @@
+"""Versions of what a stage's rows hold. Each is a param of its stage's rule, so shards an
+older specbuild wrote are rebuilt, not mixed with rows that mean something else."""
+
+from __future__ import annotations
+
+__all__ = ["GENERATED_ROWS", "TOKENIZED_ROWS"]
+
+# 2: `regenerate` answers every assistant turn on the target's own earlier answers
+GENERATED_ROWS = 2
+# 2: a row per assistant turn where the template drops earlier reasoning; an overlong row
+# drops its oldest exchanges first; any failing record is rejected by id
+TOKENIZED_ROWS = 2
