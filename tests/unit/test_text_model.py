@@ -88,3 +88,24 @@ def test_the_hf_backend_runs_a_wrappers_text_model_as_the_plain_folder_does(
     ids = torch.tensor([[1, 42, 7, 99, 3]])
     with torch.no_grad():
         assert torch.allclose(wrapped(ids).logits, target_model(ids).logits, atol=1e-5)
+
+
+def test_drafter_init_and_export_take_a_wrappers_text_model_shapes_and_layer(
+    target_dir, kimi_layout_target
+):
+    from specbuild.drafter.config import DrafterConfig
+    from specbuild.drafter.model import Eagle3Drafter
+    from specbuild.drafter.target_init import init_from_target_layer
+    from specbuild.export import hf_config
+
+    wrapper = json.loads((kimi_layout_target / "config.json").read_text())
+    assert "hidden_size" not in wrapper  # only text_config has the shapes
+    cfg = DrafterConfig.from_target(wrapper, draft_vocab_size=32)
+    model = Eagle3Drafter(cfg)
+    lines = init_from_target_layer(model, kimi_layout_target)
+    assert len(lines) == 9 and "model.layers.29.mlp.down_proj.weight" in lines[-1]
+    (smol,) = read_target_weights(target_dir, ["model.layers.29.mlp.down_proj.weight"]).values()
+    assert torch.equal(model.midlayer.mlp.down_proj.weight, smol.float())
+    exported = hf_config(cfg, layer_ids=[1, 14, 26], target_config=wrapper, dtype="bfloat16")
+    assert (exported["target_hidden_size"], exported["vocab_size"]) == (576, 49152)
+    assert exported["eos_token_id"] == wrapper["text_config"]["eos_token_id"]
