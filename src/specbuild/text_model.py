@@ -88,7 +88,7 @@ def find_text_model(folder: str | os.PathLike) -> TextModel:
     """The text model of an HF folder, from config.json and its safetensors weight map.
 
     The decoder prefix is the one under which `embed_tokens.weight` lives (with its final norm
-    beside it when a wrapper holds several embeddings); the head is `lm_head.weight` beside
+    beside it when a wrapper has several embeddings); the head is `lm_head.weight` beside
     the decoder (Kimi), at the top (Llava), or absent (tied).
     """
     folder = Path(folder)
