@@ -408,7 +408,7 @@ def _load_wrapped_text_model(folder: str | os.PathLike, text: TextModel, dtype: 
     """A wrapper's text model built from its `text_config` (a model type transformers knows)
     and its tensors read under the wrapper's names with safetensors; vision tensors are left."""
     from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     fields = dict(text.config)
     model_type = fields.pop("model_type", None)
@@ -438,4 +438,6 @@ def _load_wrapped_text_model(folder: str | os.PathLike, text: TextModel, dtype: 
         )
     if tied:
         model.tie_weights()
+    if (Path(folder) / "generation_config.json").is_file():  # the folder's stop ids, as served
+        model.generation_config = GenerationConfig.from_pretrained(str(folder))
     return model

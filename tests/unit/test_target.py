@@ -123,3 +123,36 @@ def test_weights_above_the_threshold_get_a_sampled_hash_that_sees_headers_and_sa
     assert target._weights_digest([path])[0] != sampled
     save_file({"v": torch.zeros(1 << 20)}, str(path))  # same bytes of data, another name
     assert target._weights_digest([path])[0] not in (sampled, full)
+
+
+def test_a_hub_id_is_downloaded_to_the_hub_cache_once_and_linked(
+    tmp_path, kimi_layout_source, monkeypatch
+):
+    """The hub's snapshot folder is symlinks into its blob store (no network here: a local one
+    of that shape); the target folder links the blobs themselves."""
+    import huggingface_hub
+
+    from specbuild.target import HF_PATTERNS, materialize_target
+
+    blobs, snap = tmp_path / "hub" / "blobs", tmp_path / "hub" / "snapshots" / "abc"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in kimi_layout_source.iterdir():
+        blob = blobs / f"blob-{f.name}"
+        os.link(f, blob)
+        (snap / f.name).symlink_to(blob)
+    calls = []
+
+    def snapshot_download(repo_id, *, allow_patterns):
+        calls.append((repo_id, allow_patterns))
+        return str(snap)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    out = tmp_path / "target"
+    info = materialize_target(
+        source="moonshot/kimi-layout", name="k", out_dir=out, trust_remote_code=True
+    )
+    assert calls == [("moonshot/kimi-layout", list(HF_PATTERNS))] and "*.py" in HF_PATTERNS
+    assert info.source == "moonshot/kimi-layout"
+    for f in snap.iterdir():
+        assert os.path.samefile(out / f.name, blobs / f"blob-{f.name}"), f.name

@@ -109,3 +109,21 @@ def test_drafter_init_and_export_take_a_wrappers_text_model_shapes_and_layer(
     exported = hf_config(cfg, layer_ids=[1, 14, 26], target_config=wrapper, dtype="bfloat16")
     assert (exported["target_hidden_size"], exported["vocab_size"]) == (576, 49152)
     assert exported["eos_token_id"] == wrapper["text_config"]["eos_token_id"]
+
+
+def test_the_hf_generation_backend_decodes_a_wrapper_as_the_plain_folder(
+    target_dir, kimi_layout_target
+):
+    from specbuild.backends.base import GenerationRequest, SamplingParams
+    from specbuild.backends.hf import HFBackend
+
+    wrapped = HFBackend(kimi_layout_target, device="cpu", batch_size=1)
+    # the folder's generation_config.json: its end-of-turn id stops decoding
+    assert wrapped.lm.generation_config.eos_token_id in wrapped.stop_ids
+    ids = [1, 4093, 2]  # raw ids: both tokenizers share them, unlike their chat templates
+    request = [GenerationRequest(id="r", prompt=ids)]
+    sampling = SamplingParams(max_new_tokens=6)
+    ours = wrapped.generate(request, sampling)[0]
+    plain = HFBackend(target_dir, device="cpu", batch_size=1).generate(request, sampling)[0]
+    assert ours.completion_tokens > 0
+    assert (ours.content, ours.completion_tokens) == (plain.content, plain.completion_tokens)
