@@ -406,20 +406,24 @@ def load_target_model(folder: str | os.PathLike, *, dtype: str = "float32", devi
 
 def _load_wrapped_text_model(folder: str | os.PathLike, text: TextModel, dtype: torch.dtype):
     """A wrapper's text model built from its `text_config` (a model type transformers knows)
-    and its tensors read under the wrapper's names with safetensors; vision tensors are left."""
+    and its tensors read under the wrapper's names with safetensors; vision tensors are left.
+    The tensors go through `from_pretrained(state_dict=...)`, not `load_state_dict`, so
+    transformers' own checkpoint conversions apply (DeepSeek-V3's per-expert tensors into its
+    fused expert weights)."""
     from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import AutoConfig, GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     fields = dict(text.config)
     model_type = fields.pop("model_type", None)
     try:
         cfg = AutoConfig.for_model(model_type, **fields)
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]
     except (KeyError, ValueError):
         raise ValueError(
-            f"{folder}/config.json: text_config.model_type {model_type!r} is not a model "
+            f"{folder}/config.json: text_config.model_type {model_type!r} is not a causal LM "
             "transformers knows; the hf backend cannot build this text model"
         ) from None
-    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     by_file: dict[str, list[str]] = {}
     for name, file in weight_map(folder).items():
         if text.plain_name(name) is not None:
@@ -427,17 +431,18 @@ def _load_wrapped_text_model(folder: str | os.PathLike, text: TextModel, dtype: 
     state = {}
     for file, names in sorted(by_file.items()):
         with safe_open(str(Path(folder) / file), framework="pt") as f:
-            state |= {text.plain_name(n): f.get_tensor(n).to(dtype) for n in names}
-    missing, unexpected = model.load_state_dict(state, strict=False)
+            state |= {text.plain_name(n): f.get_tensor(n) for n in names}
+    model, info = model_class.from_pretrained(
+        None, config=cfg, state_dict=state, dtype=dtype, output_loading_info=True
+    )
     tied = getattr(cfg, "tie_word_embeddings", False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and tied)]
-    if missing or unexpected:
+    missing = [k for k in info["missing_keys"] if not (k == "lm_head.weight" and tied)]
+    unexpected, mismatched = info["unexpected_keys"], info.get("mismatched_keys") or []
+    if missing or unexpected or mismatched:
         raise ValueError(
             f"{folder}: the text model's tensors (under {text.decoder_prefix!r}) do not fit its "
-            f"text_config: {missing=} {unexpected=}"
+            f"text_config: {missing=} {unexpected=} {mismatched=}"
         )
-    if tied:
-        model.tie_weights()
     if (Path(folder) / "generation_config.json").is_file():  # the folder's stop ids, as served
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
     return model

@@ -127,3 +127,16 @@ def test_the_hf_generation_backend_decodes_a_wrapper_as_the_plain_folder(
     plain = HFBackend(target_dir, device="cpu", batch_size=1).generate(request, sampling)[0]
     assert ours.completion_tokens > 0
     assert (ours.content, ours.completion_tokens) == (plain.content, plain.completion_tokens)
+
+
+def test_a_wrapped_deepseek_v3_runs_as_its_plain_twin(deepseek_target, kimi_target):
+    """tools/h200/random_deepseek.py's two layouts of the same draws: Kimi-K2.5's wrapper
+    around DeepSeek-V3 (MLA + MoE) and the plain folder give the same logits on the CPU."""
+    from specbuild.target import load_target_model
+
+    assert find_text_model(kimi_target).decoder_prefix == "language_model.model."
+    ids = torch.tensor([[1, 42, 7, 99, 3]])
+    with torch.no_grad():
+        ours = load_target_model(kimi_target)(ids).logits
+        plain = load_target_model(deepseek_target)(ids).logits
+    assert torch.allclose(ours, plain, atol=1e-5)
