@@ -387,6 +387,9 @@ def test_sglang_jobs_get_trust_remote_code_from_the_target_key_alone():
     assert kimi["target"]["trust_remote_code"] is True
     assert "trust_remote_code" not in kimi["sglang"]["server_args"]
     assert sglang_server_args(kimi)["trust_remote_code"] is True
+    from specbuild.backends.server import build_server_args
+
+    assert build_server_args(sglang_server_args(kimi)).count("--trust-remote-code") == 1
     cfg = _default()
     check_config(cfg, schema=SCHEMA, source="test.yaml", workdir=REPO)
     assert cfg["target"]["trust_remote_code"] is False  # the schema's default
