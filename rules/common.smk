@@ -6,6 +6,7 @@ from specbuild.config_check import (
     ConfigError,
     bench_drafter_names,
     check_config,
+    sglang_server_args,
     train_datasets,
     train_variants,
 )
@@ -383,7 +384,7 @@ def sglang_server_options():
     sg = config["sglang"]
     return {
         "launcher": list(sg["launcher"]),
-        "server_args": dict(sg["server_args"]),
+        "server_args": sglang_server_args(config),
         "env": {k: str(v) for k, v in sg["env"].items()},
         "host": sg["host"],
         "startup_timeout_s": sg["startup_timeout_s"],
@@ -420,7 +421,7 @@ def sglang_feature_args():
     less its memory settings: those are the job's `engine_memory` resource."""
     sg = config["sglang"]
     return {
-        "server_args": without_memory(sg["server_args"]),
+        "server_args": without_memory(sglang_server_args(config)),
         "env": {k: str(v) for k, v in sg["env"].items()},
     }
 

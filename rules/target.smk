@@ -13,5 +13,6 @@ rule target:
         name=TARGET,
         source=config["target"]["source"],
         save_dtype=config["target"]["save_dtype"],
+        trust_remote_code=config["target"]["trust_remote_code"],
     script:
         "../scripts/target.py"

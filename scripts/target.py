@@ -9,4 +9,5 @@ materialize_target(
     name=snakemake.params.name,
     out_dir=Path(snakemake.output.fp).parent,
     save_dtype=snakemake.params.save_dtype,
+    trust_remote_code=snakemake.params.trust_remote_code,
 )

@@ -175,3 +175,24 @@ def kimi_target(tmp_path_factory, target_dir, random_deepseek) -> Path:
     KimiK25ForConditionalGeneration, `text_config`, tensors under `language_model.`."""
     root = tmp_path_factory.mktemp("kimi")
     return _materialized_deepseek(root, target_dir, random_deepseek, wrapper=True)
+
+
+@pytest.fixture(scope="session")
+def kimi_layout_source(tmp_path_factory, target_dir) -> Path:
+    """SmolLM2 in Kimi-K2.5's folder layout (tests/kimi_layout.py): remote-code config and
+    tokenizer behind `auto_map`, tensors under `language_model.`, `text_config`."""
+    from kimi_layout import write_kimi_layout
+
+    return write_kimi_layout(target_dir, tmp_path_factory.mktemp("kimi-layout") / "src")
+
+
+@pytest.fixture(scope="session")
+def kimi_layout_target(tmp_path_factory, kimi_layout_source) -> Path:
+    """`kimi_layout_source` materialized by the target stage, trust_remote_code on."""
+    from specbuild.target import materialize_target
+
+    out = tmp_path_factory.mktemp("kimi-layout-target") / "target"
+    materialize_target(
+        source=str(kimi_layout_source), name="kimi-layout", out_dir=out, trust_remote_code=True
+    )
+    return out

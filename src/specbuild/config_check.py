@@ -38,6 +38,7 @@ __all__ = [
     "RESERVED_DRAFTER_NAMES",
     "VARIANT_FIXED",
     "bench_drafter_names",
+    "sglang_server_args",
     "train_datasets",
     "train_variants",
     "ConfigError",
@@ -130,6 +131,15 @@ def train_variants(config: Mapping) -> dict[str, dict]:
     for name, changes in (config["train"].get("variants") or {}).items():
         variants[name] = {**train, **changes}
     return variants
+
+
+def sglang_server_args(config: Mapping) -> dict[str, Any]:
+    """sglang.server_args plus `trust_remote_code` from target.trust_remote_code, the flag's
+    one source (sglang.server_args may not set it: `rule_faults`)."""
+    args = dict(config["sglang"]["server_args"])
+    if config["target"].get("trust_remote_code"):
+        args["trust_remote_code"] = True
+    return args
 
 
 def train_datasets(config: Mapping, train: Mapping) -> list[str]:
@@ -578,6 +588,12 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
             "(e.g. http://host:30000/v1)"
         )
     args = _mapping(sglang.get("server_args"))
+    for flag in ("trust_remote_code", "trust-remote-code"):
+        if flag in args:
+            faults.append(
+                f"sglang.server_args.{flag}: set target.trust_remote_code instead (every "
+                "tokenizer, config and model load reads it; SGLang jobs get the flag from it)"
+            )
     for flag in ("tp_size", "tp"):
         tp = args.get(flag)
         if tp is not None and not _positive_int(tp):

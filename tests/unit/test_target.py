@@ -36,3 +36,123 @@ def test_gguf_parsed_once_shares_one_reader_and_restores_gguf(converted):
 
 def test_cached_conversion_writes_the_same_weights(converted):
     assert converted.weights_sha256 == SMOLLM2_F32_WEIGHTS_SHA256
+
+
+def test_a_remote_code_folder_without_the_key_stops_with_one_message_naming_it(
+    tmp_path, kimi_layout_source
+):
+    from specbuild.target import RemoteCodeError, materialize_target
+
+    out = tmp_path / "target"
+    with pytest.raises(RemoteCodeError) as err:
+        materialize_target(source=str(kimi_layout_source), name="k", out_dir=out)
+    msg = str(err.value)
+    assert "target.trust_remote_code: true" in msg and "\n" not in msg
+    assert "tokenization_kimi_layout.py" in msg and "auto_map" in msg
+    assert not (out / "fingerprint.json").exists()
+
+
+def test_a_kimi_layout_folder_is_linked_with_its_code_and_tokenizer_files(
+    kimi_layout_source, kimi_layout_target
+):
+    info = read_target_info(kimi_layout_target / "fingerprint.json")
+    assert (info.trust_remote_code, info.weights_hash) == (True, "full")
+    # the text model's shapes, from text_config, not the wrapper's config
+    assert (info.hidden_size, info.vocab_size, info.num_hidden_layers) == (576, 49152, 30)
+    for name in ("tokenization_kimi_layout.py", "configuration_kimi_layout.py", "tiktoken.model"):
+        assert (kimi_layout_target / name).is_file(), name
+    for shard in kimi_layout_source.glob("*.safetensors"):
+        assert os.path.samefile(kimi_layout_target / shard.name, shard)  # linked, not copied
+
+
+def test_later_loads_pass_the_recorded_flag_and_never_prompt(kimi_layout_target, monkeypatch):
+    import transformers.dynamic_module_utils as dyn
+
+    from specbuild.target import load_tokenizer
+
+    def no_prompt(*args, **kwargs):
+        raise AssertionError("transformers was about to ask on a terminal")
+
+    monkeypatch.setattr("builtins.input", no_prompt)
+    monkeypatch.setattr(dyn, "_raise_timeout_error", no_prompt, raising=False)
+    tok = load_tokenizer(kimi_layout_target)  # the flag as fingerprint.json records it
+    assert type(tok).__name__ == "KimiLayoutTokenizer"
+    # without the flag transformers quietly falls back to its own class: why `target` refuses
+    refused = load_tokenizer(kimi_layout_target, trust_remote_code=False)
+    assert type(refused).__name__ != "KimiLayoutTokenizer"
+
+
+def test_a_folder_on_another_file_system_is_symlinked_never_copied(
+    tmp_path, kimi_layout_source, monkeypatch
+):
+    from specbuild.target import materialize_target
+
+    def cross_device(src, dst, **kwargs):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", cross_device)
+    out = tmp_path / "target"
+    materialize_target(
+        source=str(kimi_layout_source), name="k", out_dir=out, trust_remote_code=True
+    )
+    shards = sorted(out.glob("*.safetensors"))
+    assert shards and all(s.is_symlink() for s in shards)
+    assert all(s.resolve() == (kimi_layout_source / s.name).resolve() for s in shards)
+
+
+def test_weights_above_the_threshold_get_a_sampled_hash_that_sees_headers_and_samples(
+    tmp_path, monkeypatch
+):
+    import torch
+    from safetensors.torch import save_file
+
+    from specbuild import target
+
+    path = tmp_path / "model.safetensors"
+    # 4 MiB of data: 16 samples of 1 MiB overlap, and every byte sits in some sample
+    save_file({"w": torch.zeros(1 << 20)}, str(path))
+    full, how = target._weights_digest([path])
+    assert how == "full"
+    monkeypatch.setattr(target, "FULL_HASH_MAX_BYTES", 1000)
+    sampled, how = target._weights_digest([path])
+    assert how == "sampled" and sampled != full
+    assert target._weights_digest([path]) == (sampled, "sampled")  # deterministic
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+    assert target._weights_digest([path])[0] != sampled
+    save_file({"v": torch.zeros(1 << 20)}, str(path))  # same bytes of data, another name
+    assert target._weights_digest([path])[0] not in (sampled, full)
+
+
+def test_a_hub_id_is_downloaded_to_the_hub_cache_once_and_linked(
+    tmp_path, kimi_layout_source, monkeypatch
+):
+    """The hub's snapshot folder is symlinks into its blob store (no network here: a local one
+    of that shape); the target folder links the blobs themselves."""
+    import huggingface_hub
+
+    from specbuild.target import HF_PATTERNS, materialize_target
+
+    blobs, snap = tmp_path / "hub" / "blobs", tmp_path / "hub" / "snapshots" / "abc"
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in kimi_layout_source.iterdir():
+        blob = blobs / f"blob-{f.name}"
+        os.link(f, blob)
+        (snap / f.name).symlink_to(blob)
+    calls = []
+
+    def snapshot_download(repo_id, *, allow_patterns):
+        calls.append((repo_id, allow_patterns))
+        return str(snap)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    out = tmp_path / "target"
+    info = materialize_target(
+        source="moonshot/kimi-layout", name="k", out_dir=out, trust_remote_code=True
+    )
+    assert calls == [("moonshot/kimi-layout", list(HF_PATTERNS))] and "*.py" in HF_PATTERNS
+    assert info.source == "moonshot/kimi-layout"
+    for f in snap.iterdir():
+        assert os.path.samefile(out / f.name, blobs / f"blob-{f.name}"), f.name

@@ -42,6 +42,7 @@ from specbuild.hidden.hf import HFFeatureBackend
 from specbuild.hidden.tokens import TokenShard
 from specbuild.io import write_json
 from specbuild.target import read_target_info
+from specbuild.text_model import text_config
 
 __all__ = ["synthetic_shard", "run_extract_bench", "run_sglang_extract_bench", "main"]
 
@@ -215,7 +216,8 @@ def _random_target(folder: Path, preset: str) -> Path:
 def _hf_random(folder: Path, device: str) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.from_pretrained(str(folder))
+    # a preset's config, written above: no remote code (passed, so nothing ever prompts)
+    cfg = AutoConfig.from_pretrained(str(folder), trust_remote_code=False)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)  # initialise in bf16: an fp32 8B would take 32 GB
     try:
@@ -255,7 +257,7 @@ def run_sglang_extract_bench(
         else:
             folder = Path(target_dir)
         cfg = json.loads((folder / "config.json").read_text())
-        cfg = cfg.get("text_config", cfg)
+        cfg = text_config(cfg)
         hidden, vocab = int(cfg["hidden_size"]), int(cfg["vocab_size"])
         ids = resolve_layer_ids([], int(cfg["num_hidden_layers"]))
         runner = SGLangRunner(

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import Tensor
 
+from specbuild.text_model import text_config
+
 __all__ = [
     "ATTENTION",
     "AUX_LAYERS",
@@ -68,7 +70,7 @@ class DrafterConfig:
     @classmethod
     def from_target(cls, target: dict, *, draft_vocab_size: int, fc_norm: bool = False):
         """Shape and RoPE facts from the target's HF config.json (legacy or `rope_parameters`)."""
-        cfg = target.get("text_config", target)
+        cfg = text_config(target)
         heads = int(cfg["num_attention_heads"])
         return cls(
             hidden_size=int(cfg["hidden_size"]),

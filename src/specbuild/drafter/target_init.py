@@ -30,6 +30,7 @@ import torch
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.teacher import read_target_weights
 from specbuild.io import read_json
+from specbuild.text_model import text_config
 
 __all__ = ["LAYER_WEIGHTS", "EMBEDDING_HALF", "init_from_target_layer"]
 
@@ -54,7 +55,7 @@ def init_from_target_layer(model: Eagle3Drafter, target_dir: str | os.PathLike) 
     returns one line per copied tensor (`drafter <- target [shape]`) for the log."""
     target_dir = Path(target_dir)
     cfg = read_json(target_dir / "config.json")
-    last = int(cfg.get("text_config", cfg)["num_hidden_layers"]) - 1
+    last = int(text_config(cfg)["num_hidden_layers"]) - 1
     prefix = f"model.layers.{last}."
     try:
         weights = read_target_weights(target_dir, [prefix + n for n in LAYER_WEIGHTS.values()])

@@ -10,7 +10,6 @@ range, d2t and t2d disagreeing) silently trains the drafter on the wrong tokens.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -19,43 +18,34 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import Tensor
 
+from specbuild.text_model import find_text_model, weight_map
+
 __all__ = ["Teacher", "read_target_weights", "read_vocab"]
 
 _CHUNK = 1024  # rows per full-vocabulary matmul: bounds the [rows, V] logits in memory
 
 
 def read_target_weights(folder: str | os.PathLike, names: list[str]) -> dict[str, Tensor]:
-    """Named tensors from the target's safetensors (single file or sharded with an index).
-
-    `lm_head.weight` falls back to `model.embed_tokens.weight` (tied embeddings).
+    """Named tensors of the target's text model, by their plain names (`model.*`,
+    `lm_head.weight`), wherever the folder keeps them (`specbuild.text_model`: a multimodal
+    wrapper's prefix, sharded or single file). A tied `lm_head.weight` reads the embedding.
     """
     folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
-    weight_map = (
-        json.loads(index.read_text())["weight_map"]
-        if index.exists()
-        else {k: "model.safetensors" for k in _keys(folder / "model.safetensors")}
-    )
+    text = find_text_model(folder)
+    files = weight_map(folder)
     out, missing = {}, []
     for name in names:
-        key = name
-        if key not in weight_map and key == "lm_head.weight":
-            key = "model.embed_tokens.weight"
-        if key not in weight_map:
-            missing.append(name)
+        key = text.tensor_name(name)
+        if key not in files:
+            missing.append(key)
             continue
-        with safe_open(str(folder / weight_map[key]), framework="pt") as f:
+        with safe_open(str(folder / files[key]), framework="pt") as f:
             out[name] = f.get_tensor(key)
     if missing:
         raise KeyError(
             f"{folder}: target weights lack {missing} (is this a Llama-style HF folder?)"
         )
     return out
-
-
-def _keys(path: Path) -> list[str]:
-    with safe_open(str(path), framework="pt") as f:
-        return list(f.keys())
 
 
 def read_vocab(path: str | os.PathLike, *, vocab_size: int) -> tuple[Tensor, Tensor]:
