@@ -1,14 +1,15 @@
 """A shard file filled in place: the stage's buffers are the file's own pages.
 
-Why: extraction used to fill multi-GB host buffers (allocated and first touched per shard),
-then safetensors copied them once more into bytes and wrote the file, and the checksums hashed
-them on one thread, so the host side outlasted the GPU's prefill. Here the temp file is sized up front (fallocate: a full disk fails now, not mid-write), mapped
-shared, and each tensor of the shard is a view into the mapping at its final place in the
-file, so a batch's rows land in the page cache once and the kernel writes them back in the
-background. Each 16 MiB piece of a tensor is hashed (and its NaN/Inf counted, integrity.py) on
-a pool of threads as soon as the writer says all its rows `landed`, while later batches still
-compute; `seal` scans what is left and writes the safetensors header last: its length is fixed
-up front because digests are fixed-width hex.
+Why: extraction used to fill multi-GB host buffers (allocated and first touched per shard), then
+safetensors copied them once more into bytes and wrote the file, and the checksums hashed them
+on one thread, so the host side outlasted the GPU's prefill. Here the temp file is sized up
+front (fallocate: a full disk fails now, not mid-write), mapped shared, and each tensor of the
+shard is a view into the mapping at its final place in the file, so a batch's rows land in the
+page cache once and the kernel writes them back in the background. Each 16 MiB piece of a tensor
+is hashed (and its NaN/Inf counted, integrity.py) on a pool of threads as soon as the writer
+says all its rows `landed`, while later batches still compute; `seal` scans what is left and
+writes the safetensors header last: its length is fixed up front because digests are fixed-width
+hex.
 
 A thread faults the mapping's pages in ahead of the writers (madvise MADV_POPULATE_WRITE, one
 call per 64 MiB): a first write into a page of a shared file mapping takes a page fault per
