@@ -8,8 +8,8 @@ What a Kimi-K2.5 user's folder has and a plain Llama folder does not:
   stages must leave alone;
 - a tokenizer class of its own (`tokenization_kimi_layout.py` behind `auto_map`) that reads
   `tiktoken.model`, so a folder linked without its tokenizer files fails to load;
-- a chat template of its own (`<|im_user|>`, `<|im_assistant|>`), which keeps the reasoning
-  of every assistant turn in `<think>`.
+- a chat template of its own (`<|im_user|>`, `<|im_assistant|>`), which shows an assistant
+  turn's reasoning in `<think>` only after the last user turn (earlier ones get an empty one).
 """
 
 from __future__ import annotations
@@ -62,15 +62,18 @@ class KimiLayoutTokenizer(PreTrainedTokenizerFast):
         super().__init__(vocab_file=vocab_file, **kwargs)
 '''
 
-# Kimi's turn markers; reasoning is kept on every assistant turn (a template that drops earlier
-# turns' reasoning needs per-turn rendering, a separate concern).
+# Kimi's turn markers, and its handling of reasoning: an assistant turn before the last user
+# turn is shown with an empty <think></think>, its reasoning dropped; later turns keep theirs.
 CHAT_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'user' -%}"
+    "{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}"
     "{%- for m in messages -%}"
     "{%- if m['role'] == 'system' -%}<|im_system|>system<|im_middle|>{{ m['content'] }}<|im_end|>"
     "{%- elif m['role'] == 'user' -%}<|im_user|>user<|im_middle|>{{ m['content'] }}<|im_end|>"
-    "{%- else -%}<|im_assistant|>assistant<|im_middle|>"
-    "{%- if m.get('reasoning_content') -%}<think>{{ m['reasoning_content'] }}</think>{%- endif -%}"
-    "{{ m['content'] }}<|im_end|>"
+    "{%- else -%}<|im_assistant|>assistant<|im_middle|><think>"
+    "{%- if loop.index0 > ns.last_user -%}{{ m.get('reasoning_content') or '' }}{%- endif -%}"
+    "</think>{{ m['content'] }}<|im_end|>"
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}<|im_assistant|>assistant<|im_middle|>{%- endif -%}"

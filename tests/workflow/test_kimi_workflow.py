@@ -12,7 +12,7 @@ import shutil
 import pytest
 from workflow_helpers import make_workdir, snakemake, tiny_config, write_config
 
-from specbuild.io import read_json
+from specbuild.io import read_json, read_jsonl
 
 pytestmark = pytest.mark.workflow
 
@@ -79,6 +79,29 @@ def test_a_kimi_layout_folder_goes_from_target_to_an_exported_drafter(
         for path in counts:
             c = read_json(path)
             assert c["rejected"] == 0 and c["kept"] > 0, (path, c)
+    # Kimi's template drops earlier turns' reasoning: a row per assistant turn, each trained on
+    # its own answer with its reasoning, as the served target sees that turn
+    from specbuild.target import load_tokenizer
+
+    tok = load_tokenizer(wd / "results" / "target" / NAME)
+    rows = [
+        r
+        for p in sorted((wd / "results" / "tokenized" / "chats").glob("*.jsonl"))
+        if not p.name.endswith(".rejected.jsonl")
+        for r in read_jsonl(p)
+    ]
+    assert len(rows) == 2 * len(CONVERSATIONS)
+    trained = {r["id"].rsplit("#", 1)[1]: [] for r in rows}
+    for r in rows:
+        text = tok.decode([t for t, m in zip(r["input_ids"], r["loss_mask"], strict=True) if m])
+        trained[r["id"].rsplit("#", 1)[1]].append(text)
+    answers = [[a for _, a in c] for c in CONVERSATIONS]
+    for k in ("1", "2"):
+        got = sorted(trained[k])
+        want = sorted(turns[int(k) - 1] for turns in answers)
+        assert all(w in g for g, w in zip(got, want, strict=True)), (got, want)
+    meta = [read_json(p) for p in (wd / "results" / "tokenized" / "chats").glob("*.meta.json")]
+    assert sum(m["reasoning_tokens"] for m in meta) > 0
     drafter = read_json(wd / "results" / "drafter" / "base" / "config.json")
     # the text model's shapes (SmolLM2 inside text_config), not the wrapper's config
     assert (drafter["target_hidden_size"], drafter["hidden_size"]) == (576, 576)
