@@ -60,13 +60,13 @@ test: setup
 	$(BIN)/pytest
 
 lint: setup
-	$(BIN)/ruff check src scripts tests
-	$(BIN)/ruff format --check src scripts tests
+	$(BIN)/ruff check src scripts tests benchmarks
+	$(BIN)/ruff format --check src scripts tests benchmarks
 	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/snakemake --lint --configfile $(CONFIG)
 
 format: setup
-	$(BIN)/ruff format src scripts tests
+	$(BIN)/ruff format src scripts tests benchmarks
 	$(BIN)/snakefmt Snakefile rules
 
 # Stage hidden: extraction tokens/s vs a bare forward pass, bytes/token (BENCHMARKS.md).
@@ -74,13 +74,13 @@ format: setup
 BENCH_ARGS ?=
 bench-extract: setup
 	$(SNAKEMAKE) target
-	$(BIN)/python -m specbuild.bench.extract $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.extract $(BENCH_ARGS)
 
 # Stage train: drafter training tokens/s, TFLOP/s and MFU on synthetic shards of a target's
-# shapes -> results/bench-train/result.json (+ a BENCHMARKS.md row in the output).
+# shapes -> results/perf/train/result.json (+ a BENCHMARKS.md row in the output).
 # On GPUs: make bench-train PRESET=llama8b NPROC=2 (torchrun, one process per GPU).
 # LOSS=reference: train.loss (auto | reference | fused).
-# PROFILE=1: time shares of steps 4-6 of one epoch instead -> results/bench-train/profile.{json,txt}.
+# PROFILE=1: time shares of steps 4-6 of one epoch instead -> results/perf/train/profile.{json,txt}.
 PRESET  ?= tiny
 NPROC   ?= 1
 EPOCHS  ?= 3
@@ -88,12 +88,12 @@ TOKEN_BUDGET ?= 8192
 PROFILE ?=
 LOSS    ?= auto
 bench-train: setup
-	$(BIN)/python -m specbuild.drafter.synthetic results/bench-train --preset $(PRESET) \
+	$(BIN)/python -m benchmarks.synthetic results/perf/train --preset $(PRESET) \
 		--nproc $(NPROC) --token-budget $(TOKEN_BUDGET) --loss $(LOSS) \
 		$(if $(PROFILE),--epochs 1 --profile,--epochs $(EPOCHS))
 	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) -m specbuild.drafter.train \
-		results/bench-train/spec.json 2>&1 | grep -E "tokens/s|error|Error"
-	$(if $(PROFILE),@sed -n '1,/^total/p' results/bench-train/profile.txt)
+		results/perf/train/spec.json 2>&1 | grep -E "tokens/s|error|Error"
+	$(if $(PROFILE),@sed -n '1,/^total/p' results/perf/train/profile.txt)
 
 # Workflow overhead: `snakemake -n` and the no-op rerun on ~2,000 shards, against a bare Snakefile
 # of the same shape in the same run (scratch workdirs in $TMPDIR; a few minutes on 2 cores).
@@ -102,19 +102,19 @@ SHARDS  ?= 2000
 REPEATS ?= 3
 COMPARE ?=
 bench-workflow: setup
-	$(BIN)/python -m specbuild.bench.workflow --shards $(SHARDS) --repeats $(REPEATS) \
+	$(BIN)/python -m benchmarks.workflow --shards $(SHARDS) --repeats $(REPEATS) \
 		$(if $(COMPARE),--compare $(COMPARE))
 
 # fp8 hidden-state shards against bf16 on the same tokenized data (BENCHMARKS.md, "hidden: fp8
 # against bf16"): quantization error per layer (fp8, fp8-g64, fp8-g32), bytes per token,
 # simulated and served acceptance (bench limits raised to LIMIT per set), one workdir per
-# storage under results/bench-fp8/ -> result.json, table.md. Builds $(CONFIG) first; each arm
+# storage under results/perf/fp8/ -> result.json, table.md. Builds $(CONFIG) first; each arm
 # of STORAGES ("fp8 fp8-g64": two) then retrains and benches (~35 min an arm on 2 busy cores at
 # LIMIT=12).
 STORAGES ?= fp8
 LIMIT    ?= 20
 bench-fp8: run
-	$(BIN)/python -m specbuild.bench.fp8 --config $(CONFIG) --storages $(STORAGES) --limit $(LIMIT)
+	$(BIN)/python -m benchmarks.fp8 --config $(CONFIG) --storages $(STORAGES) --limit $(LIMIT)
 
 # Every job through sbatch, with the profile's resources (docs/clusters.md).
 # profiles/slurm needs its account/partition placeholders filled in first;

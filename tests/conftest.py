@@ -137,10 +137,10 @@ def fake_runner():
 
 
 def _random_deepseek():
-    """tools/h200/random_deepseek.py, the device's DeepSeek-V3 target writer, as a module."""
+    """benchmarks/h200/random_deepseek.py, the device's DeepSeek-V3 target writer, as a module."""
     import importlib.util
 
-    path = REPO / "tools" / "h200" / "random_deepseek.py"
+    path = REPO / "benchmarks" / "h200" / "random_deepseek.py"
     spec = importlib.util.spec_from_file_location("random_deepseek", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,7 +1,7 @@
 """Per-job costs Snakemake charges our DAG of thousands of shards, cut without changing any
 decision it makes (what runs, what reruns, what params it records).
 
-Measured by `make bench-workflow` (specbuild.bench.workflow, BENCHMARKS.md) on 2,000 shards:
+Measured by `make bench-workflow` (benchmarks.workflow, BENCHMARKS.md) on 2,000 shards:
 our parse itself (config validation, shard digests, helpers) is a few hundredths of a dry-run;
 the gap to a bare Snakefile of the same shape is Snakemake's own work per job for what our rules
 declare. Two parts of it are pure repetition, and these helpers remove them:

@@ -6,7 +6,8 @@ it). ```sh / ```bash / ```console blocks: blocks that only write files (the quic
 data) are run in a scratch copy of the repo, so later blocks and configs see their files;
 every other command is checked without running it: `make` targets through `make -n`,
 `snakemake` arguments through Snakemake's own parser (targets must be rules or outputs
-under results/), `python -m specbuild.*` modules must exist, and named files must be there.
+under results/), `python -m specbuild.*` and `benchmarks.*` modules must exist, and named files
+must be there.
 docs/configuration.md must equal `python -m specbuild.schema_doc`'s output.
 """
 
@@ -213,7 +214,10 @@ def command_faults(argv: list[str], workdir: Path) -> list[str]:
         module = argv[2]
         if module.startswith("snakemake"):
             return _snakemake_faults(["snakemake", *argv[3:]], workdir)
-        if module.startswith("specbuild") and importlib.util.find_spec(module) is None:
+        if (
+            module.startswith(("specbuild", "benchmarks"))
+            and importlib.util.find_spec(module) is None
+        ):
             return [f"python -m {module}: no such module"]
         return []
     if name == "bash":

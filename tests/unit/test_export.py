@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from benchmarks.synthetic import SyntheticSpec, make_workspace
 from specbuild.drafter.model import DrafterConfig, Eagle3Drafter
 from specbuild.drafter.state import read_drafter, save_drafter
-from specbuild.drafter.synthetic import SyntheticSpec, make_workspace
 from specbuild.drafter.train import TrainConfig, train_drafter
 from specbuild.export import ExportError, check_export, export_for_sglang
 

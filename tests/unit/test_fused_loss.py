@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.synthetic import SyntheticSpec, make_workspace
 from specbuild.drafter import fused_loss as fused_loss_module
 from specbuild.drafter import train
 from specbuild.drafter.data import ShardSet
 from specbuild.drafter.fused_loss import linear_soft_cross_entropy
 from specbuild.drafter.objective import TTTObjective
-from specbuild.drafter.synthetic import SyntheticSpec, make_workspace
 from specbuild.drafter.train import TrainConfig, _build
 from specbuild.target import read_target_info
 

@@ -462,7 +462,7 @@ def test_cuda_bf16_extraction_stays_aligned_with_cpu_float32(target_dir, rows, r
 
 
 def test_bench_fp8_measures_each_layers_error_and_smaller_groups_err_less(bf16_shard, target_dir):
-    from specbuild.bench.fp8 import LAYER_NAMES, quantization_error
+    from benchmarks.fp8 import LAYER_NAMES, quantization_error
 
     got = quantization_error([bf16_shard], target_dir, ["fp8", "fp8-g64"])
     per_layer, grouped = got["storages"]["fp8"], got["storages"]["fp8-g64"]

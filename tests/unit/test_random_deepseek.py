@@ -1,4 +1,4 @@
-"""tools/h200/random_deepseek.py, the writer of the DeepSeek-V3 example's target: its folder
+"""benchmarks/h200/random_deepseek.py, the writer of the DeepSeek-V3 example's target: its folder
 is what transformers and the target stage read as a DeepSeek-V3 checkpoint (no weight
 missing or unexpected), and its Kimi-K2.5 layout moves every tensor under `language_model.`."""
 

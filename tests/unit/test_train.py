@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from benchmarks.synthetic import SyntheticSpec, make_workspace
 from specbuild.drafter.config import cpu_bf16_supported
 from specbuild.drafter.data import (
     ShardSet,
@@ -31,7 +32,6 @@ from specbuild.drafter.state import (
     save_checkpoint,
     source_digest,
 )
-from specbuild.drafter.synthetic import SyntheticSpec, make_workspace
 from specbuild.drafter.train import (
     TrainConfig,
     TrainingDiverged,
@@ -328,7 +328,7 @@ def test_a_run_with_init_from_says_it_warm_started(ws, tmp_path):
 
 
 def test_an_exported_drafter_evaluates_on_other_shards_of_the_same_tokens(ws, tmp_path):
-    """evaluate_drafter (bench.fp8's one-teacher comparison): the drafter trained on fp8
+    """evaluate_drafter (benchmarks.fp8's one-teacher comparison): the drafter trained on fp8
     shards, judged on the bf16 shards of the same tokens, scores near the trainer's own eval
     (bf16-exported weights, another teacher) and far above an untrained drafter's."""
     from pathlib import Path
@@ -583,7 +583,7 @@ def test_an_eval_set_picks_the_best_epoch_and_is_never_trained_on(ws, tmp_path):
 
 def _target_with_layers(ws, folder, *, drop=None, seed=1):
     """The workspace's target folder plus every decoder layer's weights (Llama names)."""
-    from specbuild.drafter.synthetic import SyntheticSpec, target_config
+    from benchmarks.synthetic import SyntheticSpec, target_config
 
     src = os.path.dirname(ws["target_fingerprint"])
     shutil.copytree(src, folder)

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
+from benchmarks.synthetic import PRESETS, SyntheticSpec, main, make_workspace
 from specbuild.drafter.config import DrafterConfig
 from specbuild.drafter.data import ShardSet
 from specbuild.drafter.flops import StepWork, peak_tflops, step_flops
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import TTTObjective
 from specbuild.drafter.profile import GROUPS
-from specbuild.drafter.synthetic import PRESETS, SyntheticSpec, main, make_workspace
 from specbuild.drafter.throughput import Throughput, Window, benchmarks_row
 from specbuild.drafter.train import TrainConfig, _build, train_drafter
 from specbuild.target import read_target_info

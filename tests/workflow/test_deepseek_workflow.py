@@ -1,5 +1,5 @@
 """The seeds' architecture on the CPU: a random-weight DeepSeek-V3 target (MLA + MoE, the
-narrow test widths of tools/h200/random_deepseek.py) through every stage with the PyTorch
+narrow test widths of benchmarks/h200/random_deepseek.py) through every stage with the PyTorch
 engines, as the real Snakefile runs them: the checkpoint names, the layer-id rule SGLang
 applies to it, a drafter of its shapes, and the bench with its break-even column."""
 

@@ -2,7 +2,7 @@
 generate with backend sglang, the bench's sglang engine (baseline) and its openai engine (an
 endpoint already running), the tuning sweep and their report tables. The stub
 computes fake numbers, so this proves the wiring (params, scripts, server lifecycle, row
-formats), not SGLang itself: that is the GPU run's job (tools/h200/run.sh). Hidden states with
+formats), not SGLang itself: that is the GPU run's job (benchmarks/h200/run.sh). Hidden states with
 SGLang run its model runner in process, which needs a GPU: tests/unit/test_hidden_sglang.py
 (a fake runner on CPU, the real one on the device)."""
 

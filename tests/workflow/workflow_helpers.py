@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 # the workflow files a run needs, as the workflow benchmark copies them
-from specbuild.bench.workflow import WORKFLOW_FILES
+from benchmarks.workflow import WORKFLOW_FILES
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")

@@ -1,6 +1,6 @@
 """Where a training step's time goes: torch.profiler over a few steps after warm-up, grouped.
 
-    make bench-train PRESET=llama8b PROFILE=1   # -> results/bench-train/profile.{json,txt}
+    make bench-train PRESET=llama8b PROFILE=1   # -> results/perf/train/profile.{json,txt}
 
 Every op the profiler saw is put under the innermost `specbuild::<label>` range around it: the
 trainer and objective open some (`data`, `optimizer`, `teacher_full_vocab`, `teacher_draft`,

@@ -663,7 +663,7 @@ def evaluate_drafter(
     """The eval row of an exported drafter (its folder) on the `eval_fraction` split of
     `shards` (the samples training held out: the split hashes sample keys, not shard bytes),
     against these shards' own teacher. So drafters trained on different shards of the same
-    tokens meet one teacher (bench.fp8: fp8-trained drafters judged by bf16 `last`)."""
+    tokens meet one teacher (benchmarks.fp8: fp8-trained drafters judged by bf16 `last`)."""
     cfg = config
     info = read_target_info(target_fingerprint)
     data = ShardSet(shards, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint)

@@ -1,6 +1,6 @@
 """Benchmark (not a test): how fast one host writes a shard's bytes, by method and threads.
 
-    python -m specbuild.bench.hostwrite [--gb 2.5] [--folder /tmp]
+    python -m benchmarks.hostwrite [--gb 2.5] [--folder /tmp]
 
 Why: stage `hidden` scatters every batch's rows into the shard file's mapped pages
 (hidden/writer.py, hidden/hostcopy.py); at SmolLM2's 1M tokens/s that is ~5 GB/s of host

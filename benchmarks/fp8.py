@@ -1,7 +1,7 @@
 """fp8 hidden-state shards against bf16 on the same data: a benchmark, not a test.
 
-    python -m specbuild.bench.fp8 [--config config/config.yaml] [--storages fp8 [fp8-g64]]
-        [--errors fp8 fp8-g64 fp8-g32] [--limit 20] [--out results/bench-fp8] [--cores 2]
+    python -m benchmarks.fp8 [--config config/config.yaml] [--storages fp8 [fp8-g64]]
+        [--errors fp8 fp8-g64 fp8-g32] [--limit 20] [--out results/perf/fp8] [--cores 2]
         [--reuse]
 
 Needs the config built first (`make run`: its samples, generated answers, tokenized shards,
@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from benchmarks import PERF
 from specbuild.bench.metrics import (
     acceptance_interval,
     acceptance_length,
@@ -146,7 +147,11 @@ def make_arm(repo: Path, workdir: Path, config: dict, storage: str, limit: int) 
     for s in cfg["bench"]["sets"].values():
         s["limit"] = limit
     (workdir / "arm.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    skip = (workdir.parent.name,) if workdir.parent.parent == repo / "results" else ()
+    # results/perf (these arms among them) holds measurements, never a workflow input
+    results = repo / "results"
+    skip = (PERF.name,)
+    if workdir.is_relative_to(results):
+        skip += (workdir.relative_to(results).parts[0],)
     _link_tree(repo / "results", workdir / "results", skip + (() if storage == "bf16" else REBUILT))
     # Snakemake's records of the built jobs (params, code, inputs), copied: it rewrites them
     # in place. Without them a reused output would be trusted by its mtime alone.
@@ -306,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         help="storages whose quantization error is measured (cheap: no arm of their own)",
     )
     ap.add_argument("--limit", type=int, default=20, help="prompts per bench set")
-    ap.add_argument("--out", default="results/bench-fp8")
+    ap.add_argument("--out", default=str(PERF / "fp8"))
     ap.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--reuse", action="store_true", help="compare the arms already built")
     args = ap.parse_args(argv)

@@ -1,4 +1,4 @@
-"""A data seed (tools/h200/run.sh, SPECBUILD_SEED) rebuilt from a run that returned only its
+"""A data seed (benchmarks/h200/run.sh, SPECBUILD_SEED) rebuilt from a run that returned only its
 generated shards (as run.sh did before it returned samples too).
 
 Each samples shard is rebuilt from its generated rows (id, the first user turn: what synthesize
@@ -6,7 +6,7 @@ or samples wrote; `generate` reads nothing else of a sample), its rejects from t
 from the shard's span, each with the reason that its text was not returned, and its counts and
 rejects check from the run's own reject table, so the data report shows what that run built.
 
-    python tools/h200/restore_seed.py <unpacked run folder> .seed/data.tar.gz
+    python benchmarks/h200/restore_seed.py <unpacked run folder> .seed/data.tar.gz
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from specbuild.io import read_jsonl
 from specbuild.rejects import check_rejected_share, publish_shard
 from specbuild.seed import pack
 
-LOST = "not returned by the run that built it (tools/h200/restore_seed.py): text lost"
+LOST = "not returned by the run that built it (benchmarks/h200/restore_seed.py): text lost"
 
 
 def restore(built: Path, out: Path) -> None:

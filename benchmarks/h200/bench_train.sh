@@ -4,8 +4,8 @@
 # shapes (hidden 4096, draft vocab 32,000, 7 TTT steps, samples of 2,048 tokens, 8,192 tokens a
 # rank a step) on synthetic shards: tokens/s, TFLOP/s and MFU (drafter/flops.py says what is
 # counted), then where a step's time goes (drafter/profile.py). Needs none of the SGLang kit.
-#   bash tools/h200/bench_train.sh                  # tests, bench, profile, bench2 if 2 GPUs
-#   bash tools/h200/bench_train.sh bench profile    # any of: tests bench profile bench2
+#   bash benchmarks/h200/bench_train.sh                  # tests, bench, profile, bench2 if 2 GPUs
+#   bash benchmarks/h200/bench_train.sh bench profile    # any of: tests bench profile bench2
 # tests:   the GPU-marked tests of stage train (CUDA path: fused AdamW, pinned batches loaded
 #          ahead, kernel-time profile, the compiled fused TTT attention against the reference
 #          and its graph count), ~3-4 min (compiles)
@@ -25,7 +25,7 @@
 # profile.trace.json.gz (ui.perfetto.dev), bench_train.log, summary.md (BENCHMARKS.md rows).
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
-W=results/bench-train
+W=results/perf/train
 PRESET=${SPECBUILD_BENCH_PRESET:-llama8b}  # tiny: try this script on a CPU (fake nvidia-smi)
 ATTENTION=${SPECBUILD_BENCH_ATTENTION:-auto}  # auto (flex on CUDA) | reference | flex
 LOSS=${SPECBUILD_BENCH_LOSS:-auto}  # train.loss: auto (fused on CUDA) | reference | fused
@@ -42,8 +42,8 @@ python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$LOG"
 workspace() {  # $1: nproc, then synthetic's flags; the shards are written once per machine
   local nproc=$1; shift
   set -- --preset "$PRESET" --nproc "$nproc" --attention "$ATTENTION" --loss "$LOSS" --token-budget "$TOKENS" "$@"
-  python3 -m specbuild.drafter.synthetic "$W" --spec-only "$@" 2>/dev/null \
-    || python3 -m specbuild.drafter.synthetic "$W" "$@"
+  python3 -m benchmarks.synthetic "$W" --spec-only "$@" 2>/dev/null \
+    || python3 -m benchmarks.synthetic "$W" "$@"
 }
 
 train() {  # $1: nproc

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Download, here, the wheels the H200 host needs beyond its image and the SGLang kit:
 # snakemake and its dependencies (cp312 where compiled), into .whl (~8 MB; git-ignored);
-# pygments for `snakemake --report`; py-spy for tools/h200/extract.sh pyspy.
+# pygments for `snakemake --report`; py-spy for benchmarks/h200/extract.sh pyspy.
 # The host already has numpy, pandas, seaborn, matplotlib, safetensors, pyyaml, requests,
 # jinja2, psutil, tabulate, wrapt, accelerate (KINDS.md); the kit's /tmp/site has
 # transformers 5.12.1, jsonschema, pydantic, traitlets, orjson.

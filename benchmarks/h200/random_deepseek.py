@@ -9,8 +9,8 @@ loads the real one:
     dense intermediate 18432 (the first layer), MoE intermediate 2048, routed experts with
     one shared expert, sigmoid scoring with a correction bias (noaux_tc), 8 layers by default
 
-    python tools/h200/random_deepseek.py /tmp/dsv3 --tokenizer /tmp/smol
-    python tools/h200/random_deepseek.py /tmp/kimi --tokenizer /tmp/smol --wrapper
+    python benchmarks/h200/random_deepseek.py /tmp/dsv3 --tokenizer /tmp/smol
+    python benchmarks/h200/random_deepseek.py /tmp/kimi --tokenizer /tmp/smol --wrapper
 
 `--wrapper` writes the same text model as Kimi-K2.5 lays it out: config.json of
 `KimiK25ForConditionalGeneration` with the DeepSeek-V3 config in `text_config`, tensors under

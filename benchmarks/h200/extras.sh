@@ -1,7 +1,7 @@
 #!/bin/bash
-# After tools/h200/run.sh printed "specbuild: done", on the same machine (nvidia-h200-x2):
+# After benchmarks/h200/run.sh printed "specbuild: done", on the same machine (nvidia-h200-x2):
 # the GPU-marked tests and extraction tokens/s. Logs come back in $OUT. (Training on two GPUs
-# is the pipeline's own train job: SPECBUILD_TRAIN_NPROC=2 bash tools/h200/run.sh.)
+# is the pipeline's own train job: SPECBUILD_TRAIN_NPROC=2 bash benchmarks/h200/run.sh.)
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 nvidia-smi --query-gpu=name --format=csv,noheader
@@ -13,5 +13,5 @@ SPECBUILD_TEST_TARGET=$PWD/results/target/smollm2-135m-instruct \
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/test_hidden.py \
   tests/unit/test_bench_hf.py tests/unit/test_train.py 2>&1 | tail -15 | tee "$OUT/gpu-tests.log"
 
-timeout 120 python3 -m specbuild.bench.extract --device cuda --dtype bfloat16 --samples 256 \
+timeout 120 python3 -m benchmarks.extract --device cuda --dtype bfloat16 --samples 256 \
   --max-len 1024 --batch-tokens 16384 --repeats 3 --out "$OUT/extract_gpu.json" 2>&1 | tail -8

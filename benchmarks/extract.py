@@ -1,8 +1,8 @@
 """Benchmark of stage `hidden` (a benchmark, not a test): extraction throughput against a bare
 forward pass over the very same batches, and bytes per token on disk.
 
-    python -m specbuild.bench.extract [--target-dir results/target/<name>] [--device cpu]
-    python -m specbuild.bench.extract --engine sglang [--preset llama8b] ...   # one GPU
+    python -m benchmarks.extract [--target-dir results/target/<name>] [--device cpu]
+    python -m benchmarks.extract --engine sglang [--preset llama8b] ...   # one GPU
 
 `--engine sglang` measures, in one process on one GPU and on the same mixed-length batches:
 SGLang's bare prefill (its model runner, aux capture off), the full SGLang extraction (capture,
@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 import specbuild
+from benchmarks import PERF
 from specbuild.hidden.extract import plan_batches, resolve_layer_ids, write_features
 from specbuild.hidden.hf import HFFeatureBackend
 from specbuild.hidden.tokens import TokenShard
@@ -204,7 +205,7 @@ def run_extract_bench(
 
 def _random_target(folder: Path, preset: str) -> Path:
     """A config-only folder of a drafter-bench preset's target shapes (weights: random)."""
-    from specbuild.drafter.synthetic import PRESETS, target_config
+    from benchmarks.synthetic import PRESETS, target_config
 
     folder.mkdir(parents=True, exist_ok=True)
     write_json(
@@ -430,7 +431,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-len", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--out", default="results/bench/extract.json")
+    ap.add_argument("--out", default=str(PERF / "extract" / "extract.json"))
     ap.add_argument("--engine", choices=["hf", "sglang"], default="hf")
     ap.add_argument("--preset", help="sglang engine: random-weight target of a preset's shapes")
     ap.add_argument("--tokenizer-dir", help="sglang engine with --preset: any tokenizer folder")

@@ -4,14 +4,14 @@
 # Here, once (about 3 minutes, ~1.5 GB scratch; both folders are in .git/info/exclude):
 #   bash ../shared/tools/sglang-device/prepare_local.sh $PWD/.sgl
 #   rm -rf .ship1 .ship2 .ship3 && for i in 1 2 3; do cp -r .sgl/ship$i .ship$i; done
-#   bash tools/h200/wheels.sh            # snakemake + its pure-python deps -> .whl (~7 MB)
+#   bash benchmarks/h200/wheels.sh            # snakemake + its pure-python deps -> .whl (~7 MB)
 # On the device, one machine, each call right after the last (the machine stays warm
 # 30 s and /tmp must survive):
 #   carry [.ship1]: bash .ship1/stage.sh .ship1
 #   carry [.ship2]: bash .ship2/stage.sh .ship2 && bash .ship2/setup_site.sh
 #   carry [.ship3]: bash .ship3/stage.sh .ship3 && bash .ship3/model.sh /tmp/smol
-#   carry [.whl]:   bash tools/h200/run.sh   (.ship3 and .whl with the tree: over 64 MiB)
-#   no carry:       bash tools/h200/run.sh          (repeat until it prints "specbuild: done")
+#   carry [.whl]:   bash benchmarks/h200/run.sh   (.ship3 and .whl with the tree: over 64 MiB)
+#   no carry:       bash benchmarks/h200/run.sh          (repeat until it prints "specbuild: done")
 # The first call starts snakemake in its own process session (setsid: it outlives the call
 # and runs on until the machine goes back) and waits for it at most SPECBUILD_BUDGET_S seconds
 # (the device's limit is 600 s per command); each later call waits on the same run, so no job
@@ -54,7 +54,7 @@
 # The variants run on one H200 from a seed (every variant but base_multiturn built in 17 min
 # 44 s, BENCHMARKS.md, "SmolLM2 example on H200"; name a subset with SPECBUILD_VARIANTS):
 #   SPECBUILD_SEED=/tmp/seed.tar.gz SPECBUILD_GPU_SLOTS=3 SPECBUILD_SET="sglang.tuning.enabled=false \
-#     bench.sweep_drafters=[] sglang.server_args.mem_fraction_static=0.2" bash tools/h200/run.sh
+#     bench.sweep_drafters=[] sglang.server_args.mem_fraction_static=0.2" bash benchmarks/h200/run.sh
 # Tables, plots and logs come back in $OUT: summary.md, snakemake.log, specbuild-h200.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -195,7 +195,7 @@ else
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
   rm -f "$RUN/rc"
   echo "=== $(date -u +%FT%TZ) run: $CONFIG $*" >>"$RUN/snakemake.log"
-  SPECBUILD_RUN_CHILD=1 setsid nohup bash "$PWD/tools/h200/run.sh" "$@" </dev/null >>"$RUN/child.log" 2>&1 &
+  SPECBUILD_RUN_CHILD=1 setsid nohup bash "$PWD/benchmarks/h200/run.sh" "$@" </dev/null >>"$RUN/child.log" 2>&1 &
   echo $! >"$RUN/pid"
   sleep 3  # the child writes its own pid (setsid may fork)
 fi

@@ -1,7 +1,7 @@
 """Benchmark of the workflow itself (a benchmark, not a test): what Snakemake spends on our DAG
 against a bare Snakefile of the same shape, on a dataset grown to ~2,000 shards.
 
-    python -m specbuild.bench.workflow [--shards 2000] [--repeats 3] [--out FILE]
+    python -m benchmarks.workflow [--shards 2000] [--repeats 3] [--out FILE]
         [--compare OTHER_CHECKOUT] [--cprofile DIR]
 
 Copies of the workflow go into a scratch folder (never the repo's results/): the project
@@ -53,6 +53,7 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks import PERF
 from specbuild.io import write_json
 
 __all__ = [
@@ -331,7 +332,7 @@ def bare_snakefile(shape: Shape, *, matched: bool = False) -> str:
     stage = ',\n    stage="samples|generated|tokenized"' if matched else ""
     return (
         f"# Bare twin (matched={matched}) of the specbuild DAG, written by"
-        f" specbuild.bench.workflow:\n# {shape.shards} shards, {shape.jobs} jobs; literal paths,"
+        f" benchmarks.workflow:\n# {shape.shards} shards, {shape.jobs} jobs; literal paths,"
         " no config, params, resources, conda or scripts.\n\n"
         f'SHARDS = [f"{{i:05d}}" for i in range({shape.shards})]\n'
         'FP = "results/target/t/fingerprint.json"\n\n\n'
@@ -587,7 +588,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--repo", default=".", help="the specbuild checkout to measure")
     ap.add_argument("--compare", help="another checkout measured alongside, as `baseline`")
-    ap.add_argument("--out", default="results/bench-workflow/workflow.json")
+    ap.add_argument("--out", default=str(PERF / "workflow" / "workflow.json"))
     ap.add_argument("--scratch", help="folder for the workdirs (default: a new temp folder)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch workdirs")
     ap.add_argument("--cprofile", help="also write cProfile stats of each workflow here")

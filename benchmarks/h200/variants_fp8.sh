@@ -1,7 +1,7 @@
 #!/bin/bash
 # One H200 for the variants table and the served fp8 arm (BENCHMARKS.md): run.sh
 # builds config/examples/smollm2-sglang-h200.yaml's every variant; as soon as the data the arm
-# trains on is there, tools/h200/arm.sh starts the arm beside it: the recipe at 4 epochs on fp8
+# trains on is there, benchmarks/h200/arm.sh starts the arm beside it: the recipe at 4 epochs on fp8
 # shards, against `epochs_4`, the same recipe on the main run's bf16 shards. Sized for one
 # 30 minutes of the device (~1,800 device-s, staging included): one chat shard of 4,096
 # prompts (not 20,480; training is the critical path, one at a time on the one GPU), tuning
@@ -9,7 +9,7 @@
 # 44 s (BENCHMARKS.md, "SmolLM2 example on H200"), before `base_multiturn` (12 epochs on 6,745 samples, ~4,030
 # steps: ~7-9 min more by `base`'s 1,524 steps in 3 min 23 s, estimated): with it every
 # variant and the arm take more than 30 minutes; SPECBUILD_VARIANTS names the ones to build.
-# The data comes from tools/h200/seed/variants-data.tar.gz (that folder's README), built by
+# The data comes from benchmarks/h200/seed/variants-data.tar.gz (that folder's README), built by
 # this script's first run: without it the data stage took 9 min 9 s of that run (data
 # server start, synthesize, generate). SPECBUILD_SEED= (empty) builds the data instead,
 # through one data server. The arm's tables and logs come back in $OUT/arm-fp8. The device's
@@ -17,8 +17,8 @@
 #   carry [.ship1]: bash .ship1/stage.sh .ship1
 #   carry [.ship2]: bash .ship2/stage.sh .ship2 && bash .ship2/setup_site.sh
 #   carry [.ship3]: bash .ship3/stage.sh .ship3 && bash .ship3/model.sh /tmp/smol
-#   carry [.whl]: SPECBUILD_BUDGET_S=540 bash tools/h200/variants_fp8.sh
-#   no carry: SPECBUILD_BUDGET_S=<device budget left - 40> bash tools/h200/variants_fp8.sh
+#   carry [.whl]: SPECBUILD_BUDGET_S=540 bash benchmarks/h200/variants_fp8.sh
+#   no carry: SPECBUILD_BUDGET_S=<device budget left - 40> bash benchmarks/h200/variants_fp8.sh
 #     again until it prints "specbuild: done" (a call the device stops returns no files).
 # SPECBUILD_PAIR=1: the fp8 pair alone (BENCHMARKS.md, "hidden: fp8 against bf16"; the variants
 # table: "SmolLM2 example: variants"): the main run is the recipe at 4 epochs with no variants (bf16 shards,
@@ -41,14 +41,14 @@ if [ -n "${SPECBUILD_PAIR:-}" ]; then
   MAIN_SET="$COMMON train.epochs=4 bench.baseline=false"
   FIRST=base
 fi
-SEED=${SPECBUILD_SEED-tools/h200/seed/variants-data.tar.gz}
+SEED=${SPECBUILD_SEED-benchmarks/h200/seed/variants-data.tar.gz}
 ready() {  # the arm copies the main run's data: once unpacked and marked, or once generated
   if [ -n "$SEED" ]; then [ -f /tmp/specbuild-run/seeded ]; return; fi
   for f in gsm8k/00000 chat/00000; do [ -f "results/generated/$f.jsonl" ] || return 1; done
 }
 watch() {
   until [ -d /tmp/specbuild-arm-fp8 ]; do
-    ready && SPECBUILD_SET="$ARM_SET" bash tools/h200/arm.sh fp8 >>/tmp/specbuild-arm-start.log 2>&1
+    ready && SPECBUILD_SET="$ARM_SET" bash benchmarks/h200/arm.sh fp8 >>/tmp/specbuild-arm-start.log 2>&1
     sleep 5
   done
 }
@@ -56,12 +56,12 @@ watch &
 watcher=$!
 if [ -n "$SEED" ]; then
   SPECBUILD_SEED=$SEED SPECBUILD_DATA_SERVER= SPECBUILD_SET="$MAIN_SET" SPECBUILD_PRIORITY="$FIRST" \
-    SPECBUILD_BUDGET_S=$BUDGET bash tools/h200/run.sh "$@"
+    SPECBUILD_BUDGET_S=$BUDGET bash benchmarks/h200/run.sh "$@"
 else
   # the data jobs' requests in flight together (4 x 64) within the data server's decode graphs
   SPECBUILD_SEED= SPECBUILD_DATA_SERVER=1 SPECBUILD_SET="$MAIN_SET sglang.max_concurrency=64" \
     SPECBUILD_PRIORITY="$FIRST" \
-    SPECBUILD_BUDGET_S=$BUDGET bash tools/h200/run.sh "$@"
+    SPECBUILD_BUDGET_S=$BUDGET bash benchmarks/h200/run.sh "$@"
 fi
 rc=$?
 kill "$watcher" 2>/dev/null
@@ -69,6 +69,6 @@ if [ -d /tmp/specbuild-arm-fp8 ]; then
   echo "=== arm fp8"
   # waits on the arm with what is left of this call's budget
   left=$((BUDGET - SECONDS))
-  SPECBUILD_SET="$ARM_SET" SPECBUILD_BUDGET_S=$((left > 1 ? left : 1)) bash tools/h200/arm.sh fp8 | tail -8
+  SPECBUILD_SET="$ARM_SET" SPECBUILD_BUDGET_S=$((left > 1 ? left : 1)) bash benchmarks/h200/arm.sh fp8 | tail -8
 fi
 exit $rc

@@ -1,12 +1,12 @@
 #!/bin/bash
-# An arm beside tools/h200/run.sh's run, on that run's data: the same samples and generated
+# An arm beside benchmarks/h200/run.sh's run, on that run's data: the same samples and generated
 # shards, keys changed that the data does not depend on (hidden.storage, training keys), in a
 # copy of the tree of its own so that the two runs' results never mix. Both runs' GPU jobs
 # take slots of the same GPUs (specbuild.gpus locks are per host), so the arm fills the GPU
 # time the main run leaves idle.
 #
 #   SPECBUILD_SET="<the main run's keys> hidden.storage=fp8 train.epochs=4 bench.baseline=false" \
-#     bash tools/h200/arm.sh fp8            # fp8 shards against the main run's bf16
+#     bash benchmarks/h200/arm.sh fp8            # fp8 shards against the main run's bf16
 #
 # Call it once the main run's generate jobs are done (its data is copied at the first call;
 # a shard missing then is built by the arm itself). Every call waits on the arm at most
@@ -29,7 +29,7 @@ cd "$DIR"
 ARM_OUT=${OUT:-/tmp/specbuild-out}/arm-$NAME
 SPECBUILD_RUN_DIR=/tmp/specbuild-run-$NAME SPECBUILD_SEED=$DIR.seed.tar.gz SPECBUILD_VARIANTS= \
   SPECBUILD_DATA_SERVER= SPECBUILD_BUDGET_S=${SPECBUILD_BUDGET_S:-5} OUT=$ARM_OUT \
-  bash tools/h200/run.sh "$@"
+  bash benchmarks/h200/run.sh "$@"
 rc=$?
 rm -f "$ARM_OUT/specbuild-data.tar.gz"  # the main run's data: it comes back from there
 exit $rc

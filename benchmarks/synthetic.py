@@ -6,7 +6,7 @@ Tokens walk a fixed permutation (x[t+1] = perm[x[t]]) inside the draft vocabular
 target's `last` at t points at lm_head row x[t+1], so the next token is predictable from the
 current one and a drafter that learns anything reaches high accuracy.
 
-    python -m specbuild.drafter.synthetic OUT [--preset llama8b|smollm2|tiny] [--epochs N]
+    python -m benchmarks.synthetic OUT [--preset llama8b|smollm2|tiny] [--epochs N]
         [--profile]
 
 writes OUT/{target,vocab,hidden} and OUT/spec.json (`--spec-only`: the spec alone, for the
