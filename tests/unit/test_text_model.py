@@ -130,7 +130,7 @@ def test_the_hf_generation_backend_decodes_a_wrapper_as_the_plain_folder(
 
 
 def test_a_wrapped_deepseek_v3_runs_as_its_plain_twin(deepseek_target, kimi_target):
-    """tools/h200/random_deepseek.py's two layouts of the same draws: Kimi-K2.5's wrapper
+    """benchmarks/h200/random_deepseek.py's two layouts of the same draws: Kimi-K2.5's wrapper
     around DeepSeek-V3 (MLA + MoE) and the plain folder give the same logits on the CPU."""
     from specbuild.target import load_target_model
 
