@@ -69,7 +69,12 @@ RULES = {
     for f in [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]
     for m in re.finditer(r"^rule (\w+):", f.read_text(encoding="utf-8"), re.M)
 }
-MEANINGLESS = re.compile(r"\b(sessions?|holds?|helpers?|issues? \d+)\b", re.I)
+# words of how the work was done, not of the project: sessions, tracker numbers, machine holds
+MEANINGLESS = re.compile(
+    r"\b(sessions?|issues? #?\d+|(a|one|the|this|that|each|every|next|last)"
+    r" (H200 |GPU |machine |device )?hold)\b",
+    re.I,
+)
 
 
 def blocks(text: str) -> list[tuple[str, str, int]]:
@@ -278,17 +283,17 @@ def test_every_snippet_of_the_page_works(page: Path, scratch: Path):
     assert page_faults(text, scratch) == []
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
+@pytest.mark.parametrize(
+    "page",
+    [p for p in PAGES if p.name not in AS_WRITTEN],
+    ids=lambda p: p.relative_to(REPO).as_posix(),
+)
 def test_every_code_block_is_fenced_so_it_is_tested(page: Path):
-    if page.name in AS_WRITTEN:
-        pytest.skip("kept as written")
     assert indented_code(page.read_text(encoding="utf-8")) == []
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_the_docs_speak_of_the_project_only(page: Path):
-    if page.name in AS_WRITTEN:
-        pytest.skip("kept as written")
     assert MEANINGLESS.findall(page.read_text(encoding="utf-8")) == []
 
 
@@ -378,3 +383,17 @@ def test_console_output_lines_are_not_commands(scratch: Path):
 
 def test_an_indented_block_is_found():
     assert indented_code("text\n\n    make run\n\n```sh\n    make run\n```\n") == [3]
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ("measured in the fourteenth session", True),
+        ("(BENCHMARKS.md, issue 17.5)", True),
+        ("One H200 hold: the variants", True),
+        ("a shard holds one row per sample", False),
+        ("helper rules sit beside the stage's rule", False),
+    ],
+)
+def test_the_project_only_check_tells_work_notes_from_plain_words(text: str, found: bool):
+    assert bool(MEANINGLESS.findall(text)) is found
