@@ -9,6 +9,7 @@ character, as `json.detect_encoding` does), or gzip by the name's `.gz`, streame
 from __future__ import annotations
 
 import codecs
+import errno
 import glob
 import gzip
 import hashlib
@@ -17,13 +18,14 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import socket
 import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+from specbuild.disk import DiskFullError, disk_full_error
 
 __all__ = [
     "GZIP_SUFFIX",
@@ -38,7 +40,6 @@ __all__ = [
     "write_jsonl",
     "read_jsonl",
     "setup_logging",
-    "ensure_free_space",
 ]
 
 log = logging.getLogger("specbuild")
@@ -108,16 +109,38 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
     The renamed file has the mode any file the user creates gets (0666 less the umask), also
     when the writer replaced the temp file by its own (safetensors' save_file writes 0600).
+    A full disk (ENOSPC, from the block or from the rename) raises DiskFullError naming
+    `path`: the message a user can act on, not the temp file's name in a traceback.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path, mode = _create_temp(path.parent, path.name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path, mode = _create_temp(path.parent, path.name)
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise disk_full_error(path, "no space left on device to start writing it") from None
+        raise
     try:
         yield tmp_path
         os.chmod(tmp_path, mode)
         os.replace(tmp_path, path)
+    except DiskFullError:
+        raise
+    except Exception as err:
+        if _is_disk_full(err):
+            tmp_path.unlink(missing_ok=True)  # the room disk_full_error reports as free
+            raise disk_full_error(path, "no space left on device while writing it") from None
+        raise
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def _is_disk_full(err: BaseException) -> bool:
+    """ENOSPC as Python raises it, or as a native writer (safetensors, torch) words it."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    return "No space left on device" in text or "os error 28" in text
 
 
 @contextmanager
@@ -268,19 +291,6 @@ def read_text_any(path: str | os.PathLike) -> str:
             f"{path}: not {encoding.upper()} (byte {err.start + bom}: "
             f"{data[err.start + bom : err.start + bom + 1]!r}); re-save it as UTF-8"
         ) from None
-
-
-def ensure_free_space(path: str | os.PathLike, nbytes: int, *, hint: str = "") -> None:
-    """Fail before the work when the filesystem of `path` has less than `nbytes` free (with 5%
-    to spare): a write that fills the disk after an hour of GPU work loses the hour."""
-    folder = Path(path).parent
-    folder.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(folder).free
-    if free < nbytes * 1.05:
-        raise OSError(
-            f"{path}: needs ~{nbytes / 1e9:.2f} GB, {folder} has {free / 1e9:.2f} GB free"
-            + (f"; {hint}" if hint else "")
-        )
 
 
 def setup_logging(
