@@ -1,6 +1,7 @@
 """Helpers for the rules: config validation, path helpers, params as plain builtins."""
 
 import os
+import sys
 
 from specbuild.config_check import (
     ConfigError,
@@ -25,11 +26,13 @@ def config_source():
 
 SCHEMA = f"{workflow.basedir}/config/config.schema.yaml"
 
-# Fills the schema's defaults; one short error naming every faulty key (no stack trace).
+# Fills the schema's defaults; one short error naming every faulty key. Exiting with the message
+# alone: Snakemake prints a raised error inside "in file common.smk, line N" and a traceback line,
+# which point at this check, not at the user's config.
 try:
     check_config(config, schema=SCHEMA, source=config_source())
 except ConfigError as err:
-    raise err.with_traceback(None) from None
+    sys.exit(str(err))
 
 
 wildcard_constraints:
