@@ -56,6 +56,21 @@ from specbuild.snakemake_speedups import job_function, memoize_source_paths
 
 memoize_source_paths()
 
+# results/ may be a symlink to a larger disk (specbuild/snakemake_symlinks.py says why this is
+# needed).
+from specbuild.snakemake_symlinks import keep_linked_output_folders
+
+keep_linked_output_folders()
+
+# A lock left here: say what is safe before Snakemake's own advice (`--unlock`), which is not
+# under a live run. A job of a run (its own parse) does not ask.
+from specbuild.run_lock import lock_advice
+
+if workflow.is_main_process:
+    advice = lock_advice()
+    if advice:
+        print(advice, file=sys.stderr)
+
 
 def dataset_config(dataset):
     return config["datasets"][dataset]
