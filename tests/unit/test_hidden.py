@@ -405,8 +405,9 @@ def test_a_disk_too_small_stops_extraction_before_any_model_loads(
     monkeypatch.setattr("specbuild.hidden.extract.open_backend", lambda *a, **k: loaded.append(1))
     out = tmp_path / "00000.safetensors"
     with pytest.raises(
-        OSError, match=r"(?s)00000\.safetensors: not enough free disk space.*needs ~[\d.]+ [MG]B"
-        r".*hidden.storage: fp8"
+        OSError,
+        match=r"(?s)00000\.safetensors: not enough free disk space.*needs ~[\d.]+ [MG]B"
+        r".*hidden.storage: fp8",
     ):
         _extract(tokenized, target_dir, out)
     assert loaded == [] and list(tmp_path.iterdir()) == []
