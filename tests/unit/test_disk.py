@@ -111,6 +111,7 @@ def tiny_fs(tmp_path):
     subprocess.run(["umount", str(mnt)], check=True)
 
 
+@pytest.mark.root
 def test_a_real_full_disk_fails_the_write_naming_it_and_leaves_nothing(tiny_fs):
     out = tiny_fs / "results" / "big.jsonl"
     rows = [{"text": "x" * 1000, "i": i} for i in range(200)]  # ~200 kB into 64 kB
@@ -123,6 +124,7 @@ def test_a_real_full_disk_fails_the_write_naming_it_and_leaves_nothing(tiny_fs):
     assert write_jsonl(out, rows[:10]) == 10  # the room came back
 
 
+@pytest.mark.root
 def test_the_check_sees_a_real_small_disk(tiny_fs):
     with pytest.raises(DiskFullError, match=r"needs ~0\.10 MB, .* has 0\.0\d MB free"):
         ensure_free_space(tiny_fs / "x.jsonl", 100_000, "x")

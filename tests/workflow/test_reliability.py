@@ -27,6 +27,8 @@ from workflow_helpers import (
 
 from specbuild.io import read_json
 
+pytestmark = pytest.mark.workflow
+
 
 def _messages(proc: subprocess.CompletedProcess) -> list[str]:
     """Snakemake's stderr without its profile notice."""
@@ -168,6 +170,7 @@ def _fill(folder: Path) -> Path:
     return filler
 
 
+@pytest.mark.root
 def test_a_full_disk_fails_the_job_in_a_few_lines_and_the_rerun_is_byte_identical(
     tmp_path, target_dir, small_disk
 ):
