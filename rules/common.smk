@@ -1,6 +1,7 @@
 """Helpers for the rules: config validation, path helpers, params as plain builtins."""
 
 import os
+import sys
 
 from specbuild.config_check import (
     ConfigError,
@@ -27,11 +28,13 @@ def config_source():
 
 SCHEMA = f"{workflow.basedir}/config/config.schema.yaml"
 
-# Fills the schema's defaults; one short error naming every faulty key (no stack trace).
+# Fills the schema's defaults; one short error naming every faulty key. Exiting with the message
+# alone: Snakemake prints a raised error inside "in file common.smk, line N" and a traceback line,
+# which point at this check, not at the user's config.
 try:
     check_config(config, schema=SCHEMA, source=config_source())
 except ConfigError as err:
-    raise err.with_traceback(None) from None
+    sys.exit(str(err))
 
 
 wildcard_constraints:
@@ -54,6 +57,21 @@ def target_file(name):
 from specbuild.snakemake_speedups import job_function, memoize_source_paths
 
 memoize_source_paths()
+
+# results/ may be a symlink to a larger disk (specbuild/snakemake_symlinks.py says why this is
+# needed).
+from specbuild.snakemake_symlinks import keep_linked_output_folders
+
+keep_linked_output_folders()
+
+# A lock left here: say what is safe before Snakemake's own advice (`--unlock`), which is not
+# under a live run. A job of a run (its own parse) does not ask.
+from specbuild.run_lock import lock_advice
+
+if workflow.is_main_process:
+    advice = lock_advice()
+    if advice:
+        print(advice, file=sys.stderr)
 
 
 def dataset_config(dataset):

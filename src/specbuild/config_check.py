@@ -33,6 +33,7 @@ import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 
 from specbuild.bench.chain import BASELINE, NO_DRAFTER, Chain
+from specbuild.bench.drafter_fit import external_drafter_faults
 
 __all__ = [
     "RESERVED_DRAFTER_NAMES",
@@ -579,6 +580,18 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
             "(e.g. http://host:8000/v1)"
         )
     faults += _bench_drafters_faults(bench, ["base", *variants])
+    target = _mapping(config.get("target"))
+    if (
+        bench.get("enabled")
+        and {"hf", "sglang"} & set(engines)
+        and isinstance(target.get("source"), str)
+    ):
+        faults += external_drafter_faults(
+            _mapping(bench.get("drafters")),
+            workdir=workdir,
+            target_name=str(target.get("name")),
+            source=target["source"],
+        )
     if tuning.get("chain") not in (None, BASELINE):
         faults += _chain_fault("sglang.tuning.chain", tuning["chain"], hf=False)
 

@@ -47,6 +47,7 @@ from specbuild.backends.base import (
     GenerationRequest,
     SamplingParams,
 )
+from specbuild.disk import ensure_free_space, generate_need
 from specbuild.io import read_jsonl
 from specbuild.near_dup import find_near_duplicates
 from specbuild.rejects import publish_shard
@@ -227,6 +228,17 @@ def generate_shard(
         raise ValueError(f"turns {turns} needs the follow-up sampling (synthesize settings)")
     target = read_target_info(fingerprint)
     rows = list(read_jsonl(samples))
+    # the longest the shard can get: every answer, and every follow-up user turn the target
+    # writes, at its max_new_tokens
+    longest = turns * sampling.max_new_tokens + (turns - 1) * (
+        follow_up.max_new_tokens if follow_up is not None else 0
+    )
+    ensure_free_space(
+        out,
+        generate_need(samples=samples, records=len(rows), new_tokens_per_record=longest),
+        "a generated shard",
+        hint="lower generate.max_new_tokens",
+    )
     bad: list[dict] = []
     dups: dict[str, str] = {}
     if near_duplicate_threshold is not None:

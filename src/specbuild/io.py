@@ -1,14 +1,23 @@
-"""Atomic file writes and JSONL reading: a killed job never leaves a file that looks finished."""
+"""Atomic file writes and reading users' files.
+
+Writes: a killed job never leaves a file that looks finished. Reads (`iter_utf8_lines`,
+`read_text_any`): the files users really have, a UTF-8 BOM from a spreadsheet export, UTF-16 or
+UTF-32 from a Windows editor (told by their BOM, or by the NUL bytes around the first ASCII
+character, as `json.detect_encoding` does), or gzip by the name's `.gz`, streamed.
+"""
 
 from __future__ import annotations
 
+import codecs
+import errno
 import glob
+import gzip
 import hashlib
+import io
 import json
 import logging
 import os
 import secrets
-import shutil
 import socket
 import stat
 from collections.abc import Iterable, Iterator
@@ -16,7 +25,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from specbuild.disk import DiskFullError, disk_full_error
+
 __all__ = [
+    "GZIP_SUFFIX",
+    "detect_encoding",
+    "iter_utf8_lines",
+    "read_text_any",
     "user_file_mode",
     "atomic_path",
     "atomic_open",
@@ -25,7 +40,6 @@ __all__ = [
     "write_jsonl",
     "read_jsonl",
     "setup_logging",
-    "ensure_free_space",
 ]
 
 log = logging.getLogger("specbuild")
@@ -95,16 +109,38 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
     The renamed file has the mode any file the user creates gets (0666 less the umask), also
     when the writer replaced the temp file by its own (safetensors' save_file writes 0600).
+    A full disk (ENOSPC, from the block or from the rename) raises DiskFullError naming
+    `path`: the message a user can act on, not the temp file's name in a traceback.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path, mode = _create_temp(path.parent, path.name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path, mode = _create_temp(path.parent, path.name)
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise disk_full_error(path, "no space left on device to start writing it") from None
+        raise
     try:
         yield tmp_path
         os.chmod(tmp_path, mode)
         os.replace(tmp_path, path)
+    except DiskFullError:
+        raise
+    except Exception as err:
+        if _is_disk_full(err):
+            tmp_path.unlink(missing_ok=True)  # the room disk_full_error reports as free
+            raise disk_full_error(path, "no space left on device while writing it") from None
+        raise
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+def _is_disk_full(err: BaseException) -> bool:
+    """ENOSPC as Python raises it, or as a native writer (safetensors, torch) words it."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    return "No space left on device" in text or "os error 28" in text
 
 
 @contextmanager
@@ -152,17 +188,109 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
 
 
-def ensure_free_space(path: str | os.PathLike, nbytes: int, *, hint: str = "") -> None:
-    """Fail before the work when the filesystem of `path` has less than `nbytes` free (with 5%
-    to spare): a write that fills the disk after an hour of GPU work loses the hour."""
-    folder = Path(path).parent
-    folder.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(folder).free
-    if free < nbytes * 1.05:
-        raise OSError(
-            f"{path}: needs ~{nbytes / 1e9:.2f} GB, {folder} has {free / 1e9:.2f} GB free"
-            + (f"; {hint}" if hint else "")
-        )
+GZIP_SUFFIX = ".gz"
+
+# Byte order marks, longest first: UTF-32-LE's begins with UTF-16-LE's.
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+
+
+def detect_encoding(head: bytes) -> tuple[str, int]:
+    """(encoding, BOM length) of a text file that starts with `head` (its first 4 bytes or
+    more). Without a BOM, a JSON text starts with an ASCII character, so NUL bytes beside it
+    tell UTF-16/32 and their byte order; anything else is read as UTF-8."""
+    for bom, encoding in _BOMS:
+        if head.startswith(bom):
+            return encoding, len(bom)
+    nuls = tuple(b == 0 for b in head[:4])
+    if len(nuls) == 4:
+        if nuls == (False, True, True, True):
+            return "utf-32-le", 0
+        if nuls == (True, True, True, False):
+            return "utf-32-be", 0
+    if len(nuls) >= 2:
+        if nuls[:2] == (False, True):
+            return "utf-16-le", 0
+        if nuls[:2] == (True, False):
+            return "utf-16-be", 0
+    return "utf-8", 0
+
+
+@contextmanager
+def _open_binary(path: Path) -> Iterator[IO[bytes]]:
+    """The file's bytes, gunzipped as they are read when the name ends in .gz."""
+    if path.name.lower().endswith(GZIP_SUFFIX):
+        with gzip.open(path, "rb") as fh:
+            yield fh
+    else:
+        with open(path, "rb") as fh:
+            yield fh
+
+
+def _not_gzip(path: Path, err: Exception) -> ValueError:
+    return ValueError(
+        f"{path}: not a readable gzip file ({err}); the name ends in .gz: compress it with "
+        "gzip, or drop the .gz from the name"
+    )
+
+
+def iter_utf8_lines(path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, line as UTF-8 bytes without its line end) of every line of a text
+    file, blank ones included, in any encoding `detect_encoding` tells, gzipped or not.
+
+    A UTF-8 file's lines are its exact bytes (a BOM dropped), so one line that is not UTF-8 is
+    the caller's to reject; lines end at \n only, as JSONL's do. A UTF-16/32 file is decoded
+    whole-stream and each line re-encoded; a byte it cannot decode fails naming line and codec.
+    """
+    path = Path(path)
+    try:
+        with _open_binary(path) as fh:
+            head = fh.peek(4)[:4] if hasattr(fh, "peek") else b""
+            encoding, bom = detect_encoding(head)
+            fh.read(bom)
+            if encoding == "utf-8":
+                for lineno, line in enumerate(fh, 1):
+                    yield lineno, line.rstrip(b"\r\n")
+                return
+            text = io.TextIOWrapper(fh, encoding=encoding, errors="strict", newline="\n")
+            lineno = 0
+            try:
+                for lineno, line in enumerate(text, 1):
+                    yield lineno, line.rstrip("\r\n").encode("utf-8")
+            except UnicodeDecodeError as err:
+                # decoded a chunk at a time: the bad bytes are after the last whole line
+                raise ValueError(
+                    f"{path}: not valid {encoding.upper()} after line {lineno} ({err.reason}); "
+                    f"the file's first bytes say {encoding.upper()}: re-save it as UTF-8"
+                ) from None
+            finally:
+                text.detach()
+    except (gzip.BadGzipFile, EOFError) as err:
+        raise _not_gzip(path, err) from None
+
+
+def read_text_any(path: str | os.PathLike) -> str:
+    """The whole text of a file in any encoding `detect_encoding` tells, gzipped or not; bytes
+    that are not of that encoding fail naming the file, the offset and the encoding."""
+    path = Path(path)
+    try:
+        with _open_binary(path) as fh:
+            data = fh.read()
+    except (gzip.BadGzipFile, EOFError) as err:
+        raise _not_gzip(path, err) from None
+    encoding, bom = detect_encoding(data[:4])
+    try:
+        return data[bom:].decode(encoding)
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{path}: not {encoding.upper()} (byte {err.start + bom}: "
+            f"{data[err.start + bom : err.start + bom + 1]!r}); re-save it as UTF-8"
+        ) from None
 
 
 def setup_logging(

@@ -25,10 +25,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Holder", "is_locked", "is_snakemake_process", "lock_holders", "main"]
+__all__ = [
+    "Holder",
+    "SAFE_UNLOCK",
+    "is_locked",
+    "is_snakemake_process",
+    "lock_advice",
+    "lock_holders",
+    "main",
+]
 
 PROC = Path("/proc")
 LOCK_DIR = Path(".snakemake") / "locks"
+# What to run instead of Snakemake's own advice (`--unlock`), which also removes a live run's lock.
+SAFE_UNLOCK = "python -m specbuild.run_lock -- snakemake --unlock"
 
 
 @dataclass(frozen=True)
@@ -100,6 +110,25 @@ def lock_holders(workdir: str | os.PathLike) -> list[Holder]:
             why = f"works in {here}"
         holders.append(Holder(int(entry.name), " ".join(argv)[:200], why))
     return sorted(holders, key=lambda h: h.pid)
+
+
+def lock_advice(workdir: str | os.PathLike = ".") -> str | None:
+    """What to do about the locks in `workdir`, said before Snakemake's "Directory cannot be
+    locked" (whose `--unlock` advice is unsafe under a live run); None when nothing is locked."""
+    if not is_locked(workdir):
+        return None
+    head = f"specbuild: {Path(workdir) / LOCK_DIR} holds a lock."
+    try:
+        holders = lock_holders(workdir)
+    except OSError as err:
+        return f"{head} {err}. If no run is live: {SAFE_UNLOCK}"
+    if holders:
+        pids = ", ".join(str(h.pid) for h in holders)
+        return (
+            f"{head} A live run holds it (pid {pids}): wait for it, or stop it (kill PID). "
+            "Do not run snakemake --unlock now: it removes a live run's lock too."
+        )
+    return f"{head} No run is live (a killed run left it): {SAFE_UNLOCK}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from specbuild.io import GZIP_SUFFIX, iter_utf8_lines, read_text_any
 from specbuild.rejects import publish_shard
 
 __all__ = [
@@ -73,18 +74,18 @@ class RawRecord:
 
 # The file's name decides how it is read, never its first bytes: a JSONL file whose first
 # record happens to be a JSON array is still JSONL (that record is rejected, the rest kept).
+# A further `.gz` is gunzipped as it is read; the encoding (UTF-8, with or without a BOM,
+# UTF-16/32) is the reader's (specbuild.io.iter_utf8_lines).
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 JSON_LIST_SUFFIXES = (".json",)
 
 
 def _read_json_list(path: Path) -> list:
     try:
-        items = json.loads(path.read_bytes())
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 (byte {err.start}); fix the file") from err
+        items = json.loads(read_text_any(path))
     except json.JSONDecodeError as err:
         raise ValueError(
-            f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno}); a .json "
+            f"{path}:{err.lineno}: not valid JSON ({err.msg}, column {err.colno}); a .json "
             "dataset is one JSON list, so one bad record fails it all: fix it, or write the "
             "records one a line to a .jsonl file (bad lines are then rejected, the rest kept)"
         ) from err
@@ -99,24 +100,24 @@ def _read_json_list(path: Path) -> list:
 def iter_raw_records(path: str | os.PathLike) -> Iterator[RawRecord]:
     """Every record of a `.jsonl` file (non-blank lines) or of a `.json` list, as raw bytes."""
     path = Path(path)
-    suffix = path.suffix.lower()
+    name = path.name.lower().removesuffix(GZIP_SUFFIX)
+    suffix = Path(name).suffix
     if suffix not in JSONL_SUFFIXES + JSON_LIST_SUFFIXES:
         raise ValueError(
             f"{path}: cannot tell by the name whether this is JSONL or a JSON list; name it "
-            f"{' or '.join(JSONL_SUFFIXES)} (one JSON object a line) or .json (a JSON list)"
+            f"{' or '.join(JSONL_SUFFIXES)} (one JSON object a line) or .json (a JSON list), "
+            f"with {GZIP_SUFFIX} after it when gzipped"
         )
     if suffix in JSON_LIST_SUFFIXES:
         for i, item in enumerate(_read_json_list(path)):
             yield RawRecord(i, i + 1, json.dumps(item, sort_keys=True, ensure_ascii=False).encode())
         return
     index = 0
-    with open(path, "rb") as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.rstrip(b"\r\n")
-            if not line.strip():
-                continue
-            yield RawRecord(index, lineno, line)
-            index += 1
+    for lineno, line in iter_utf8_lines(path):
+        if not line.strip():
+            continue
+        yield RawRecord(index, lineno, line)
+        index += 1
 
 
 def record_digests(
@@ -288,7 +289,8 @@ def _parse(rec: RawRecord):
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise SampleError(f"malformed JSON: {err.msg} at column {err.colno}") from None
+        # after a comma: some messages end in "at" themselves ("Invalid control character at")
+        raise SampleError(f"malformed JSON: {err.msg}, column {err.colno}") from None
 
 
 def split_prompt(messages: list[dict]) -> tuple[list[dict], dict | None]:

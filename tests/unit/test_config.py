@@ -344,7 +344,7 @@ def test_the_bench_picks_variants_by_name_and_others_drafters_by_folder_never_cl
     )
     assert "bench.drafters.long: the name is a variant's; give this drafter another" in faults
     assert any(f.startswith("bench.sweep_drafters[1]: 'warm' is not benched") for f in faults)
-    assert not any(f.startswith("bench.drafters.theirs") for f in faults)
+    assert not any(f.startswith("bench.drafters.theirs: the name") for f in faults)
 
 
 def test_the_single_bench_drafter_keys_are_refused_naming_their_successors():

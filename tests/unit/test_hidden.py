@@ -398,13 +398,17 @@ def test_a_disk_too_small_stops_extraction_before_any_model_loads(
 ):
     # A real full disk cannot be made here: the filesystem reports 1 kB free.
     monkeypatch.setattr(
-        "specbuild.io.shutil.disk_usage",
+        "specbuild.disk.shutil.disk_usage",
         lambda _: SimpleNamespace(total=10**4, used=9000, free=1000),
     )
     loaded = []
     monkeypatch.setattr("specbuild.hidden.extract.open_backend", lambda *a, **k: loaded.append(1))
     out = tmp_path / "00000.safetensors"
-    with pytest.raises(OSError, match=r"00000\.safetensors: needs ~0\.\d+ GB.*hidden.storage: fp8"):
+    with pytest.raises(
+        OSError,
+        match=r"(?s)00000\.safetensors: not enough free disk space.*needs ~[\d.]+ [MG]B"
+        r".*hidden.storage: fp8",
+    ):
         _extract(tokenized, target_dir, out)
     assert loaded == [] and list(tmp_path.iterdir()) == []
 

@@ -86,3 +86,20 @@ def test_a_live_run_keeps_its_lock_and_is_named(tmp_path, capsys):
     # once it is gone (killed, reaped), the same call removes the lock
     assert main(["--directory", str(work), *_unlock_command(tmp_path)]) == 0
     assert (tmp_path / "unlocked").exists()
+
+
+def test_lock_advice_says_the_safe_unlock_for_a_stale_lock_and_waits_for_a_live_one(tmp_path):
+    from specbuild.run_lock import SAFE_UNLOCK, lock_advice
+
+    assert lock_advice(tmp_path) is None
+    work = _locked_dir(tmp_path / "work")
+    stale = lock_advice(work)
+    assert stale.endswith(f"No run is live (a killed run left it): {SAFE_UNLOCK}")
+    proc = _fake_snakemake(tmp_path, cwd=work)
+    try:
+        live = lock_advice(work)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert f"A live run holds it (pid {proc.pid})" in live
+    assert "Do not run snakemake --unlock now" in live

@@ -67,48 +67,22 @@ def load_drafter(folder: str | os.PathLike, target) -> tuple[torch.nn.Module, li
 
     Checks the folder against the target first and raises once with every mismatch.
     """
+    from specbuild.bench.drafter_fit import FOREIGN_ADVICE, fit_faults
     from specbuild.drafter.model import Eagle3Drafter
-    from specbuild.eagle_layers import architecture_of, output_layer_ids
-    from specbuild.hidden.extract import default_layer_ids
 
     folder = Path(folder)
-    cfg = read_json(folder / "config.json")
-    tcfg = target.config
-    faults = []
-    layer_ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if layer_ids is None:
-        # SGLang then captures its model's default layers: EAGLE-3's [1, L/2 - 1, L - 4]
-        layer_ids = default_layer_ids(tcfg.num_hidden_layers)
-        log.info("%s: no eagle_config layer ids; SGLang's default %s", folder, layer_ids)
-    elif (
-        not isinstance(layer_ids, list)
-        or len(layer_ids) != 3
-        or not all(isinstance(i, int) for i in layer_ids)
-    ):
-        faults.append(f"eagle_config.eagle_aux_hidden_state_layer_ids is {layer_ids!r}, not 3 ids")
-    else:
-        # the layers SGLang feeds this drafter, by its rule for the target's class
-        eagle_ids = list(layer_ids)
-        layer_ids = output_layer_ids(
-            architecture_of(tcfg.to_dict()), eagle_ids, tcfg.num_hidden_layers
-        )
-        if not all(0 <= i < tcfg.num_hidden_layers for i in layer_ids):
-            faults.append(
-                f"aux layer ids {eagle_ids} outside the target's {tcfg.num_hidden_layers} "
-                f"layers (SGLang would capture layer outputs {layer_ids})"
-            )
-    for key, want in (("target_hidden_size", tcfg.hidden_size), ("vocab_size", tcfg.vocab_size)):
-        if cfg.get(key, want) != want:
-            faults.append(f"{key} is {cfg.get(key)}, the target has {want}")
+    faults, layer_ids = fit_faults(read_json(folder / "config.json"), target.config.to_dict())
     if faults:
         raise ValueError(
             f"{folder}/config.json does not fit the target:\n  "
             + "\n  ".join(faults)
-            + "\nRebuild the drafter for this target (snakemake --forcerun train)."
+            + "\nOur variant's export (results/drafter/<variant>): rebuild it for this target "
+            f"(snakemake --forcerun train). A bench.drafters folder: {FOREIGN_ADVICE}."
         )
+    log.info("%s: SGLang feeds it the target's layer outputs %s", folder, layer_ids)
     embed = target.get_input_embeddings().weight.detach().float()
     drafter = Eagle3Drafter.from_pretrained(folder, embed_tokens_weight=embed)
-    return drafter.float().to(target.device).eval(), [int(i) for i in layer_ids]
+    return drafter.float().to(target.device).eval(), list(layer_ids or [])
 
 
 def crop_cache(cache, length: int) -> None:

@@ -1,6 +1,7 @@
 """Benchmark prompt sets: a config entry (path, format, key, limit, turns) to rendered prompts.
 
-A set is any JSONL file whose rows hold user turns in one of three formats:
+A set is any JSONL file (UTF-8, UTF-16/32 by its BOM, gzipped when named .gz) whose rows hold
+user turns in one of three formats:
 
   prompt    one user turn under `key` (default "prompt"); GSM8K `question`, HumanEval `prompt`
   turns     a list of user turns under `key` (default "turns"); MT-Bench
@@ -18,6 +19,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from specbuild.io import iter_utf8_lines
 
 __all__ = ["BenchPrompt", "SET_FORMATS", "read_bench_prompts", "read_bench_set", "render_prompt"]
 
@@ -73,33 +76,35 @@ def read_bench_prompts(
     prompts: list[BenchPrompt] = []
     faults: list[str] = []
     seen: dict[str, int] = {}  # id -> its line
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if limit is not None and len(prompts) + len(faults) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                faults.append(f"{path}:{lineno}: not valid JSON ({err.msg})")
-                continue
-            if not isinstance(row, dict):
-                faults.append(f"{path}:{lineno}: a row must be a JSON object")
-                continue
-            found = _user_turns(row, format, key)
-            if isinstance(found, str):
-                faults.append(f"{path}:{lineno}: {found}")
-                continue
-            if id_key is not None and id_key not in row:
-                faults.append(f"{path}:{lineno}: no id key {id_key!r}")
-                continue
-            pid = str(row[id_key]) if id_key is not None else str(lineno - 1)
-            if pid in seen:  # rows are keyed by (set, id, turn): a repeat would blur two
-                faults.append(f"{path}:{lineno}: id {pid!r} repeats line {seen[pid]}")
-                continue
-            seen[pid] = lineno
-            prompts.append(BenchPrompt(id=pid, turns=tuple(found[:turns] if turns else found)))
+    for lineno, line in iter_utf8_lines(path):
+        if limit is not None and len(prompts) + len(faults) >= limit:
+            break
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            faults.append(f"{path}:{lineno}: not UTF-8 (byte {err.start})")
+            continue
+        except json.JSONDecodeError as err:
+            faults.append(f"{path}:{lineno}: not valid JSON ({err.msg})")
+            continue
+        if not isinstance(row, dict):
+            faults.append(f"{path}:{lineno}: a row must be a JSON object")
+            continue
+        found = _user_turns(row, format, key)
+        if isinstance(found, str):
+            faults.append(f"{path}:{lineno}: {found}")
+            continue
+        if id_key is not None and id_key not in row:
+            faults.append(f"{path}:{lineno}: no id key {id_key!r}")
+            continue
+        pid = str(row[id_key]) if id_key is not None else str(lineno - 1)
+        if pid in seen:  # rows are keyed by (set, id, turn): a repeat would blur two
+            faults.append(f"{path}:{lineno}: id {pid!r} repeats line {seen[pid]}")
+            continue
+        seen[pid] = lineno
+        prompts.append(BenchPrompt(id=pid, turns=tuple(found[:turns] if turns else found)))
     if faults:
         shown = "\n  ".join(faults[:MAX_LISTED_FAULTS])
         more = len(faults) - MAX_LISTED_FAULTS

@@ -42,6 +42,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from specbuild import __version__
+from specbuild.disk import ensure_free_space, train_need
 from specbuild.drafter import fused_attention
 from specbuild.drafter.config import DrafterConfig, TrainConfig, cpu_bf16_supported
 from specbuild.drafter.curves import Curves
@@ -385,6 +386,15 @@ def train_drafter(
         shards + held_out, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint
     )
     model, teacher = _build(cfg, Path(target_fingerprint).parent, vocab, info.vocab_size)
+    if rank == 0:  # before the first step: a checkpoint that fills the disk loses the steps
+        ensure_free_space(
+            Path(state_dir) / "latest.json",
+            train_need(
+                parameters=sum(p.numel() for p in model.parameters()),
+                trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
+            ),
+            "training checkpoints and the best drafter",
+        )
     amp = _autocast(cfg, device)
     teacher.to(device, torch.bfloat16 if amp else torch.float32)
     model.to(device)

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 import specbuild
+from specbuild.disk import ensure_free_space
 from specbuild.hidden.fp8 import parse_storage, quantize_fp8, scale_groups
 from specbuild.hidden.hostcopy import HostCopier, Landed
 from specbuild.hidden.shards import (
@@ -47,7 +48,6 @@ from specbuild.hidden.shards import (
 )
 from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
 from specbuild.hidden.writer import shard_writer
-from specbuild.io import ensure_free_space
 from specbuild.target import read_target_info
 
 __all__ = [
@@ -378,8 +378,8 @@ def extract_shard(
     ensure_free_space(
         out,
         nbytes,
-        hint="free space, or "
-        + (
+        "a hidden-state shard",
+        hint=(
             "halve the hidden states with hidden.storage: fp8"
             if storage == "bf16"
             else "use smaller shards (datasets.<name>.shard_size)"
