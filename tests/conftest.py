@@ -196,3 +196,28 @@ def kimi_layout_target(tmp_path_factory, kimi_layout_source) -> Path:
         source=str(kimi_layout_source), name="kimi-layout", out_dir=out, trust_remote_code=True
     )
     return out
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path):
+    """mount_tmpfs(size) -> a real filesystem of `size` (tmpfs, e.g. "64k") to fill; root only.
+    Unmounted after the test."""
+    import subprocess
+
+    mounted = []
+
+    def mount(size: str) -> Path:
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root (tests/unit/test_disk.py covers the check)")
+        mnt = tmp_path / f"tmpfs-{len(mounted)}"
+        mnt.mkdir()
+        cmd = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"mount not allowed here: {proc.stderr.strip()}")
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in mounted:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)

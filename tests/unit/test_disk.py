@@ -96,19 +96,9 @@ def test_other_errors_pass_through_unchanged(tmp_path):
 
 
 @pytest.fixture
-def tiny_fs(tmp_path):
+def tiny_fs(mount_tmpfs):
     """A real 64 kB filesystem (tmpfs); root only."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root; the statvfs and ENOSPC tests above run anyway")
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"mount not allowed here: {proc.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    return mount_tmpfs("64k")
 
 
 @pytest.mark.root

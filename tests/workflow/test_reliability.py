@@ -142,18 +142,9 @@ def test_results_as_a_symlink_to_another_disk_survives_a_failed_run(tmp_path, ta
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(mount_tmpfs):
     """A real 1 MB filesystem (tmpfs): root only."""
-    mnt = tmp_path / "small-disk"
-    mnt.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (tests/unit/test_disk.py covers the check)")
-    mount = ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]
-    proc = subprocess.run(mount, capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"mount not allowed here: {proc.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=True)
+    return mount_tmpfs("1m")
 
 
 def _fill(folder: Path) -> Path:
