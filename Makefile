@@ -10,7 +10,7 @@ ARGS   ?=
 SNAKEMAKE = $(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) $(ARGS)
 
 .PHONY: help setup run dry-run test lint format report clean clean-all slurm serve
-.PHONY: bench-extract bench-train bench-workflow bench-fp8
+.PHONY: bench-extract bench-train bench-workflow bench-fp8 bench-fingerprint
 
 help:
 	@echo "make run      set up if needed, then build $(CONFIG) end to end (TARGET=$(TARGET))"
@@ -104,6 +104,13 @@ COMPARE ?=
 bench-workflow: setup
 	$(BIN)/python -m benchmarks.workflow --shards $(SHARDS) --repeats $(REPEATS) \
 		$(if $(COMPARE),--compare $(COMPARE))
+
+# The target fingerprint: sha256 of every byte against the sampled digest of big folders, on
+# FP_FILES random safetensors files of FP_GB GB each -> results/perf/fingerprint/result.json.
+FP_FILES ?= 2
+FP_GB    ?= 1
+bench-fingerprint: setup
+	$(BIN)/python -m benchmarks.fingerprint --files $(FP_FILES) --gb-per-file $(FP_GB)
 
 # fp8 hidden-state shards against bf16 on the same tokenized data (BENCHMARKS.md, "hidden: fp8
 # against bf16"): quantization error per layer (fp8, fp8-g64, fp8-g32), bytes per token,
