@@ -65,9 +65,8 @@ HF_PATTERNS = (
     "*.py",
 )
 # Weights up to this size are hashed whole; above it, sampled (`_weights_digest`). At one core's
-# sha256 rate measured here (1.1 GB/s page-cached, 0.13-0.23 GB/s cold on a busy machine;
-# docs/DESIGN.md "Target fingerprint") 8 GB takes seconds to a minute; Kimi-K2.5's ~600 GB
-# whole would take 9 to 50 minutes at every `target` run.
+# sha256 rate (1.29 GB/s page-cached; BENCHMARKS.md "Target fingerprint") 8 GB takes seconds;
+# Kimi-K2.5's ~600 GB whole would take ~8 minutes cached, more from disk, at every `target` run.
 FULL_HASH_MAX_BYTES = 8 * 10**9
 SAMPLE_BYTES = 1 << 20  # each sampled block
 SAMPLES_PER_FILE = 16  # blocks per weight file, evenly spaced, the last one ending the file
