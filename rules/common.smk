@@ -12,7 +12,7 @@ from specbuild.config_check import (
     train_variants,
 )
 from specbuild.engine_memory import without_memory
-from specbuild.formats import GENERATED_ROWS, TOKENIZED_ROWS
+from specbuild.formats import GENERATED_ROWS, SAMPLE_ROWS, TOKENIZED_ROWS
 from specbuild.gpus import train_slots
 from specbuild.rejects import check_rejected_share
 from specbuild.samples import record_digests

@@ -28,6 +28,7 @@ rule samples:
         prompt_key=dataset_param("prompt_key"),
         id_key=dataset_param("id_key"),
         max_prompt_tokens=dataset_param("max_prompt_tokens"),
+        rows_version=SAMPLE_ROWS,
     script:
         "../scripts/samples.py"
 

@@ -3,7 +3,11 @@ older specbuild wrote are rebuilt, not mixed with rows that mean something else.
 
 from __future__ import annotations
 
-__all__ = ["GENERATED_ROWS", "TOKENIZED_ROWS"]
+__all__ = ["GENERATED_ROWS", "SAMPLE_ROWS", "TOKENIZED_ROWS"]
+
+# 2: assistant turns before the first user turn dropped (the row's `repairs`); a conversation
+# the chat template cannot render rejected with its line
+SAMPLE_ROWS = 2
 
 # 2: `regenerate` answers every assistant turn on the target's own earlier answers
 GENERATED_ROWS = 2

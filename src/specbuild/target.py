@@ -159,7 +159,10 @@ def _sampled_digest(shards: list[Path], h: hashlib._Hash) -> None:
         h.update(f"{shard.name}:{size}".encode())
         with open(shard, "rb") as fh:
             head = fh.read(8)
-            h.update(head + fh.read(int.from_bytes(head, "little")))
+            n = int.from_bytes(head, "little")
+            if len(head) < 8 or n > size - 8:
+                raise ValueError(f"{shard}: not a safetensors file (header length {n}, {size} B)")
+            h.update(head + fh.read(n))
             span = max(size - SAMPLE_BYTES, 0)
             for i in range(SAMPLES_PER_FILE):
                 fh.seek(span * i // max(SAMPLES_PER_FILE - 1, 1))
@@ -336,6 +339,10 @@ def materialize_target(
             else:
                 from huggingface_hub import snapshot_download
 
+                # configs and code first: a folder that needs its own code stops before its
+                # weights (~600 GB for Kimi-K2.5) are fetched
+                head = Path(snapshot_download(source, allow_patterns=["*.json", "*.py"]))
+                check_remote_code(head, trust_remote_code=trust_remote_code, source=source)
                 log.info("downloading %s to the HF hub cache (safetensors only)", source)
                 folder = Path(snapshot_download(source, allow_patterns=list(HF_PATTERNS)))
             check_remote_code(folder, trust_remote_code=trust_remote_code, source=source)

@@ -152,7 +152,34 @@ def test_a_hub_id_is_downloaded_to_the_hub_cache_once_and_linked(
     info = materialize_target(
         source="moonshot/kimi-layout", name="k", out_dir=out, trust_remote_code=True
     )
-    assert calls == [("moonshot/kimi-layout", list(HF_PATTERNS))] and "*.py" in HF_PATTERNS
+    # configs and code first (the remote-code check), then the weights
+    assert (
+        calls
+        == [
+            ("moonshot/kimi-layout", ["*.json", "*.py"]),
+            ("moonshot/kimi-layout", list(HF_PATTERNS)),
+        ]
+        and "*.py" in HF_PATTERNS
+    )
     assert info.source == "moonshot/kimi-layout"
     for f in snap.iterdir():
         assert os.path.samefile(out / f.name, blobs / f"blob-{f.name}"), f.name
+
+
+def test_a_hub_id_needing_its_own_code_stops_before_its_weights_are_fetched(
+    tmp_path, kimi_layout_source, monkeypatch
+):
+    import huggingface_hub
+
+    from specbuild.target import RemoteCodeError, materialize_target
+
+    calls = []
+
+    def snapshot_download(repo_id, *, allow_patterns):
+        calls.append(allow_patterns)
+        return str(kimi_layout_source)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    with pytest.raises(RemoteCodeError, match="target.trust_remote_code: true"):
+        materialize_target(source="moonshot/kimi-layout", name="k", out_dir=tmp_path / "t")
+    assert calls == [["*.json", "*.py"]]  # never the safetensors

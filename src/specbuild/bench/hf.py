@@ -60,7 +60,9 @@ def eos_token_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-def load_drafter(folder: str | os.PathLike, target) -> tuple[torch.nn.Module, list[int]]:
+def load_drafter(
+    folder: str | os.PathLike, target, target_config: dict | None = None
+) -> tuple[torch.nn.Module, list[int]]:
     """An EAGLE-3 drafter folder SGLang loads (ours or another trainer's) in float32 eval
     mode, plus the target layer-output ids SGLang feeds it: its `eagle_config`'s through
     SGLang's rule for the target (specbuild.eagle_layers), or without one SGLang's defaults.
@@ -71,7 +73,10 @@ def load_drafter(folder: str | os.PathLike, target) -> tuple[torch.nn.Module, li
     from specbuild.drafter.model import Eagle3Drafter
 
     folder = Path(folder)
-    faults, layer_ids = fit_faults(read_json(folder / "config.json"), target.config.to_dict())
+    # the target folder's own config.json where known: a wrapper's architecture (Kimi-K2.5's)
+    # decides SGLang's layer rule, and the text model built from text_config does not carry it
+    config = target_config if target_config is not None else target.config.to_dict()
+    faults, layer_ids = fit_faults(read_json(folder / "config.json"), config)
     if faults:
         raise ValueError(
             f"{folder}/config.json does not fit the target:\n  "
@@ -309,7 +314,9 @@ def open_engine(
         return
     if drafter_dir is None:
         raise ValueError(f"chain {config!r} needs a drafter folder")
-    drafter, layer_ids = load_drafter(drafter_dir, target)
+    drafter, layer_ids = load_drafter(
+        drafter_dir, target, read_json(Path(target_dir) / "config.json")
+    )
     yield HFSpecDecoder(
         target,
         drafter,
