@@ -50,7 +50,7 @@ from specbuild.backends.base import (
 from specbuild.disk import ensure_free_space, generate_need
 from specbuild.io import read_jsonl
 from specbuild.near_dup import find_near_duplicates
-from specbuild.rejects import publish_shard
+from specbuild.rejects import error_text, publish_shard
 from specbuild.samples import split_prompt
 from specbuild.target import load_tokenizer, read_target_info
 from specbuild.user_turn import follow_up_seed, open_user_turn, written_user_turn
@@ -58,14 +58,11 @@ from specbuild.user_turn import follow_up_seed, open_user_turn, written_user_tur
 __all__ = ["generate_shard", "generate_each", "split_prompt", "answer_contexts"]
 
 MODES = ("regenerate", "keep")
-ERROR_CHARS = 500  # of an exception's text kept as a reject reason
 log = logging.getLogger("specbuild")
 
 
 def _raised(err: Exception) -> str:
-    text = str(err)
-    text = text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
-    return f"backend raised {type(err).__name__}: {text}"
+    return f"backend raised {error_text(err)}"
 
 
 def generate_each(

@@ -22,12 +22,23 @@ from specbuild.io import atomic_open, read_json, write_json, write_jsonl
 
 __all__ = [
     "COUNTS_KEYS",
+    "error_text",
     "publish_shard",
     "read_counts",
     "rejected_share_fault",
     "check_rejected_share",
     "check_reject_table",
 ]
+
+ERROR_CHARS = 500  # of an exception's text kept as a reject reason
+
+
+def error_text(err: Exception) -> str:
+    """An exception as a reject reason: its type and text, cut at ERROR_CHARS."""
+    text = str(err)
+    text = text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
+    return f"{type(err).__name__}: {text}"
+
 
 COUNTS_KEYS = ("label", "in", "kept", "rejected", "output", "rejected_file")
 TABLE_COLUMNS = ("stage", "dataset", "shard", "in", "kept", "rejected", "share", "limit", "ok")

@@ -41,7 +41,7 @@ import os
 from dataclasses import dataclass
 
 from specbuild.io import read_jsonl, write_json
-from specbuild.rejects import publish_shard
+from specbuild.rejects import error_text, publish_shard
 from specbuild.target import read_target_info
 
 __all__ = [
@@ -74,7 +74,6 @@ META_TOTALS = (
     "reasoning_tokens",
 )
 OVERLONG = ("truncate", "drop")
-ERROR_CHARS = 500  # of an exception's text kept as a reject reason
 log = logging.getLogger("specbuild")
 
 
@@ -340,9 +339,7 @@ def tokenize_conversation(
 def _failure(err: Exception) -> str:
     if isinstance(err, RowRejected):
         return str(err)
-    text = str(err)
-    text = text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
-    return f"cannot render or tokenize it ({type(err).__name__}: {text})"
+    return f"cannot render or tokenize it ({error_text(err)})"
 
 
 def tokenize_shard(
