@@ -1,7 +1,8 @@
 #!/bin/bash
 # Every GPU-marked test on one H200, after the kit's staging (the first three calls in
 # benchmarks/h200/variants_fp8.sh's header), against the kit's SmolLM2 (/tmp/smol, from
-# .ship3/model.sh) materialized as the target stage does. The tail goes to $OUT/gpu-tests.log.
+# .ship3/model.sh) materialized as the target stage does. The whole output goes to
+# $OUT/gpu-tests.log (a failing test's captured stderr included), its tail to the console.
 # Extra arguments go to pytest (`-k deepseek` runs the DeepSeek-V3 and Kimi-K2.5 layout tests).
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
@@ -10,4 +11,7 @@ T=/tmp/specbuild-test-target
 m(source='/tmp/smol', name='smollm2-135m-instruct', out_dir='$T')"
 files=$(grep -l "mark.gpu" tests/unit/*.py)
 SPECBUILD_TEST_TARGET=$T timeout "${SPECBUILD_TIMEOUT_S:-540}" python3 -m pytest -q -rs -m gpu \
-  -p no:cacheprovider "$@" $files 2>&1 | tail -25 | tee "$OUT/gpu-tests.log"
+  -p no:cacheprovider "$@" $files >"$OUT/gpu-tests.log" 2>&1
+rc=$?
+tail -30 "$OUT/gpu-tests.log"
+exit $rc
