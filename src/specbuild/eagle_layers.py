@@ -28,6 +28,7 @@ __all__ = [
     "SHIFT_IF_FIRST_IS_ONE",
     "architecture_of",
     "candidate_eagle_ids",
+    "default_layer_ids",
     "capture_indices",
     "capture_layers",
     "eagle_layer_ids",
@@ -55,6 +56,12 @@ def architecture_of(config: Mapping[str, Any]) -> str:
     """The class SGLang instantiates for a target's config.json (the wrapper's, if any)."""
     archs = config.get("architectures") or []
     return str(archs[0]) if archs else ""
+
+
+def default_layer_ids(num_layers: int) -> list[int]:
+    """EAGLE-3's low/mid/high layer-output ids for a target with `num_layers` layers (SGLang's
+    own default when a drafter's config names none)."""
+    return [1, num_layers // 2 - 1, num_layers - 4]
 
 
 def capture_indices(layer_ids: Sequence[int]) -> list[int]:

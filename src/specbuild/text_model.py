@@ -13,13 +13,14 @@ embedding under the plain name, each in its own way.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from safetensors import safe_open
+
+from specbuild.io import read_json
 
 __all__ = ["TextModel", "find_text_model", "text_config", "weight_map"]
 
@@ -38,7 +39,7 @@ def weight_map(folder: str | os.PathLike) -> dict[str, str]:
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        return dict(json.loads(index.read_text())["weight_map"])
+        return dict(read_json(index)["weight_map"])
     out: dict[str, str] = {}
     for path in sorted(folder.glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
@@ -92,7 +93,7 @@ def find_text_model(folder: str | os.PathLike) -> TextModel:
     the decoder (Kimi), at the top (Llava), or absent (tied).
     """
     folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text())
+    config = read_json(folder / "config.json")
     names = weight_map(folder)
     if not names:
         raise FileNotFoundError(f"{folder}: no *.safetensors weights")

@@ -58,3 +58,9 @@ def test_the_chosen_eagle_ids_serve_exactly_the_trained_layers(arch, ids):
 def test_the_architecture_is_the_folders_top_level_class():
     assert architecture_of({"architectures": [KIMI], "text_config": {}}) == KIMI
     assert architecture_of({}) == ""
+
+
+def test_the_default_layer_ids_of_a_30_layer_target_are_1_14_26():
+    from specbuild.eagle_layers import default_layer_ids
+
+    assert default_layer_ids(30) == [1, 14, 26]

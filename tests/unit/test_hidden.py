@@ -13,7 +13,6 @@ import torch
 
 from specbuild.hidden.extract import (
     Features,
-    default_layer_ids,
     extract_shard,
     plan_batches,
     resolve_layer_ids,
@@ -131,8 +130,7 @@ def _token_shard(tokenized: Path):
 # --- layer ids and batching -----------------------------------------------------------------
 
 
-def test_default_layer_ids_for_a_30_layer_target_are_1_14_26():
-    assert default_layer_ids(30) == LAYER_IDS
+def test_no_layer_ids_configured_gives_the_eagle3_default_1_14_26():
     assert resolve_layer_ids([], 30) == LAYER_IDS
     assert resolve_layer_ids([2, 10, 20], 30) == [2, 10, 20]
 

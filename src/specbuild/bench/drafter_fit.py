@@ -36,19 +36,15 @@ FOREIGN_ADVICE = (
 )
 
 
-def _text(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language model's part of a (possibly multimodal wrapper's) config.json."""
-    return config.get("text_config") or config
-
-
 def fit_faults(
     drafter: Mapping[str, Any], target: Mapping[str, Any]
 ) -> tuple[list[str], list[int] | None]:
     """(mismatches of a drafter's config.json with the target's, the target layer-output ids
     SGLang feeds the drafter or None when its eagle_config's ids are unusable)."""
-    from specbuild.eagle_layers import architecture_of, output_layer_ids
+    from specbuild.eagle_layers import architecture_of, default_layer_ids, output_layer_ids
+    from specbuild.text_model import text_config
 
-    text = _text(target)
+    text = text_config(target)
     layers, hidden, vocab = (
         int(text[k]) for k in ("num_hidden_layers", "hidden_size", "vocab_size")
     )
@@ -56,8 +52,7 @@ def fit_faults(
     eagle = (drafter.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     layer_ids: list[int] | None
     if eagle is None:
-        # SGLang then captures its model's default layers: EAGLE-3's [1, L/2 - 1, L - 4]
-        layer_ids = [1, layers // 2 - 1, layers - 4]
+        layer_ids = default_layer_ids(layers)  # SGLang then captures its model's default
     elif (
         not isinstance(eagle, list)
         or len(eagle) != 3

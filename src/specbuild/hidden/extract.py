@@ -34,6 +34,7 @@ from torch import Tensor
 
 import specbuild
 from specbuild.disk import ensure_free_space
+from specbuild.eagle_layers import default_layer_ids
 from specbuild.hidden.fp8 import parse_storage, quantize_fp8, scale_groups
 from specbuild.hidden.hostcopy import HostCopier, Landed
 from specbuild.hidden.shards import (
@@ -56,7 +57,6 @@ __all__ = [
     "BACKENDS",
     "ExtractStats",
     "Written",
-    "default_layer_ids",
     "resolve_layer_ids",
     "plan_batches",
     "open_backend",
@@ -146,11 +146,6 @@ class Written(NamedTuple):
     forward_s: float  # in the backend's extract (on a GPU: launching it, and its syncs)
     wait_s: float  # blocked on the host copies (the ring of staging slots was full)
     seal_s: float = 0.0  # after the last batch: the checksums left, NaN/Inf counts, checks
-
-
-def default_layer_ids(num_layers: int) -> list[int]:
-    """EAGLE-3's low/mid/high layer-output ids for a target with `num_layers` layers."""
-    return [1, num_layers // 2 - 1, num_layers - 4]
 
 
 def resolve_layer_ids(configured: list[int], num_layers: int) -> list[int]:
