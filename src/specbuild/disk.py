@@ -41,9 +41,9 @@ BYTES_PER_GENERATED_TOKEN = 16
 # so at most ~10x; real text (~4 bytes a token) needs ~2.5x. 4x: real text with room.
 TOKENIZE_EXPANSION = 4
 # Training state per parameter: fp32 weights (4 bytes) and AdamW's two fp32 moments (8 bytes)
-# of the trainable ones; checkpoints kept (state.save_checkpoint keep=2) plus the one being
-# written before the oldest goes.
-CHECKPOINTS_AT_ONCE = 3
+# of the trainable ones; the checkpoint kept (state.save_checkpoint keep=1) plus the one being
+# written before it goes.
+CHECKPOINTS_AT_ONCE = 2
 
 
 class DiskFullError(OSError):
@@ -126,7 +126,8 @@ def tokenize_need(*, generated: str | os.PathLike) -> int:
 
 def train_need(*, parameters: int, trainable: int) -> int:
     """Bytes of a training run's state: CHECKPOINTS_AT_ONCE checkpoints of fp32 weights and
-    AdamW moments, and the best drafter (fp32 weights)."""
+    AdamW moments, and the best drafter (fp32 weights). `parameters` counts the tensors a
+    checkpoint holds (`Eagle3Drafter.export_state`: the target's embedding is not one)."""
     checkpoint = parameters * 4 + trainable * 8
     return CHECKPOINTS_AT_ONCE * checkpoint + parameters * 4
 

@@ -142,9 +142,13 @@ def save_checkpoint(
     state: TrainState,
     model: dict[str, Tensor],
     optimizer: torch.optim.Optimizer,
-    keep: int = 2,
+    keep: int = 1,
 ) -> Path:
-    """Write one checkpoint atomically and point latest.json at it; keep the newest `keep`."""
+    """Write one checkpoint atomically and point latest.json at it; keep the newest `keep`.
+
+    One is enough: a checkpoint gets its name only once whole and latest.json moves after it,
+    so a kill never leaves the latest unreadable, and resuming never reads an older one. An
+    older one kept would cost a drafter's weights and moments again (12 GB at Kimi's width)."""
     state_dir = Path(state_dir)
     name = f"step-{state.step:08d}"
     final, tmp = state_dir / name, state_dir / f".tmp-{name}-{os.getpid()}"
