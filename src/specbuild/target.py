@@ -29,7 +29,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -47,6 +47,8 @@ __all__ = [
     "check_remote_code",
     "recorded_trust_remote_code",
     "RemoteCodeError",
+    "TargetChangedError",
+    "check_target_files",
     "resolve_gguf",
     "torch_dtype",
 ]
@@ -100,6 +102,14 @@ class TargetInfo:
     # defaults: what a fingerprint.json written before these fields meant
     weights_hash: str = "full"  # full | sampled (see _weights_digest)
     trust_remote_code: bool = False  # target.trust_remote_code: later loads pass it on
+    code_sha256: str = ""  # the folder's *.py (remote code), "" when it has none
+    # name -> [bytes, mtime in s] of every file (`check_target_files`): a linked source file
+    # rewritten in place, or a symlink pointed elsewhere, changes what later jobs load
+    files: dict[str, list[int]] = field(default_factory=dict)
+
+
+class TargetChangedError(RuntimeError):
+    """A file of the materialized target differs from the one its fingerprint describes."""
 
 
 class RemoteCodeError(SystemExit):
@@ -181,6 +191,52 @@ def _weights_digest(shards: list[Path]) -> tuple[str, str]:
     return h.hexdigest(), "sampled"
 
 
+def _code_digest(folder: Path) -> str:
+    """sha256 of the folder's Python files (names and bytes), "" when there are none: remote
+    code decides the tokenizer or model as much as the weights do."""
+    code = sorted(folder.glob("*.py"))
+    if not code:
+        return ""
+    h = hashlib.sha256()
+    for f in code:
+        h.update(f.name.encode())
+        _sha256_file(f, h)
+    return h.hexdigest()
+
+
+def _file_stats(folder: Path) -> dict[str, list[int]]:
+    """name -> [bytes, mtime in s] of the folder's files, through links. Not the inode: a
+    results/ moved to another disk keeps sizes and times, not inodes."""
+    stats = {}
+    for f in sorted(folder.iterdir()):
+        if f.name != FINGERPRINT and f.is_file():
+            st = f.stat()
+            stats[f.name] = [st.st_size, int(st.st_mtime)]
+    return stats
+
+
+def check_target_files(folder: str | os.PathLike, info: TargetInfo) -> None:
+    """Stop when a file of the target folder is not the one fingerprinted: a hard-linked source
+    file rewritten in place, a symlinked one replaced, a file added or removed."""
+    if not info.files:  # written before files were recorded
+        return
+    folder = Path(folder)
+    now = _file_stats(folder)
+    changed = sorted(
+        name for name in now.keys() | info.files.keys() if now.get(name) != info.files.get(name)
+    )
+    if changed:
+        shown = ", ".join(changed[:5]) + (
+            f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        )
+        raise TargetChangedError(
+            f"{folder}: {shown} changed since the target stage fingerprinted it (size, time, or "
+            f"a file added or removed; its files are links to {info.source!r}). Rebuild the "
+            "target (snakemake --forcerun target): every stage after it reruns only if the "
+            "fingerprint changed its content."
+        )
+
+
 def remote_code_parts(folder: str | os.PathLike) -> list[str]:
     """The files of a folder whose `auto_map` names classes of the folder's own code."""
     folder = Path(folder)
@@ -219,7 +275,9 @@ def fingerprint_target(
     tok = load_tokenizer(folder, trust_remote_code=trust_remote_code)
     tok_fp, tmpl = _tokenizer_fingerprint(tok), _template_sha(tok)
     text = find_text_model(folder)
-    combined = hashlib.sha256(f"{weights}:{tok_fp}:{tmpl}".encode()).hexdigest()
+    code = _code_digest(folder)
+    parts = [weights, tok_fp, tmpl] + ([code] if code else [])  # no code: as before code counted
+    combined = hashlib.sha256(":".join(parts).encode()).hexdigest()
     return TargetInfo(
         name=name,
         source=source,
@@ -233,6 +291,8 @@ def fingerprint_target(
         model_type=str(text.config.get("model_type", "")),
         weights_hash=how,
         trust_remote_code=trust_remote_code,
+        code_sha256=code,
+        files=_file_stats(folder),
     )
 
 
@@ -348,6 +408,10 @@ def materialize_target(
             check_remote_code(folder, trust_remote_code=trust_remote_code, source=source)
             _link_hf_folder(folder, tmp)
         (out_dir / FINGERPRINT).unlink(missing_ok=True)
+        built = {f.name for f in tmp.iterdir()}
+        for old in out_dir.iterdir():  # an earlier source's files: never loaded with this one's
+            if old.name not in built and (old.is_symlink() or old.is_file()):
+                old.unlink()
         mode = user_file_mode(out_dir)
         for f in tmp.iterdir():
             # safetensors writes 0600: give what we wrote the user's mode, but never chmod a
@@ -358,7 +422,7 @@ def materialize_target(
     info = fingerprint_target(
         out_dir, name=name, source=source, trust_remote_code=trust_remote_code
     )
-    write_json(out_dir / FINGERPRINT, info.__dict__)
+    write_json(out_dir / FINGERPRINT, asdict(info))
     log.info(
         "target %s fingerprint %s (weights: %s hash)",
         name,
@@ -369,7 +433,10 @@ def materialize_target(
 
 
 def read_target_info(fingerprint_json: str | os.PathLike) -> TargetInfo:
-    return TargetInfo(**read_json(fingerprint_json))
+    """The fingerprint of a materialized target, after checking its files are the ones hashed."""
+    info = TargetInfo(**read_json(fingerprint_json))
+    check_target_files(Path(fingerprint_json).parent, info)
+    return info
 
 
 def recorded_trust_remote_code(folder: str | os.PathLike) -> bool:

@@ -183,3 +183,69 @@ def test_a_hub_id_needing_its_own_code_stops_before_its_weights_are_fetched(
     with pytest.raises(RemoteCodeError, match="target.trust_remote_code: true"):
         materialize_target(source="moonshot/kimi-layout", name="k", out_dir=tmp_path / "t")
     assert calls == [["*.json", "*.py"]]  # never the safetensors
+
+
+def _tiny_source(folder, tokenizer_dir):
+    """A 2-layer random Llama with SmolLM2's tokenizer: an HF folder the test may rewrite."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=49152,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    for f in [*tokenizer_dir.glob("tokenizer*"), *tokenizer_dir.glob("*template*")]:
+        shutil.copy(f, folder / f.name)
+    return folder
+
+
+def test_a_linked_weight_file_rewritten_in_place_stops_the_next_stage(tmp_path, target_dir):
+    from specbuild.target import TargetChangedError, materialize_target
+
+    src = _tiny_source(tmp_path / "src", target_dir)
+    out = tmp_path / "target"
+    materialize_target(source=str(src), name="tiny", out_dir=out)
+    read_target_info(out / "fingerprint.json")  # as fingerprinted: no complaint
+    weights = src / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # the same inode, other bytes: what the link now serves
+    weights.write_bytes(bytes(data) + b"\0")
+    with pytest.raises(TargetChangedError) as err:
+        read_target_info(out / "fingerprint.json")
+    assert "model.safetensors" in str(err.value) and "--forcerun target" in str(err.value)
+
+
+def test_remote_code_is_part_of_the_fingerprint(tmp_path, target_dir):
+    from specbuild.target import materialize_target
+
+    src = _tiny_source(tmp_path / "src", target_dir)
+    plain = materialize_target(source=str(src), name="tiny", out_dir=tmp_path / "a")
+    assert plain.code_sha256 == ""
+    (src / "modeling_tiny.py").write_text("X = 1\n")
+    one = materialize_target(source=str(src), name="tiny", out_dir=tmp_path / "b")
+    (src / "modeling_tiny.py").write_text("X = 2\n")
+    two = materialize_target(source=str(src), name="tiny", out_dir=tmp_path / "c")
+    assert one.weights_sha256 == two.weights_sha256 == plain.weights_sha256
+    assert len({plain.fingerprint, one.fingerprint, two.fingerprint}) == 3
+
+
+def test_a_new_source_leaves_none_of_the_old_sources_files(tmp_path, target_dir):
+    from specbuild.target import materialize_target
+
+    first = _tiny_source(tmp_path / "first", target_dir)
+    (first / "extra_notes.txt").write_text("from the first source\n")
+    second = _tiny_source(tmp_path / "second", target_dir)
+    out = tmp_path / "target"
+    materialize_target(source=str(first), name="tiny", out_dir=out)
+    assert (out / "extra_notes.txt").exists()
+    materialize_target(source=str(second), name="tiny", out_dir=out)
+    assert not (out / "extra_notes.txt").exists()
+    read_target_info(out / "fingerprint.json")  # every file left is one fingerprinted
