@@ -5,11 +5,12 @@ the trainer's TrainConfig mirrors."""
 
 import dataclasses
 
+import pytest
 import yaml
 from config_cases import SCHEMA, default_config, faults, load_yaml, passes
 
 from specbuild.config.schema import VARIANT_FIXED, coerce_scalars, load_schema
-from specbuild.drafter.config import ATTENTION, INITS, LOSS, TrainConfig
+from specbuild.drafter.config import ATTENTION, INITS, LOSS, DrafterConfig, TrainConfig
 
 # train keys the workflow reads and no trainer gets: which shards a recipe trains on (its
 # inputs) and the other recipes
@@ -102,16 +103,21 @@ def _train_schema() -> dict:
     return load_yaml(SCHEMA)["properties"]["train"]["properties"]
 
 
-def test_every_train_default_of_the_trainer_is_the_schemas():
-    # The workflow passes every key, so a differing default shows only where TrainConfig is
+@pytest.mark.parametrize("mirror", [TrainConfig, DrafterConfig], ids=lambda c: c.__name__)
+def test_each_train_default_a_config_class_repeats_is_the_schemas(mirror):
+    # The workflow passes every key, so a differing default shows only where a config is
     # built without the workflow (tests, benchmarks): exactly where nobody would notice.
+    # DrafterConfig mirrors the train keys that shape the drafter (fc_norm); its other fields
+    # are the target's.
     schema = _train_schema()
     differ = {}
-    for field in dataclasses.fields(TrainConfig):
-        ours, theirs = field.default, schema.get(field.name, {}).get("default")
-        if field.name in schema and (ours != theirs or type(ours) is not type(theirs)):
+    for field in dataclasses.fields(mirror):
+        if field.name not in schema or field.default is dataclasses.MISSING:
+            continue
+        ours, theirs = field.default, schema[field.name].get("default")
+        if ours != theirs or type(ours) is not type(theirs):
             differ[field.name] = (ours, theirs)  # 1 == 1.0, yet they are two params
-    assert not differ, f"{{field: (TrainConfig's, the schema's)}}: {differ}"
+    assert not differ, f"{{field: ({mirror.__name__}'s, the schema's)}}: {differ}"
 
 
 def test_every_train_key_is_a_trainer_field_or_read_by_the_workflow_alone():
