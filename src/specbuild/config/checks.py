@@ -211,16 +211,18 @@ def _bench_faults(config: Mapping, workdir: Path) -> list[str]:
             target_name=str(target.get("name")),
             source=target["source"],
         )
-    if tuning.get("chain") not in (None, BASELINE):
-        faults += _chain_fault("sglang.tuning.chain", tuning["chain"], hf=False)
     return faults
 
 
 def _sglang_faults(config: Mapping) -> list[str]:
-    """generate.backend openai has its endpoint; server_args leave trust_remote_code to
-    target.trust_remote_code and give a whole number of GPUs per server."""
+    """The tuning sweep's chain is one SGLang serves; generate.backend openai has its endpoint;
+    server_args leave trust_remote_code to target.trust_remote_code and give a whole number of
+    GPUs per server."""
     sglang = mapping(config.get("sglang"))
     faults = []
+    chain = mapping(sglang.get("tuning")).get("chain")
+    if chain not in (None, BASELINE):
+        faults += _chain_fault("sglang.tuning.chain", chain, hf=False)
     if mapping(config.get("generate")).get("backend") == "openai" and not sglang.get("endpoint"):
         faults.append(
             "sglang.endpoint: generate.backend openai needs the server's base URL here "
