@@ -3,7 +3,7 @@
 import os
 import sys
 
-from specbuild.config_check import (
+from specbuild.config import (
     ConfigError,
     bench_drafter_names,
     check_config,
@@ -420,7 +420,7 @@ def sglang_backend_args(backend):
         "max_concurrency": sg["max_concurrency"],
         "request_timeout_s": sg["request_timeout_s"],
     }
-    if backend == "openai":  # config_check makes sure the endpoint is set
+    if backend == "openai":  # the config check makes sure the endpoint is set
         return {
             "base_url": sg["endpoint"],
             "model": sg["served_model"],

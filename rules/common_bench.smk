@@ -2,12 +2,12 @@
 
 Split from common.smk (validation, datasets, shards, engines), which the Snakefile includes
 just before this file; both define plain functions for params and inputs. Chains that the
-engines cannot run are config faults (specbuild.config_check), caught at parse time.
+engines cannot run are config faults (specbuild.config), caught at parse time.
 """
 
 import os
 
-from specbuild.bench.chain import BASELINE, CONFIG_PATTERN, NO_DRAFTER
+from specbuild.chain import BASELINE, CONFIG_PATTERN, NO_DRAFTER
 
 # Align (rules/align.smk).
 

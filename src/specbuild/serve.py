@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from specbuild.backends.server import ServerOptions, build_server_args, resolve_launcher
-from specbuild.bench.chain import Chain
 from specbuild.bench.metrics import summarize
+from specbuild.chain import Chain
 from specbuild.io import atomic_open, read_jsonl
 
 __all__ = ["DEFAULT_CHAIN", "pick_chain", "serve_command", "write_serve_script"]

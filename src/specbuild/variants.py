@@ -31,13 +31,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbuild.bench.chain import BASELINE, Chain
+from specbuild.chain import BASELINE, Chain
 from specbuild.report.plots import plot_variants
 from specbuild.report.tables import build_bench, read_rows, simulated_accept_length, write_table
 
-__all__ = ["BASE", "SIMULATED", "variant_table", "variant_bars", "write_variants"]
+__all__ = ["SIMULATED", "variant_table", "variant_bars", "write_variants"]
 
-BASE = "base"  # the recipe of `train` itself (config_check.train_variants)
 SIMULATED = "simulated acceptance length"  # training's estimate at the variant's ttt_steps
 REQUESTS = " n"  # suffix of a measured column's request count
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from specbuild.backends.server import ServerOptions, ServerSpec, SGLangServer
-from specbuild.bench.chain import BASELINE, Chain, chain_order
 from specbuild.bench.metrics import (
     acceptance_interval,
     acceptance_length,
@@ -31,6 +30,7 @@ from specbuild.bench.rows import ROW_KEYS
 from specbuild.bench.run import run_bench
 from specbuild.bench.served import sglang_engine, stream_generate
 from specbuild.bench.tuning import TUNING_KEYS, env_faults, ignored_flags, run_tuning_point
+from specbuild.chain import BASELINE, Chain, chain_order
 from specbuild.io import read_json, read_jsonl
 
 STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"

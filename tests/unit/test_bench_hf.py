@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbuild.bench.chain import Chain
 from specbuild.bench.hf import (
     HFBaseline,
     HFSpecDecoder,
@@ -29,6 +28,7 @@ from specbuild.bench.metrics import acceptance_length
 from specbuild.bench.rows import ROW_KEYS, Completion, check_rows, run_requests
 from specbuild.bench.run import merge_rows, run_bench, split_prompts
 from specbuild.bench.sets import BenchPrompt, read_bench_prompts, render_prompt
+from specbuild.chain import Chain
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "resources" / "bench"

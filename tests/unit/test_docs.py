@@ -8,7 +8,7 @@ every other command is checked without running it: `make` targets through `make 
 `snakemake` arguments through Snakemake's own parser (targets must be rules or outputs
 under results/), `python -m specbuild.*` and `benchmarks.*` modules must exist, and named files
 must be there.
-docs/configuration.md must equal `python -m specbuild.schema_doc`'s output.
+That docs/configuration.md is the schema's is test_config_schema_doc.py's.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbuild import schema_doc
-from specbuild.config_check import ConfigError, check_config
+from specbuild.config import ConfigError, check_config
 from specbuild.samples import normalize_sample
 
 REPO = Path(__file__).resolve().parents[2]
@@ -333,28 +332,6 @@ def test_the_quick_start_data_are_samples(scratch: Path):
         assert normalize_sample(json.loads(line), fmt="auto")[-1]["role"] == "user"
 
 
-def test_the_configuration_page_is_the_schemas():
-    page = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
-    assert page == schema_doc.render(SCHEMA), (
-        "run: python -m specbuild.schema_doc > docs/configuration.md"
-    )
-    assert schema_doc.main(["--check", str(REPO / "docs" / "configuration.md")]) == 0
-
-
-def test_a_schema_change_makes_the_page_stale(tmp_path: Path):
-    schema = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
-    schema["properties"]["train"]["properties"]["lr"]["description"] = "Changed."
-    changed = tmp_path / "schema.yaml"
-    changed.write_text(yaml.safe_dump(schema), encoding="utf-8")
-    assert "| Changed. |" in schema_doc.render(changed)
-    assert (
-        schema_doc.main(
-            ["--schema", str(changed), "--check", str(REPO / "docs" / "configuration.md")]
-        )
-        == 1
-    )
-
-
 def test_the_old_bench_drafter_snippet_fails(scratch: Path):
     old = "```yaml\nbench:\n  drafter: results/drafter/base\n```\n"
     faults = page_faults(old, scratch)
@@ -390,7 +367,7 @@ def test_right_commands_pass(scratch: Path):
     good = [
         'make run CONFIG=config/config.yaml CORES=8 ARGS="--forcerun train"',
         "snakemake --configfile config/config.yaml --cores all --until tokenize results/serve.sh",
-        ".venv/bin/python -m specbuild.schema_doc --check docs/configuration.md",
+        ".venv/bin/python -m specbuild.config.schema_doc --check docs/configuration.md",
         "squeue -u $USER  # a comment",
     ]
     assert page_faults("```sh\n" + "\n".join(good) + "\n```\n", scratch) == []

@@ -3,7 +3,7 @@ target not downloaded yet is said to leave the rest to the bench job."""
 
 import json
 
-from specbuild.bench.drafter_fit import external_drafter_faults, fit_faults
+from specbuild.drafter_fit import external_drafter_faults, fit_faults
 
 TARGET = {
     "architectures": ["LlamaForCausalLM"],

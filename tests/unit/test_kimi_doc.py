@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbuild.config_check import check_config
+from specbuild.config import check_config
 from specbuild.hidden.shards import shard_nbytes
 
 REPO = Path(__file__).resolve().parents[2]

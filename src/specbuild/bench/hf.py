@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from specbuild.bench.chain import BASELINE, NO_DRAFTER, Chain
 from specbuild.bench.rows import Completion, device_label
+from specbuild.chain import BASELINE, NO_DRAFTER, Chain
 from specbuild.io import read_json
 
 log = logging.getLogger("specbuild")
@@ -69,8 +69,8 @@ def load_drafter(
 
     Checks the folder against the target first and raises once with every mismatch.
     """
-    from specbuild.bench.drafter_fit import FOREIGN_ADVICE, fit_faults
     from specbuild.drafter.model import Eagle3Drafter
+    from specbuild.drafter_fit import FOREIGN_ADVICE, fit_faults
 
     folder = Path(folder)
     # the target folder's own config.json where known: a wrapper's architecture (Kimi-K2.5's)

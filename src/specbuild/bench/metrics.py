@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from specbuild.bench.chain import BASELINE
+from specbuild.chain import BASELINE
 
 __all__ = [
     "MIN_INTERVAL_REQUESTS",

@@ -33,8 +33,8 @@ from urllib.parse import urlsplit
 
 from specbuild.backends.openai import api_key_from_env, get_json, iter_sse
 from specbuild.backends.server import ServerOptions, SGLangServer
-from specbuild.bench.chain import BASELINE, NO_DRAFTER, Chain
 from specbuild.bench.rows import Completion, device_label
+from specbuild.chain import BASELINE, NO_DRAFTER, Chain
 
 __all__ = [
     "ServedEngine",

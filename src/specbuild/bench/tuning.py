@@ -31,11 +31,11 @@ from specbuild.backends.server import (
     mask_env,
     unknown_flags,
 )
-from specbuild.bench.chain import BASELINE, Chain
 from specbuild.bench.metrics import output_throughput, summarize
 from specbuild.bench.rows import bench_engine
 from specbuild.bench.served import sglang_engine
 from specbuild.bench.sets import BenchPrompt, read_bench_set
+from specbuild.chain import BASELINE, Chain
 from specbuild.io import atomic_open, write_json
 
 __all__ = [

@@ -167,6 +167,9 @@ def cpu_bf16_supported() -> bool:
 class TrainConfig:
     """Training hyper-parameters (config section `train`, reaching the job as params).
 
+    Each default is the schema's (config/config.schema.yaml, `train`), repeated here for
+    callers outside the workflow; tests/unit/test_config_schema.py keeps the two equal.
+
     Rejected combinations (`check`): max_length > token_budget, ttt_steps < 1, eval_fraction
     or warmup_fraction outside [0, 1), eval_set with eval_fraction > 0, device cuda without
     CUDA, nproc above the visible GPUs, attention flex on CPU, init

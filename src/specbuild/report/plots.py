@@ -33,7 +33,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
 
-from specbuild.bench.chain import BASELINE  # noqa: E402
+from specbuild.chain import BASELINE  # noqa: E402
 from specbuild.io import atomic_path  # noqa: E402
 
 __all__ = [

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbuild.bench.chain import BASELINE, Chain, chain_order
 from specbuild.bench.metrics import break_even, output_throughput, speedup, summarize
 from specbuild.bench.rows import check_rows
+from specbuild.chain import BASELINE, Chain, chain_order
 from specbuild.io import atomic_open, read_jsonl
 
 __all__ = [

@@ -4,8 +4,8 @@ The schema is the one definition of every key (type, allowed values, default, wh
 this renders it as Markdown so the page cannot say something the checks do not. A test
 compares the committed page with this output.
 
-    python -m specbuild.schema_doc > docs/configuration.md     # rewrite the page
-    python -m specbuild.schema_doc --check docs/configuration.md
+    python -m specbuild.config.schema_doc > docs/configuration.md     # rewrite the page
+    python -m specbuild.config.schema_doc --check docs/configuration.md
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import yaml
 
 __all__ = ["render", "main"]
 
-SCHEMA = Path(__file__).resolve().parents[2] / "config" / "config.schema.yaml"
-REGENERATE = "python -m specbuild.schema_doc > docs/configuration.md"
+SCHEMA = Path(__file__).resolve().parents[3] / "config" / "config.schema.yaml"
+REGENERATE = "python -m specbuild.config.schema_doc > docs/configuration.md"
 
 _HEADER = f"""\
 # Configuration

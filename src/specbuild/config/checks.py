@@ -1,0 +1,256 @@
+"""What the schema cannot say: faults across keys and on disk, one line each naming the key.
+
+Contract: `rule_faults` reads a config whose defaults are filled and returns one
+'dotted.key: what is wrong' line per fault: an input file that is missing, a chain the engines
+cannot run, a variant or drafter name that clashes, a backend without its endpoint, a drafter
+folder built elsewhere that does not fit the target. A section of the wrong type reads as
+empty here: the schema reports it. So no such fault surfaces later as a stack trace of a job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from specbuild.chain import BASELINE, NO_DRAFTER, Chain
+from specbuild.config.schema import did_you_mean, mapping
+from specbuild.config.views import BASE_VARIANT
+from specbuild.drafter_fit import external_drafter_faults
+
+__all__ = ["RESERVED_DRAFTER_NAMES", "rule_faults"]
+
+# names a variant (or a bench.drafters entry) cannot take: the bench's no-drafter run
+# (results/bench/<engine>/none/baseline.jsonl, `drafter` "none" in its rows)
+RESERVED_DRAFTER_NAMES = (NO_DRAFTER, BASELINE)
+
+
+def _file_fault(key: str, path: Any, workdir: Path) -> list[str]:
+    if not isinstance(path, str):
+        return []  # a type fault, reported by the schema
+    full = workdir / path
+    if full.is_file():
+        return []
+    what = "is a directory, not a file" if full.is_dir() else "no such file"
+    return [f"{key}: {what} {path!r} (in {workdir.resolve()})"]
+
+
+def _sets_faults(prefix: str, sets: Any, workdir: Path) -> list[str]:
+    return [
+        fault
+        for name, spec in mapping(sets).items()
+        for fault in _file_fault(f"{prefix}.{name}.path", mapping(spec).get("path"), workdir)
+    ]
+
+
+def _chain_fault(key: str, name: Any, *, hf: bool) -> list[str]:
+    """A config name that is no chain (the caller allows the baseline where it may be one), or
+    a tree (topk > 1) where the hf engine must run it."""
+    if not isinstance(name, str):
+        return []
+    try:
+        chain = Chain.parse(name)
+    except ValueError as err:
+        return [f"{key}: {err}"]
+    if hf and not chain.is_chain:
+        return [
+            f"{key}: chain {name!r}: the hf engine drafts chains only (topk 1); bench trees "
+            "with engines [sglang]"
+        ]
+    return []
+
+
+def _positive_int(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        return int(str(value)) >= 1
+    except ValueError:
+        return False
+
+
+def _dataset_faults(config: Mapping, workdir: Path) -> list[str]:
+    """Each file dataset's `path` is a file (a synthetic one has none)."""
+    faults = []
+    for name, spec in mapping(config.get("datasets")).items():
+        spec = mapping(spec)
+        if "synthesize" not in spec:
+            faults += _file_fault(f"datasets.{name}.path", spec.get("path"), workdir)
+    return faults
+
+
+def _eval_set_faults(config: Mapping) -> list[str]:
+    """train.eval_set names a dataset, leaves one to train on, and replaces eval_fraction."""
+    train, datasets = mapping(config.get("train")), mapping(config.get("datasets"))
+    name = train.get("eval_set")
+    if not isinstance(name, str):
+        return []
+    if name not in datasets:
+        hint = did_you_mean(name, datasets)
+        return [
+            f"train.eval_set: {name!r} is no dataset (datasets: {', '.join(datasets)}); declare "
+            f"the held-out prompts under `datasets` and name them here{hint}"
+        ]
+    if len(datasets) == 1:
+        return [f"train.eval_set: {name!r} is the only dataset; nothing would be trained on"]
+    if train.get("eval_fraction"):
+        return [
+            f"train.eval_fraction: must be 0 with train.eval_set {name!r} (the eval set is held "
+            "out instead; a fraction would hold out training samples that nothing evaluates)"
+        ]
+    return []
+
+
+def _train_datasets_faults(key: str, train: Mapping, config: Mapping) -> list[str]:
+    """A recipe's `datasets` are datasets of the config, and not the held-out eval_set."""
+    names = train.get("datasets")
+    if not isinstance(names, list):
+        return []
+    datasets = mapping(config.get("datasets"))
+    held_out = mapping(config.get("train")).get("eval_set")
+    faults = []
+    for name in names:
+        if name not in datasets:
+            faults.append(
+                f"{key}: {name!r} is no dataset (datasets: {', '.join(datasets)})"
+                f"{did_you_mean(str(name), datasets)}"
+            )
+        elif name == held_out:
+            faults.append(f"{key}: {name!r} is train.eval_set, held out: never trained on")
+    return faults
+
+
+def _variant_faults(config: Mapping) -> list[str]:
+    """Variant names clash with neither `base` nor the no-drafter run, and each recipe (train
+    and every variant merged over it) is one a trainer can run."""
+    train = mapping(config.get("train"))
+    variants = mapping(train.get("variants"))
+    faults = []
+    if BASE_VARIANT in variants:
+        faults.append(
+            f"train.variants.{BASE_VARIANT}: `{BASE_VARIANT}` is the recipe of `train` itself, "
+            "always built; give this variant another name"
+        )
+    for name in variants:
+        if name in RESERVED_DRAFTER_NAMES:
+            faults.append(
+                f"train.variants.{name}: the name is the bench's no-drafter run; give this "
+                "variant another name"
+            )
+    for name, changes in {"": {}, **variants}.items():
+        merged = {**train, **mapping(changes)}
+        key = f"train.variants.{name}" if name else "train"
+        if merged.get("init") not in (None, "random") and merged.get("init_from"):
+            faults.append(
+                f"{key}.init: {merged['init']!r} with {key}.init_from {merged['init_from']!r}: a "
+                "warm start replaces every weight; give one of them"
+            )
+        faults += _train_datasets_faults(f"{key}.datasets", merged, config)
+    return faults
+
+
+def _bench_drafters_faults(bench: Mapping, variants: list[str]) -> list[str]:
+    """bench.variants names variants, bench.drafters takes no variant's name (both are folders
+    under results/bench/<engine>/), and bench.sweep_drafters names benched drafters."""
+    faults = []
+    chosen = bench.get("variants")
+    ours = variants if not isinstance(chosen, list) else chosen
+    for i, name in enumerate(chosen if isinstance(chosen, list) else []):
+        if name not in variants:
+            faults.append(
+                f"bench.variants[{i}]: {name!r} is no variant (variants: {', '.join(variants)})"
+                f"{did_you_mean(str(name), variants)}"
+            )
+    others = mapping(bench.get("drafters"))
+    for name in others:
+        if name in variants or name in RESERVED_DRAFTER_NAMES:
+            what = "a variant's" if name in variants else "the no-drafter run's"
+            faults.append(f"bench.drafters.{name}: the name is {what}; give this drafter another")
+    benched = [*ours, *others]
+    sweep = bench.get("sweep_drafters")
+    for i, name in enumerate(sweep if isinstance(sweep, list) else []):
+        if name not in benched:
+            faults.append(
+                f"bench.sweep_drafters[{i}]: {name!r} is not benched (bench.variants and "
+                f"bench.drafters: {', '.join(benched) or 'none'}){did_you_mean(str(name), benched)}"
+            )
+    return faults
+
+
+def _bench_faults(config: Mapping, workdir: Path) -> list[str]:
+    """The bench's sets exist, its chains are ones its engines run, the openai engine has its
+    endpoint, and its drafters are named apart and fit the target."""
+    bench = mapping(config.get("bench"))
+    engines = bench.get("engines") if isinstance(bench.get("engines"), list) else []
+    tuning = mapping(mapping(config.get("sglang")).get("tuning"))
+    faults = []
+    if bench.get("enabled") or (tuning.get("enabled") and tuning.get("points")):
+        faults += _sets_faults("bench.sets", bench.get("sets"), workdir)
+    chains = bench.get("chains")
+    for i, chain in enumerate(chains if isinstance(chains, list) else []):
+        faults += _chain_fault(f"bench.chains[{i}]", chain, hf="hf" in engines)
+    openai = mapping(bench.get("openai"))
+    if openai.get("serves") not in (None, BASELINE):
+        faults += _chain_fault("bench.openai.serves", openai["serves"], hf=False)
+    if bench.get("enabled") and "openai" in engines and not openai.get("endpoint"):
+        faults.append(
+            "bench.openai.endpoint: bench.engines has openai; give the endpoint's base URL "
+            "(e.g. http://host:8000/v1)"
+        )
+    variants = mapping(mapping(config.get("train")).get("variants"))
+    faults += _bench_drafters_faults(bench, [BASE_VARIANT, *variants])
+    target = mapping(config.get("target"))
+    if (
+        bench.get("enabled")
+        and {"hf", "sglang"} & set(engines)
+        and isinstance(target.get("source"), str)
+    ):
+        faults += external_drafter_faults(
+            mapping(bench.get("drafters")),
+            workdir=workdir,
+            target_name=str(target.get("name")),
+            source=target["source"],
+        )
+    return faults
+
+
+def _sglang_faults(config: Mapping) -> list[str]:
+    """The tuning sweep's chain is one SGLang serves; generate.backend openai has its endpoint;
+    server_args leave trust_remote_code to target.trust_remote_code and give a whole number of
+    GPUs per server."""
+    sglang = mapping(config.get("sglang"))
+    faults = []
+    chain = mapping(sglang.get("tuning")).get("chain")
+    if chain not in (None, BASELINE):
+        faults += _chain_fault("sglang.tuning.chain", chain, hf=False)
+    if mapping(config.get("generate")).get("backend") == "openai" and not sglang.get("endpoint"):
+        faults.append(
+            "sglang.endpoint: generate.backend openai needs the server's base URL here "
+            "(e.g. http://host:30000/v1)"
+        )
+    args = mapping(sglang.get("server_args"))
+    for flag in ("trust_remote_code", "trust-remote-code"):
+        if flag in args:
+            faults.append(
+                f"sglang.server_args.{flag}: set target.trust_remote_code instead (every "
+                "tokenizer, config and model load reads it; SGLang jobs get the flag from it)"
+            )
+    for flag in ("tp_size", "tp"):
+        tp = args.get(flag)
+        if tp is not None and not _positive_int(tp):
+            faults.append(
+                f"sglang.server_args.{flag}: expected an integer >= 1 (GPUs per server), got {tp!r}"
+            )
+    return faults
+
+
+def rule_faults(config: Mapping, workdir: Path) -> list[str]:
+    """Faults across keys and on disk (relative paths read against `workdir`), in config order:
+    datasets, train, bench, sglang."""
+    return (
+        _dataset_faults(config, workdir)
+        + _eval_set_faults(config)
+        + _variant_faults(config)
+        + _bench_faults(config, workdir)
+        + _sglang_faults(config)
+    )

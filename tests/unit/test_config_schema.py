@@ -1,0 +1,144 @@
+"""The schema's front end (specbuild.config.schema): unknown keys, wrong types and values are
+named by their dotted key with what was expected; scalars YAML reads as strings are read as the
+schema's type; defaults are filled; and the schema is the one definition of every default that
+the trainer's TrainConfig mirrors."""
+
+import dataclasses
+
+import pytest
+import yaml
+from config_cases import SCHEMA, default_config, faults, load_yaml, passes
+
+from specbuild.config.schema import VARIANT_FIXED, coerce_scalars, load_schema
+from specbuild.drafter.config import ATTENTION, INITS, LOSS, DrafterConfig, TrainConfig
+
+# train keys the workflow reads and no trainer gets: which shards a recipe trains on (its
+# inputs) and the other recipes
+WORKFLOW_ONLY_TRAIN_KEYS = {"datasets", "variants"}
+
+
+def test_unknown_key_is_named_with_its_path_and_the_likely_key():
+    cfg = default_config()
+    cfg["generate"]["temprature"] = 0.7
+    assert faults(cfg) == ["generate.temprature: unknown key; did you mean 'temperature'?"]
+
+
+def test_bad_enum_value_names_the_allowed_ones():
+    cfg = default_config()
+    cfg["tokenize"]["overlong"] = "wrap"
+    assert faults(cfg) == ["tokenize.overlong: 'wrap' is not one of 'truncate', 'drop'"]
+
+
+def test_schema_fills_defaults_for_omitted_sections():
+    cfg = {"target": {"name": "t", "source": "gguf:pkg:f.gguf"}, "datasets": {"d": {"path": "x"}}}
+    cfg["datasets"]["d"]["path"] = "resources/prompts/gsm8k_train.jsonl"
+    passes(cfg)
+    assert cfg["generate"]["temperature"] == 0.0 and cfg["tokenize"]["overlong"] == "truncate"
+    assert cfg["datasets"]["d"]["shard_size"] == 64 and cfg["datasets"]["d"]["format"] == "auto"
+
+
+def test_numbers_yaml_reads_as_strings_are_read_as_numbers():
+    # YAML 1.1 (PyYAML) needs a dot for a float: `5e-4` and `1e3` come back as strings.
+    cfg = default_config()
+    cfg["train"].update(yaml.safe_load("lr: 5e-4\nepochs: 2e0\nfc_norm: 'yes'\n"))
+    assert cfg["train"]["lr"] == "5e-4"
+    passes(cfg)
+    assert cfg["train"]["lr"] == 0.0005 and type(cfg["train"]["lr"]) is float
+    assert cfg["train"]["epochs"] == 2 and type(cfg["train"]["epochs"]) is int
+    assert cfg["train"]["fc_norm"] is True
+
+
+def test_a_string_is_left_as_is_where_the_schema_allows_strings():
+    schema = {"type": "object", "properties": {"eval_set": {"type": ["string", "null"]}}}
+    assert coerce_scalars({"eval_set": "1e3"}, schema) == {"eval_set": "1e3"}
+
+
+def test_a_string_that_is_no_number_is_named_with_the_type_expected():
+    cfg = default_config()
+    cfg["train"]["lr"] = "fast"
+    cfg["datasets"]["gsm8k"]["limit"] = "2.5"
+    assert faults(cfg) == [
+        "datasets.gsm8k.limit: expected an integer or null, got string '2.5'",
+        "train.lr: expected a number, got string 'fast'",
+    ]
+
+
+def test_every_schema_key_has_a_description():
+    missing = []
+
+    def walk(node, where):
+        if isinstance(node, dict):
+            for key, sub in node.get("properties", {}).items():
+                if "description" not in sub:
+                    missing.append(f"{where}.{key}")
+                walk(sub, f"{where}.{key}")
+            if isinstance(node.get("additionalProperties"), dict):
+                walk(node["additionalProperties"], f"{where}.*")
+
+    walk(load_yaml(SCHEMA), "config")
+    assert not missing, missing
+
+
+def test_a_variant_changes_only_train_keys_each_checked_like_the_key_itself():
+    cfg = default_config()
+    cfg["train"]["variants"] = {
+        "long": {"epochs": 12},
+        "bad": {"lr": "fast", "eval_set": "gsm8k", "ephocs": 3},
+    }
+    got = faults(cfg)
+    assert any(f.startswith("train.variants.bad.lr: ") for f in got)
+    assert "train.variants.bad.eval_set: unknown key" in got  # shared: it decides the vocab
+    assert any("ephocs" in f and "epochs" in f for f in got)  # unknown key, with a suggestion
+    assert not any("long" in f for f in got)
+
+
+def test_a_variants_schema_has_every_train_key_but_the_fixed_ones_and_no_defaults():
+    train = load_schema(SCHEMA)["properties"]["train"]["properties"]
+    variant = train["variants"]["additionalProperties"]["properties"]
+    assert set(variant) == set(train) - set(VARIANT_FIXED)
+    assert not any("default" in spec for spec in variant.values())
+
+
+def _train_schema() -> dict:
+    return load_yaml(SCHEMA)["properties"]["train"]["properties"]
+
+
+@pytest.mark.parametrize("mirror", [TrainConfig, DrafterConfig], ids=lambda c: c.__name__)
+def test_each_train_default_a_config_class_repeats_is_the_schemas(mirror):
+    # The workflow passes every key, so a differing default shows only where a config is
+    # built without the workflow (tests, benchmarks): exactly where nobody would notice.
+    # DrafterConfig mirrors the train keys that shape the drafter (fc_norm); its other fields
+    # are the target's.
+    schema = _train_schema()
+    differ = {}
+    for field in dataclasses.fields(mirror):
+        if field.name not in schema or field.default is dataclasses.MISSING:
+            continue
+        ours, theirs = field.default, schema[field.name].get("default")
+        if ours != theirs or type(ours) is not type(theirs):
+            differ[field.name] = (ours, theirs)  # 1 == 1.0, yet they are two params
+    assert not differ, f"{{field: ({mirror.__name__}'s, the schema's)}}: {differ}"
+
+
+def test_every_train_key_is_a_trainer_field_or_read_by_the_workflow_alone():
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    keys = set(_train_schema())
+    assert keys - WORKFLOW_ONLY_TRAIN_KEYS == fields, {
+        "schema keys no TrainConfig field takes": sorted(keys - WORKFLOW_ONLY_TRAIN_KEYS - fields),
+        "TrainConfig fields the schema lacks": sorted(fields - keys),
+    }
+    assert not fields & WORKFLOW_ONLY_TRAIN_KEYS
+
+
+def test_the_schemas_train_defaults_make_a_trainer_config_that_passes_its_checks():
+    # the filled config, as the train rule's params pass it (train_hparams: no `datasets`)
+    train = passes(default_config())["train"]
+    params = {k: v for k, v in train.items() if k not in WORKFLOW_ONLY_TRAIN_KEYS}
+    TrainConfig.from_params(params)  # raises naming any rejected combination
+
+
+def test_the_trainers_choices_are_the_schemas():
+    schema = _train_schema()
+    assert set(schema["init"]["enum"]) == set(INITS)
+    assert set(schema["attention"]["enum"]) == {"auto", *ATTENTION}
+    assert set(schema["loss"]["enum"]) == {"auto", *LOSS}
