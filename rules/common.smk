@@ -51,13 +51,6 @@ def target_file(name):
     return f"results/target/{TARGET}/{name}"
 
 
-# Work Snakemake repeats on every job of our thousands of shards, done once; neither changes a
-# decision (specbuild/snakemake_speedups.py, BENCHMARKS.md "Workflow overhead"): input and params
-# functions are marked @job_function, and each script path is parsed once.
-from specbuild.snakemake_speedups import job_function, memoize_source_paths
-
-memoize_source_paths()
-
 # results/ may be a symlink to a larger disk (specbuild/snakemake_symlinks.py says why this is
 # needed).
 from specbuild.snakemake_symlinks import keep_linked_output_folders
@@ -78,7 +71,6 @@ def dataset_config(dataset):
     return config["datasets"][dataset]
 
 
-@job_function
 def raw_dataset_path(wildcards):
     return dataset_config(wildcards.dataset)["path"]
 
@@ -94,7 +86,6 @@ def datasets_regex(synthetic):
     return "|".join(names) if names else "(?!)"  # (?!) matches nothing
 
 
-@job_function
 def synthesize_sampling(wildcards):
     """SamplingParams fields of the self-written prompts; request i is seeded seed + i."""
     cfg = dataset_config(wildcards.dataset)["synthesize"]
@@ -106,7 +97,6 @@ def synthesize_sampling(wildcards):
     }
 
 
-@job_function
 def conversation_turns(wildcards):
     """Answers per conversation: `synthesize.turns` of a self-written dataset, else 1."""
     if not is_synthetic(wildcards.dataset):
@@ -114,7 +104,6 @@ def conversation_turns(wildcards):
     return dataset_config(wildcards.dataset)["synthesize"]["turns"]
 
 
-@job_function
 def follow_up_sampling(wildcards):
     """SamplingParams fields of the follow-up user turns the target writes (turns > 1): the
     dataset's synthesize settings. {} when there are none, so their changes rerun nothing.
@@ -131,7 +120,7 @@ def dataset_param(key):
         return dataset_config(wildcards.dataset)[key]
 
     get.__name__ = f"dataset_{key}"
-    return job_function(get)
+    return get
 
 
 # Job order where cores are scarce: Snakemake starts the ready job of highest priority (then
@@ -166,7 +155,6 @@ def train_gpus(wildcards):
     return train["nproc"] * device_gpus(train["device"]) * train_slots()
 
 
-@job_function
 def train_hparams(wildcards):
     """Every training hyper-parameter of the job's variant (schema defaults filled in), as one
     plain dict: a variant's jobs rerun when its own keys or the base recipe's change. Its
@@ -174,7 +162,6 @@ def train_hparams(wildcards):
     return {k: v for k, v in variant_train(wildcards).items() if k != "datasets"}
 
 
-@job_function
 def variant_shards(wildcards):
     """Hidden shards of the datasets the job's variant trains on (train.datasets)."""
     return per_shard(
@@ -190,7 +177,6 @@ def engine_env(backend):
     return "../envs/sglang.yaml" if backend == "sglang" else "../envs/specbuild.yaml"
 
 
-@job_function
 def train_init_files(wildcards):
     """The drafter folder init_from warm-starts from: its files rerun train when changed."""
     folder = variant_train(wildcards)["init_from"].rstrip("/")
@@ -226,7 +212,6 @@ def generate_backend_args():
     return sglang_backend_args(gen["backend"])
 
 
-@job_function
 def sampling_params(wildcards):
     """SamplingParams fields; the seed is offset per shard so shards sample independently."""
     gen = config["generate"]
@@ -283,12 +268,10 @@ def shard_ids(dataset):
     return [f"{i:05d}" for i in range(len(_DIGESTS[dataset]))]
 
 
-@job_function
 def shard_digest(wildcards):
     return _DIGESTS[wildcards.dataset][int(wildcards.shard)]
 
 
-@job_function
 def shard_range(wildcards):
     """[start, stop) record indices of a shard; the last shard stops at the dataset's limit."""
     size = dataset_config(wildcards.dataset)["shard_size"]
@@ -297,7 +280,6 @@ def shard_range(wildcards):
     return [start, start + size if limit is None else min(start + size, limit)]
 
 
-@job_function
 def earlier_samples(wildcards):
     """The samples shards before this one of its dataset, which near-duplicate removal checks
     this shard's prompts against ([] when it is off). Each shard reads only earlier ones, so

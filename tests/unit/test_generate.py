@@ -25,6 +25,7 @@ def hf(target_dir):
     return make_backend("hf", target_dir=str(target_dir), device="cpu", batch_size=4)
 
 
+@pytest.mark.slow  # decodes with the real SmolLM2
 def test_greedy_batches_match_one_by_one_and_report_finish_reasons(hf):
     reqs = [
         GenerationRequest("a", ASK),
@@ -274,6 +275,7 @@ def test_one_turn_sends_no_follow_up(tmp_path, target_dir):
     assert engine.follow_ups == [] and len(got["a"]["messages"]) == 2
 
 
+@pytest.mark.slow  # decodes with the real SmolLM2
 def test_hf_answers_the_follow_ups_smollm2_writes(tmp_path, target_dir):
     def hf():  # generate_shard closes the backend it built: a fresh one, not the fixture
         return make_backend("hf", target_dir=str(target_dir), device="cpu", batch_size=4)

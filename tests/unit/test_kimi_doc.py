@@ -5,6 +5,7 @@ computes (job counts, bytes, the disk check's verdict) are what the code compute
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import shlex
 import subprocess
@@ -47,6 +48,7 @@ def test_each_yaml_block_passes_the_config_check_over_the_kimi_example(block):
     assert config["target"]["trust_remote_code"] is True
 
 
+@functools.cache  # the cost table reads the first command's dry-run: one Snakemake run for both
 def _dry_run(command: str, workdir: Path) -> str:
     args = shlex.split(command)
     assert args[0] == "snakemake", command
@@ -66,12 +68,14 @@ def scratch(tmp_path_factory) -> Path:
     return work
 
 
+@pytest.mark.slow  # a Snakemake parse of the Kimi example each
 @pytest.mark.parametrize("command", COMMANDS)
 def test_each_command_dry_runs(command, scratch):
     _dry_run(command, scratch)
     assert not (scratch / "results").exists()  # a dry run writes nothing
 
 
+@pytest.mark.slow
 def test_the_cost_table_counts_the_jobs_of_the_dry_run(scratch):
     out = _dry_run(COMMANDS[0], scratch)
     stats = out[out.index("Job stats") :]

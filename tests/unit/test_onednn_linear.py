@@ -24,6 +24,7 @@ def test_onednn_linear_matches_nn_linear_in_every_shape(shape, bias):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow  # runs the real SmolLM2, twice
 def test_the_target_runs_its_linears_through_onednn_with_the_same_greedy_tokens(target_dir):
     from transformers import AutoModelForCausalLM
 

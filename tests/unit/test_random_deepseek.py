@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from safetensors import safe_open
 
 from specbuild.target import read_target_info
@@ -21,6 +22,7 @@ def test_the_target_loads_in_transformers_with_every_weight_named_as_deepseeks(d
     assert (target.num_hidden_layers, target.hidden_size, target.vocab_size) == (8, 2048, 49152)
 
 
+@pytest.mark.slow  # writes a full-width checkpoint (200M parameters), as deepseek_target does
 def test_the_kimi_layout_wraps_the_same_text_model(tmp_path, target_dir, random_deepseek):
     config, _, params = random_deepseek.write_target(
         tmp_path, target_dir, layers=2, wrapper=True, **random_deepseek.TEST_WIDTHS

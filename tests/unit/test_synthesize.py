@@ -57,6 +57,7 @@ def _synth(tmp_path, target_dir, backend, *, start=0, stop=6, max_tokens=24):
     return kept, bad, list(read_jsonl(out)), list(read_jsonl(rej))
 
 
+@pytest.mark.slow  # decodes with the real SmolLM2
 def test_hf_writes_seeded_prompts_and_keeps_every_reject_with_a_reason(tmp_path, target_dir):
     def hf():
         return make_backend("hf", target_dir=str(target_dir), device="cpu", batch_size=4)
@@ -101,6 +102,7 @@ def test_the_backend_gets_the_open_user_turn_as_token_ids(tmp_path, target_dir, 
     assert (kept, bad) == (3, 0) and rows[0]["messages"][0]["content"] == "Question 7?"
 
 
+@pytest.mark.slow  # decodes with the real SmolLM2
 def test_too_many_unfinished_prompts_fail_the_shards_check_and_the_rejects_stay(
     tmp_path, target_dir
 ):

@@ -111,6 +111,7 @@ def test_drafter_init_and_export_take_a_wrappers_text_model_shapes_and_layer(
     assert exported["eos_token_id"] == wrapper["text_config"]["eos_token_id"]
 
 
+@pytest.mark.slow  # decodes with the real SmolLM2
 def test_the_hf_generation_backend_decodes_a_wrapper_as_the_plain_folder(
     target_dir, kimi_layout_target
 ):

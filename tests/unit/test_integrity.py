@@ -1,4 +1,5 @@
-"""Hidden-shard integrity: `write_shard` records checksums, `verify_shard_file` finds every
+"""Hidden-shard integrity (hidden/integrity.py, and the shard checks of hidden/shards.py built
+on it): `write_shard` records checksums, `verify_shard_file` finds every
 changed byte from the file alone (flipped aux, last or input_ids bytes that stay finite, a
 truncated file, a garbage or a valid-but-wrong header), naming the file and the fix.
 

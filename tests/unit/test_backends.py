@@ -1,7 +1,7 @@
-"""SGLang backends against the loopback stub (tests/stubs/sglang_stub.py) started as a real
-subprocess on 127.0.0.1: flag building, server start/stop/failure, the OpenAI-compatible
-client. These complement the GPU run; they never replace it. (Hidden states with SGLang run in
-process: tests/unit/test_hidden_sglang.py.)"""
+"""specbuild.backends against the loopback stub (tests/stubs/sglang_stub.py) started as a real
+subprocess on 127.0.0.1: the SGLang server's flag building, start/stop/failure, the
+OpenAI-compatible client, make_backend. These complement the GPU run; they never replace it.
+(Hidden states with SGLang run in process: tests/unit/test_hidden_sglang.py.)"""
 
 from __future__ import annotations
 
