@@ -55,7 +55,7 @@ from specbuild.samples import split_prompt
 from specbuild.target import load_tokenizer, read_target_info
 from specbuild.user_turn import follow_up_seed, open_user_turn, written_user_turn
 
-__all__ = ["generate_shard", "generate_each", "split_prompt", "answer_contexts"]
+__all__ = ["generate_shard", "generate_each", "split_prompt", "answer_contexts", "most_new_tokens"]
 
 MODES = ("regenerate", "keep")
 log = logging.getLogger("specbuild")
@@ -138,6 +138,20 @@ def answer_contexts(messages: list[dict]) -> list[list[dict]]:
     if current:
         contexts.append(current)
     return contexts
+
+
+def most_new_tokens(
+    rows: list[dict], *, mode: str, turns: int, answer_tokens: int, follow_up_tokens: int
+) -> int:
+    """The most tokens a shard's rows can gain: every answer at `answer_tokens` (under
+    regenerate one per assistant turn, `answer_contexts`; else at most the one a conversation
+    ending on a user turn needs) and, for `turns` > 1, each written follow-up turn and its
+    answer."""
+    per_row = (turns - 1) * (answer_tokens + follow_up_tokens)
+    answers = sum(
+        max(1, len(answer_contexts(r["messages"]))) if mode == "regenerate" else 1 for r in rows
+    )
+    return len(rows) * per_row + answers * answer_tokens
 
 
 def _n_answers(messages: list[dict]) -> int:
@@ -225,14 +239,18 @@ def generate_shard(
         raise ValueError(f"turns {turns} needs the follow-up sampling (synthesize settings)")
     target = read_target_info(fingerprint)
     rows = list(read_jsonl(samples))
-    # the longest the shard can get: every answer, and every follow-up user turn the target
-    # writes, at its max_new_tokens
-    longest = turns * sampling.max_new_tokens + (turns - 1) * (
-        follow_up.max_new_tokens if follow_up is not None else 0
-    )
     ensure_free_space(
         out,
-        generate_need(samples=samples, records=len(rows), new_tokens_per_record=longest),
+        generate_need(
+            samples=samples,
+            new_tokens=most_new_tokens(
+                rows,
+                mode=mode,
+                turns=turns,
+                answer_tokens=sampling.max_new_tokens,
+                follow_up_tokens=follow_up.max_new_tokens if follow_up is not None else 0,
+            ),
+        ),
         "a generated shard",
         hint="lower generate.max_new_tokens",
     )

@@ -126,7 +126,7 @@ def test_estimates_count_what_each_stage_writes(tmp_path):
     samples.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(4)))
     size = samples.stat().st_size
     assert (
-        generate_need(samples=samples, records=4, new_tokens_per_record=256)
+        generate_need(samples=samples, new_tokens=4 * 256)
         == size + 4 * 256 * BYTES_PER_GENERATED_TOKEN
     )
     assert tokenize_need(generated=samples) == size * TOKENIZE_EXPANSION

@@ -458,3 +458,19 @@ def test_keep_reuses_every_dataset_turn_and_answers_only_an_open_conversation(tm
     assert got["open"]["messages"] == rows[1]["messages"] + [
         {"role": "assistant", "content": "answer 3"}
     ]
+
+
+def test_the_disk_estimate_counts_every_answer_regenerate_writes():
+    from specbuild.generate import most_new_tokens
+
+    def turn(role):
+        return {"role": role, "content": "x"}
+
+    three = {"messages": [turn("user"), turn("assistant")] * 3}  # 3 answers under regenerate
+    open_ended = {"messages": [turn("user")]}
+    rows = [three, open_ended]
+    kw = {"turns": 1, "answer_tokens": 100, "follow_up_tokens": 20}
+    assert most_new_tokens(rows, mode="regenerate", **kw) == (3 + 1) * 100
+    assert most_new_tokens(rows, mode="keep", **kw) == 2 * 100
+    # two more written turns a row: each a follow-up (20) and its answer (100)
+    assert most_new_tokens(rows, mode="keep", **{**kw, "turns": 3}) == 2 * 100 + 2 * 2 * 120
