@@ -22,4 +22,3 @@ def _filled_default() -> dict:
 def default_config(_filled_default) -> dict:
     """A fresh copy of the schema-filled config/config.yaml: tests may change its keys."""
     return copy.deepcopy(_filled_default)
-
