@@ -7,23 +7,12 @@ import os
 import sys
 
 from specbuild.bench.chain import CONFIG_PATTERN
-from specbuild.config_check import (
-    ConfigError,
-    check_config,
-    train_datasets,
-    train_variants,
-)
+from specbuild.config_check import ConfigError, check_config
+from specbuild.config_check import train_datasets, train_variants
 from specbuild.formats import GENERATED_ROWS, SAMPLE_ROWS, TOKENIZED_ROWS
 from specbuild.rejects import check_rejected_share
-from specbuild.workflow import bench_plan, datasets, engines, features, paths
-from specbuild.workflow import (
-    rejects,
-    report_plan,
-    scheduling,
-    targets,
-    training,
-    tuning,
-)
+from specbuild.workflow import bench_plan, datasets, engines, features, paths, rejects
+from specbuild.workflow import report_plan, scheduling, targets, training, tuning_plan
 from specbuild.workflow.scheduling import PRIORITY, engine_env
 from specbuild.workflow.shards import DatasetFaults, ShardIndex
 

@@ -34,7 +34,7 @@ rule check_rejects:
         )
 
 
-rule reject_table:
+rule rejects:
     """Every shard's rejected share against its limit; fails naming each shard over it."""
     input:
         counts=rejects.reject_counts_files(SHARDS),

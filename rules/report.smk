@@ -41,7 +41,7 @@ rule pipeline_report:
 rule tuning_report:
     """The tuning table (one row per point, with its status) and plot."""
     input:
-        expand("results/tuning/{point}.json", point=tuning.tuning_points(config)),
+        expand("results/tuning/{point}.json", point=tuning_plan.tuning_points(config)),
     output:
         report_files(report_plan.tuning_report_files(config)),
     log:

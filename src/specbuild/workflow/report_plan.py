@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from specbuild.workflow.bench_plan import bench_engines, bench_row_files, bench_runs, sweeps
 from specbuild.workflow.paths import HIDDEN_SHARD
 from specbuild.workflow.shards import ShardIndex
-from specbuild.workflow.tuning import tuning_points
+from specbuild.workflow.tuning_plan import tuning_points
 
 __all__ = [
     "ReportFile",

@@ -1,4 +1,5 @@
-"""The SGLang server tuning sweep's jobs: its points and what each reads (rules/tuning.smk)."""
+"""The SGLang server tuning sweep's jobs (rules/tuning.smk, specbuild.tuning): its points and
+what each reads."""
 
 from __future__ import annotations
 

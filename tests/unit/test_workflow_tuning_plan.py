@@ -1,4 +1,4 @@
-from specbuild.workflow.tuning import (
+from specbuild.workflow.tuning_plan import (
     HELP_FILE,
     tuning_inputs,
     tuning_point_args,
