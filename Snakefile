@@ -37,9 +37,9 @@ report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
-include: "rules/common_bench.smk"
 include: "rules/target.smk"
 include: "rules/samples.smk"
+include: "rules/synthesize.smk"
 include: "rules/generate.smk"
 include: "rules/tokenize.smk"
 include: "rules/rejects.smk"
@@ -58,4 +58,4 @@ include: "rules/serve.smk"
 rule all:
     """Build every final output of the configured pipeline."""
     input:
-        all_outputs(),
+        targets.all_outputs(config, SHARDS, VARIANTS),

@@ -299,7 +299,7 @@ def bare_snakefile(shape: Shape, *, matched: bool = False) -> str:
                 log='"logs/checks/{stage}/{dataset}/{shard}.log"',
             ),
             _rule(
-                "reject_table",
+                "rejects",
                 ['csv="results/tables/rejects.csv"', 'md="results/tables/rejects.md"'],
                 input=[
                     each(f"results/{stage}/d/{{shard}}.counts.json")

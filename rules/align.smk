@@ -4,7 +4,7 @@
 rule align:
     """Recompute a fixed sample of shard rows with the serving engine; stop on a mismatch."""
     input:
-        shards=align_shards(),
+        shards=features.align_shards(config, SHARDS, VARIANTS),
         fp=target_file("fingerprint.json"),
     output:
         report="results/align/report.json",
@@ -14,13 +14,13 @@ rule align:
         engine_env(config["align"]["backend"])
     threads: 2
     resources:
-        gpu=align_gpus(),
+        gpu=scheduling.align_gpus(config),
         mem_mb=6000,
         runtime=60,
-        engine_memory=feature_engine_memory(config["align"]["backend"]),
+        engine_memory=features.engine_memory(config, "align"),
     params:
         backend=config["align"]["backend"],
-        backend_options=align_backend_options(),
+        backend_options=features.backend_options(config, "align"),
         samples=config["align"]["samples"],
         seed=config["align"]["seed"],
         min_cosine=config["align"]["min_cosine"],

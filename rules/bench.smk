@@ -10,30 +10,30 @@ rule bench:
     """Bench every set with one engine, drafter and config; one row per request (and sweep
     request)."""
     input:
-        unpack(bench_inputs),
+        unpack(job(bench_plan.bench_inputs, config, VARIANTS)),
     output:
         "results/bench/{engine}/{drafter}/{chain}.jsonl",
     log:
         "logs/bench/{engine}/{drafter}/{chain}.log",
     wildcard_constraints:
         engine="hf|sglang|openai",
-        drafter=bench_drafter_regex(),
+        drafter=bench_plan.bench_drafter_regex(config, VARIANTS),
         chain=CONFIG_PATTERN,
-    # after decoding, before hidden (common.smk, PRIORITY)
+    # after decoding, before hidden (PRIORITY in specbuild/workflow/scheduling.py)
     priority: PRIORITY["bench"]
     conda:
-        bench_env
-    threads: bench_threads
+        job(engine_env)
+    threads: job(scheduling.bench_threads, config)
     resources:
-        gpu=bench_gpus,
+        gpu=job(scheduling.bench_gpus, config),
         mem_mb=8000,
         runtime=60,
     params:
-        options=bench_options,
-        sets=bench_sets(),
+        options=job(bench_plan.bench_options, config, SERVER),
+        sets=bench_plan.bench_sets(config),
         max_new_tokens=config["bench"]["max_new_tokens"],
-        prompt_limit=bench_prompt_limit,
-        concurrency=bench_concurrency,
+        prompt_limit=job(bench_plan.bench_prompt_limit, config),
+        concurrency=job(bench_plan.bench_concurrency, config),
         sweep_min_requests=config["bench"]["sweep_min_requests"],
     script:
         "../scripts/bench.py"

@@ -6,14 +6,14 @@ rule generate:
         # the samples shard passed its rejected-row check (rules/rejects.smk)
         checked="results/checks/samples/{dataset}/{shard}.json",
         # prompts are checked against these for near-duplicates (none when that is off)
-        earlier=earlier_samples,
+        earlier=job(datasets.earlier_samples, config, SHARDS),
     output:
         generated="results/generated/{dataset}/{shard}.jsonl",
         rejected="results/generated/{dataset}/{shard}.rejected.jsonl",
         counts="results/generated/{dataset}/{shard}.counts.json",
     log:
         "logs/generate/{dataset}/{shard}.log",
-    # decoding first (common.smk, PRIORITY)
+    # decoding first (PRIORITY in specbuild/workflow/scheduling.py)
     priority: PRIORITY["decode"]
     conda:
         engine_env(config["generate"]["backend"])
@@ -22,18 +22,20 @@ rule generate:
     # (BENCHMARKS.md, "CPU decoding")
     threads: 1
     resources:
-        gpu=generate_gpus(),
+        gpu=scheduling.generate_gpus(config),
         mem_mb=4000,
         runtime=60,
     params:
         backend=config["generate"]["backend"],
-        backend_args=generate_backend_args(),
+        backend_args=engines.generate_backend_args(config),
         mode=config["generate"]["mode"],
         rows_version=GENERATED_ROWS,
-        sampling=sampling_params,
+        sampling=job(datasets.sampling_params, config),
         batch_size=config["generate"]["batch_size"],
-        turns=conversation_turns,
-        follow_up=follow_up_sampling,
-        near_duplicate_threshold=dataset_param("near_duplicate_threshold"),
+        turns=job(datasets.conversation_turns, config),
+        follow_up=job(datasets.follow_up_sampling, config),
+        near_duplicate_threshold=job(
+            datasets.dataset_setting, config, "near_duplicate_threshold"
+        ),
     script:
         "../scripts/generate.py"

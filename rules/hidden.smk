@@ -16,15 +16,15 @@ rule hidden:
     # torch's intra-op threads; Snakemake scales this down to --cores
     threads: config["hidden"]["threads"]
     resources:
-        gpu=hidden_gpus(),
+        gpu=scheduling.hidden_gpus(config),
         # the target's weights plus one batch and one shard; raise it for large targets
         mem_mb=6000,
         runtime=120,
-        engine_memory=feature_engine_memory(config["hidden"]["backend"]),
+        engine_memory=features.engine_memory(config, "hidden"),
     params:
         backend=config["hidden"]["backend"],
-        backend_options=hidden_backend_options(),
-        layer_ids=aux_layer_ids(),
+        backend_options=features.backend_options(config, "hidden"),
+        layer_ids=features.aux_layer_ids(config),
         storage=config["hidden"]["storage"],
         dtype=config["hidden"]["dtype"],
         batch_tokens=config["hidden"]["batch_tokens"],

@@ -20,8 +20,8 @@ rule check_rejects:
     log:
         "logs/checks/{stage}/{dataset}/{shard}.log",
     wildcard_constraints:
-        stage="|".join(REJECT_STAGES),
-    # it holds a core slot for an instant and gates the next stage: first (common.smk)
+        stage="|".join(rejects.REJECT_STAGES),
+    # it holds a core slot for an instant and gates the next stage: first (PRIORITY in specbuild/workflow/scheduling.py)
     priority: PRIORITY["check_rejects"]
     # in the main process: a JSON read, no job of its own on a cluster
     localrule: True
@@ -30,14 +30,14 @@ rule check_rejects:
             counts=input.counts,
             out=output[0],
             log_path=log[0],
-            **reject_limit(wildcards.stage, wildcards.dataset),
+            **rejects.reject_limit(config, wildcards.stage, wildcards.dataset),
         )
 
 
-rule reject_table:
+rule rejects:
     """Every shard's rejected share against its limit; fails naming each shard over it."""
     input:
-        counts=reject_counts_files(),
+        counts=rejects.reject_counts_files(SHARDS),
     output:
         csv="results/tables/rejects.csv",
         md="results/tables/rejects.md",
@@ -47,6 +47,6 @@ rule reject_table:
     conda:
         "../envs/specbuild.yaml"
     params:
-        limits=reject_limits(),
+        limits=rejects.reject_limits(config),
     script:
         "../scripts/rejects.py"

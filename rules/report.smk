@@ -1,21 +1,22 @@
 # Every table and plot of `snakemake --report results/report.html`, written by specbuild.report
 # and flagged report() with its category and caption (report/<name>_table.rst, _plot.rst).
-# Tables come as .csv, .md and .html; which exist follows the config (common_bench.smk).
+# Tables come as .csv, .md and .html; which exist follows the config
+# (specbuild/workflow/report_plan.py).
 
 
 rule bench_report:
     """Bench tables (acceptance, positions, latency, sweep, training's estimate) and plots."""
     input:
-        unpack(bench_report_inputs),
+        unpack(job(report_plan.bench_report_inputs, config, VARIANTS)),
     output:
-        bench_report_files(),
+        report_files(report_plan.bench_report_files(config, VARIANTS)),
     log:
         "logs/report/bench.log",
     conda:
         "../envs/specbuild.yaml"
     params:
         sets=list(config["bench"]["sets"]),
-        train_drafter=train_metrics_variant(),
+        train_drafter=report_plan.train_metrics_variant(config, VARIANTS),
     script:
         "../scripts/bench_report.py"
 
@@ -23,16 +24,16 @@ rule bench_report:
 rule pipeline_report:
     """Data kept and rejected, token counts, vocabulary coverage, alignment, disk use, curves."""
     input:
-        unpack(pipeline_report_inputs),
+        unpack(job(report_plan.pipeline_report_inputs, config, SHARDS)),
     output:
-        pipeline_report_files(),
+        report_files(report_plan.pipeline_report_files(config)),
     log:
         "logs/report/pipeline.log",
     conda:
         "../envs/specbuild.yaml"
     params:
         datasets=list(config["datasets"]),
-        curves=train_curves_dir(),
+        curves=report_plan.train_curves_dir(config),
     script:
         "../scripts/pipeline_report.py"
 
@@ -40,9 +41,9 @@ rule pipeline_report:
 rule tuning_report:
     """The tuning table (one row per point, with its status) and plot."""
     input:
-        expand("results/tuning/{point}.json", point=tuning_points()),
+        expand("results/tuning/{point}.json", point=tuning_plan.tuning_points(config)),
     output:
-        tuning_report_files(),
+        report_files(report_plan.tuning_report_files(config)),
     log:
         "logs/report/tuning.log",
     conda:
@@ -54,4 +55,4 @@ rule tuning_report:
 rule report:
     """Every table and plot the HTML report shows (then: snakemake --report results/report.html)."""
     input:
-        report_outputs(),
+        report_plan.report_paths(config, VARIANTS),

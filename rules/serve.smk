@@ -4,9 +4,11 @@
 rule serve:
     """Write results/serve.sh: SGLang serving the drafter at the fastest measured chain."""
     input:
-        drafter=bench_drafter_files(served_drafter()),
+        drafter=bench_plan.bench_drafter_files(
+            config, VARIANTS, bench_plan.served_drafter(config, VARIANTS)
+        ),
         fp=target_file("fingerprint.json"),
-        rows=serve_rows(),
+        rows=bench_plan.serve_rows(config, VARIANTS),
     output:
         "results/serve.sh",
     log:
@@ -15,7 +17,7 @@ rule serve:
         "../envs/specbuild.yaml"
     params:
         chains=list(config["bench"]["chains"]),
-        server=sglang_server_options(),
+        server=SERVER,
         port=config["sglang"]["serve_port"],
     script:
         "../scripts/serve.py"

@@ -12,7 +12,7 @@ rule tokenize:
         counts="results/tokenized/{dataset}/{shard}.counts.json",
     log:
         "logs/tokenize/{dataset}/{shard}.log",
-    # seconds a shard, and it gates hidden: before the bench and hidden (common.smk, PRIORITY)
+    # seconds a shard, and it gates hidden: before the bench and hidden (PRIORITY in specbuild/workflow/scheduling.py)
     priority: PRIORITY["tokenize"]
     conda:
         "../envs/specbuild.yaml"

@@ -3,14 +3,14 @@ rule train:
     checkpoint."""
     input:
         # the variant's train.datasets (default: every dataset but train.eval_set)
-        shards=variant_shards,
+        shards=job(training.variant_shards, config, SHARDS, VARIANTS),
         # the held-out train.eval_set: evaluated to pick the best epoch, never trained on
-        eval_shards=eval_set_shards(),
+        eval_shards=training.eval_set_shards(config, SHARDS),
         vocab="results/vocab/vocab.safetensors",
         fp=target_file("fingerprint.json"),
         # the gate: train only on features that match the serving engine's
         align="results/align/report.json",
-        init=train_init_files,
+        init=job(training.train_init_files, VARIANTS),
     output:
         best="results/train/{variant}/best.safetensors",
         metrics="results/train/{variant}/metrics.jsonl",
@@ -21,7 +21,7 @@ rule train:
     # torch's intra-op threads on CPU; Snakemake scales this down to --cores
     threads: 4
     resources:
-        gpu=train_gpus,
+        gpu=job(scheduling.train_gpus, VARIANTS),
         # one batch of features + the target's lm_head and embedding; raise for large targets
         mem_mb=8000,
         runtime=720,
@@ -31,6 +31,6 @@ rule train:
         state_dir="results/train/{variant}/state",
         # curves for `tensorboard --logdir results/train`; kept across a resume like the state
         tensorboard_dir="results/train/{variant}/tensorboard",
-        hparams=train_hparams,
+        hparams=job(training.train_hparams, VARIANTS),
     script:
         "../scripts/train.py"

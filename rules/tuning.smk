@@ -6,7 +6,7 @@
 rule sglang_help:
     """The server's --help, once per sweep: every point's flags are checked against it."""
     output:
-        "results/tuning/launch_server.help.txt",
+        tuning_plan.HELP_FILE,
     log:
         "logs/tuning/help.log",
     conda:
@@ -17,10 +17,10 @@ rule sglang_help:
         "../scripts/sglang_help.py"
 
 
-rule tuning_point:
+rule tuning:
     """Check, start and measure one tuning point; its row records failures too."""
     input:
-        unpack(tuning_inputs),
+        unpack(job(tuning_plan.tuning_inputs, config, VARIANTS)),
     output:
         "results/tuning/{point}.json",
     log:
@@ -28,15 +28,15 @@ rule tuning_point:
     conda:
         engine_env("sglang")
     resources:
-        gpu=sglang_gpus(),
+        gpu=scheduling.sglang_gpus(config),
         mem_mb=8000,
         runtime=60,
     params:
-        server=sglang_server_options(),
-        point_args=tuning_point_args,
-        point_env=tuning_point_env,
+        server=SERVER,
+        point_args=job(tuning_plan.tuning_point_args, config),
+        point_env=job(tuning_plan.tuning_point_env, config),
         chain=config["sglang"]["tuning"]["chain"],
-        prompt_set=tuning_prompt_set(),
+        prompt_set=tuning_plan.tuning_prompt_set(config),
         prompts=config["sglang"]["tuning"]["prompts"],
         max_new_tokens=config["sglang"]["tuning"]["max_new_tokens"],
         concurrency=config["sglang"]["tuning"]["concurrency"],

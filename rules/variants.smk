@@ -4,7 +4,7 @@ rule variants:
     """
     input:
         metrics=expand("results/train/{variant}/metrics.jsonl", variant=VARIANTS),
-        rows=variant_bench_rows(),
+        rows=bench_plan.variant_bench_rows(config, VARIANTS),
     output:
         md="results/tables/variants.md",
         csv="results/tables/variants.csv",

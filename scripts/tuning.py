@@ -1,9 +1,9 @@
 from pathlib import Path
 
 from specbuild.backends.server import ServerOptions
-from specbuild.bench.tuning import run_tuning_point
 from specbuild.gpus import pin_gpus
 from specbuild.joblog import start_job_log
+from specbuild.tuning import run_tuning_point
 
 start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA

@@ -20,15 +20,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from specbuild.formats import DRAFTER_FILES
+
 __all__ = [
-    "DRAFTER_FILES",
     "fit_faults",
     "target_config_for",
     "external_drafter_faults",
 ]
 
-# What SGLang loads from an EAGLE-3 folder.
-DRAFTER_FILES = ("config.json", "model.safetensors")
 # Said after the faults of a folder built elsewhere: retraining ours cannot fix it.
 FOREIGN_ADVICE = (
     "point it at an EAGLE-3 drafter trained for this target, or remove the entry "

@@ -28,6 +28,7 @@ from torch import Tensor
 from specbuild.drafter.config import AUX_LAYERS, DrafterConfig
 from specbuild.drafter.state import read_drafter
 from specbuild.eagle_layers import architecture_of, eagle_layer_ids
+from specbuild.formats import DRAFTER_FILES
 from specbuild.io import atomic_path, read_json, write_json
 from specbuild.text_model import text_config
 
@@ -235,10 +236,10 @@ def export_faults(folder: str | os.PathLike) -> list[str]:
     """Every reason SGLang would load this folder wrongly (empty when it is sound)."""
     folder = Path(folder)
     files = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
-    faults = [f"missing file {n}" for n in ("config.json", "model.safetensors") if n not in files]
+    faults = [f"missing file {n}" for n in DRAFTER_FILES if n not in files]
     faults += [
         f"unexpected file {n}"
-        for n in sorted(files - {"config.json", "model.safetensors", *ALLOWED_EXTRA_FILES})
+        for n in sorted(files - {*DRAFTER_FILES, *ALLOWED_EXTRA_FILES})
         if not n.startswith(".")
     ]
     if "config.json" not in files:

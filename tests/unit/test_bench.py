@@ -29,9 +29,9 @@ from specbuild.bench.metrics import (
 from specbuild.bench.rows import ROW_KEYS
 from specbuild.bench.run import run_bench
 from specbuild.bench.served import sglang_engine, stream_generate
-from specbuild.bench.tuning import TUNING_KEYS, env_faults, ignored_flags, run_tuning_point
 from specbuild.chain import BASELINE, Chain, chain_order
 from specbuild.io import read_json, read_jsonl
+from specbuild.tuning import TUNING_KEYS, env_faults, ignored_flags, run_tuning_point
 
 STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
 LAUNCHER = (sys.executable, str(STUB))

@@ -44,7 +44,7 @@ def test_every_rule_declares_the_conda_env():
         text = smk.read_text()
         rules = re.findall(r"^rule (\w+):", text, re.M)
         with_script = [r for r in rules if r != "all"]
-        declared = r'conda:\n        ("\.\./envs/specbuild\.yaml"|engine_env\(|\w+_env\n)'
+        declared = r'conda:\n        ("\.\./envs/specbuild\.yaml"|engine_env\(|job\(engine_env\))'
         envs = len(re.findall(declared, text))
         scripts = text.count("script:")
         assert envs >= scripts, f"{smk.name}: {scripts} scripts but {envs} conda: directives"

@@ -80,7 +80,7 @@ def test_the_cost_table_counts_the_jobs_of_the_dry_run(scratch):
     out = _dry_run(COMMANDS[0], scratch)
     stats = out[out.index("Job stats") :]
     counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", stats, re.M)}
-    loads = {"generate": 2, "hidden": 2, "align": 1, "bench": 3, "tuning_point": 11}
+    loads = {"generate": 2, "hidden": 2, "align": 1, "bench": 3, "tuning": 11}
     assert {k: counts[k] for k in loads} == loads
     assert f"In all, {sum(loads.values())} loads" in TEXT
 

@@ -334,7 +334,7 @@ def test_vocab_align_and_disk_tables(tmp_path, monkeypatch):
 
 
 def test_tuning_report_keeps_every_point_with_its_status(tmp_path):
-    from specbuild.bench.tuning import TUNING_KEYS
+    from specbuild.tuning import TUNING_KEYS
 
     points = []
     for name, status in (("a", "ok"), ("b", "rejected")):

@@ -13,7 +13,7 @@ What the stages after the shards read (so what a change must rerun):
   bench_report      every bench row file and train's metrics
   pipeline_report   every samples, generated, tokenized and hidden shard, vocab, align, train
   check_rejects  one shard's counts (the next stage waits for it)
-  reject_table   every shard's counts and every max_rejected_fraction (read by `all` only)
+  rejects        every shard's counts and every max_rejected_fraction (read by `all` only)
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ SHARD_STAGES = {
 # Stages whose shards pass a rejected-row check (rules/rejects.smk), and its `stage` wildcard.
 CHECKED = {"samples": "samples", "generate": "generated", "tokenize": "tokenized"}
 # Jobs about rejected rows: a check per checked shard, and the one reject table over them all.
-REJECT_RULES = {"check_rejects", "reject_table"}
+REJECT_RULES = {"check_rejects", "rejects"}
 SHARDS = [f"{i:05d}" for i in range(-(-N_RECORDS // SHARD_SIZE))]
 
 
@@ -93,7 +93,7 @@ def check_jobs(stages, shards, dataset: str = DATASET) -> list[tuple[str, str]]:
         if stage in CHECKED
         for shard in shards
     ]
-    return jobs + [("reject_table", "")] if jobs else []
+    return jobs + [("rejects", "")] if jobs else []
 
 
 def expected_jobs(built, first_shard_stage: str | None, shards, also) -> list[tuple[str, str]]:
@@ -260,7 +260,7 @@ def test_reject_limits_are_checks_changing_them_reruns_only_the_reject_table(
     # No shard, no feature and no training reruns: the outputs cannot depend on a limit.
     limits = {"max_rejected_fraction": 0.5}
     jobs = dry_run_with(built_workflow, tmp_path, samples=limits, generate=limits, tokenize=limits)
-    assert jobs == [("reject_table", "")]
+    assert jobs == [("rejects", "")]
 
 
 def test_a_new_limit_given_with_a_new_temperature_still_reruns_from_generate(
@@ -391,7 +391,7 @@ def test_a_variant_training_on_one_more_dataset_adds_its_shards_and_reruns_nothi
     assert jobs == sorted(
         [(stage, extra_shard) for stage in SHARD_STAGES]
         + [("check_rejects", f"stage={stage}, {extra_shard}") for stage in CHECKED.values()]
-        + [("reject_table", ""), ("pipeline_report", "")]
+        + [("rejects", ""), ("pipeline_report", "")]
         + [("train", "variant=more"), ("export", "variant=more")]
         + [("bench", "engine=hf, drafter=more, chain=2-1-3")]
         + [("bench_report", ""), ("variants", "")]

@@ -216,8 +216,8 @@ class ServerSpec:
 @dataclass(frozen=True)
 class ServerOptions:
     """How every server specbuild starts is launched (config `sglang.*`): built once from
-    config (rules/common.smk, `sglang_server_options`), passed whole to each job, and turned
-    into one server's `ServerSpec` here only."""
+    config (`specbuild.workflow.engines.sglang_server_options`), passed whole to each job,
+    and turned into one server's `ServerSpec` here only."""
 
     launcher: tuple[str, ...] = DEFAULT_LAUNCHER
     server_args: Mapping[str, Any] = field(default_factory=dict)  # {flag_name: value}

@@ -1,4 +1,4 @@
-"""The tuning sweep's part of the report: one line per point (rows of `bench.tuning`), its
+"""The tuning sweep's part of the report: one line per point (rows of `specbuild.tuning`), its
 status included, as a table and a plot."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from specbuild.bench.tuning import TUNING_KEYS
 from specbuild.io import read_json
 from specbuild.report.plots import plot_tuning
 from specbuild.report.tables import check_written, output_folders, write_table
+from specbuild.tuning import TUNING_KEYS
 
 __all__ = ["write_tuning_report"]
 

@@ -1,0 +1,101 @@
+"""A dataset's settings as a job of it sees them: sampling, turns, record ranges."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # shards reads dataset sizes from here
+    from specbuild.workflow.shards import ShardIndex
+
+__all__ = [
+    "conversation_turns",
+    "dataset_size_limit",
+    "dataset_setting",
+    "datasets_regex",
+    "earlier_samples",
+    "follow_up_sampling",
+    "is_synthetic",
+    "sampling_params",
+    "shard_range",
+    "synthesize_sampling",
+]
+
+
+def dataset_setting(config: Mapping, key: str, dataset: str) -> Any:
+    """One key of a dataset's config (the schema fills defaults)."""
+    return config["datasets"][dataset][key]
+
+
+def is_synthetic(config: Mapping, dataset: str) -> bool:
+    """A dataset whose user prompts the target writes itself (`synthesize`), not a file."""
+    return "synthesize" in config["datasets"][dataset]
+
+
+def datasets_regex(config: Mapping, synthetic: bool) -> str:
+    """Wildcard constraint for the rule that builds samples of file or of synthetic datasets."""
+    names = [d for d in config["datasets"] if is_synthetic(config, d) == synthetic]
+    return "|".join(names) if names else "(?!)"  # (?!) matches nothing
+
+
+def synthesize_sampling(config: Mapping, dataset: str) -> dict:
+    """SamplingParams fields of the self-written prompts; request i is seeded seed + i."""
+    cfg = config["datasets"][dataset]["synthesize"]
+    return {
+        "max_new_tokens": cfg["max_tokens"],
+        "temperature": cfg["temperature"],
+        "top_p": cfg["top_p"],
+        "seed": cfg["seed"],
+    }
+
+
+def conversation_turns(config: Mapping, dataset: str) -> int:
+    """Answers per conversation: `synthesize.turns` of a self-written dataset, else 1."""
+    if not is_synthetic(config, dataset):
+        return 1
+    return config["datasets"][dataset]["synthesize"]["turns"]
+
+
+def follow_up_sampling(config: Mapping, dataset: str) -> dict:
+    """SamplingParams fields of the follow-up user turns the target writes (turns > 1): the
+    dataset's synthesize settings. {} when there are none, so their changes rerun nothing.
+    """
+    if conversation_turns(config, dataset) == 1:
+        return {}
+    return synthesize_sampling(config, dataset)
+
+
+def sampling_params(config: Mapping, dataset: str, shard: str) -> dict:
+    """SamplingParams fields; the seed is offset per shard so shards sample independently."""
+    gen = config["generate"]
+    own = config["datasets"][dataset].get("max_new_tokens")
+    return {
+        "max_new_tokens": gen["max_new_tokens"] if own is None else own,
+        "temperature": gen["temperature"],
+        "top_p": gen["top_p"],
+        "seed": gen["seed"] + int(shard),
+    }
+
+
+def dataset_size_limit(config: Mapping, dataset: str) -> int | None:
+    """Records used: `limit` (null: all) of a file, `synthesize.count` of a synthetic dataset."""
+    cfg = config["datasets"][dataset]
+    return cfg["synthesize"]["count"] if is_synthetic(config, dataset) else cfg["limit"]
+
+
+def shard_range(config: Mapping, dataset: str, shard: str) -> list[int]:
+    """[start, stop) record indices of a shard; the last shard stops at the dataset's limit."""
+    size = config["datasets"][dataset]["shard_size"]
+    limit = dataset_size_limit(config, dataset)
+    start = int(shard) * size
+    return [start, start + size if limit is None else min(start + size, limit)]
+
+
+def earlier_samples(config: Mapping, shards: ShardIndex, dataset: str, shard: str) -> list[str]:
+    """The samples shards before this one of its dataset, which near-duplicate removal checks
+    this shard's prompts against ([] when it is off). Each shard reads only earlier ones, so
+    appending records never reruns a shard (the DAG holds k inputs for shard k)."""
+    if config["datasets"][dataset]["near_duplicate_threshold"] is None:
+        return []
+    before = shards.ids(dataset)[: int(shard)]
+    return [f"results/samples/{dataset}/{s}.jsonl" for s in before]

@@ -1,0 +1,54 @@
+"""What a training job reads: its variant's shards, held-out shards, warm start, hparams;
+and the datasets the shared vocabulary counts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from specbuild.config import train_datasets
+from specbuild.workflow.paths import HIDDEN_SHARD, drafter_folder_files
+from specbuild.workflow.shards import ShardIndex
+
+__all__ = [
+    "eval_set_shards",
+    "train_hparams",
+    "train_init_files",
+    "variant_shards",
+    "vocab_datasets",
+]
+
+
+def train_hparams(variants: Mapping[str, Mapping], variant: str) -> dict:
+    """Every training hyper-parameter of a variant (schema defaults filled in), as one plain
+    dict: a variant's jobs rerun when its own keys or the base recipe's change. Its
+    `datasets` are its input shards (`variant_shards`), not a trainer setting."""
+    return {k: v for k, v in variants[variant].items() if k != "datasets"}
+
+
+def variant_shards(
+    config: Mapping, shards: ShardIndex, variants: Mapping[str, Mapping], variant: str
+) -> list[str]:
+    """Hidden shards of the datasets a variant trains on (train.datasets)."""
+    return shards.expand(HIDDEN_SHARD, train_datasets(config, variants[variant]))
+
+
+def train_init_files(variants: Mapping[str, Mapping], variant: str) -> list[str]:
+    """The drafter folder init_from warm-starts from: its files rerun train when changed."""
+    folder = variants[variant]["init_from"].rstrip("/")
+    return drafter_folder_files(folder) if folder else []
+
+
+def vocab_datasets(config: Mapping) -> list[str]:
+    """The datasets the base recipe trains on (train.datasets; default every one but the
+    held-out train.eval_set): the shared draft vocabulary counts these only, so a variant
+    training on more data (a multi-turn set, say) adds its jobs and reruns none of the base's.
+    """
+    return train_datasets(config, config["train"])
+
+
+def eval_set_shards(config: Mapping, shards: ShardIndex) -> list[str]:
+    """Hidden shards of train.eval_set, whose simulated acceptance picks the best epoch."""
+    held_out = config["train"]["eval_set"]
+    if held_out is None:
+        return []
+    return shards.expand(HIDDEN_SHARD, [held_out])

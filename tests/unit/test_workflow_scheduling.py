@@ -1,0 +1,50 @@
+import os
+
+from specbuild.workflow.scheduling import (
+    bench_gpus,
+    bench_threads,
+    device_gpus,
+    engine_env,
+    generate_gpus,
+    sglang_gpus,
+    train_gpus,
+)
+
+
+def test_only_cuda_demands_a_gpu():
+    assert [device_gpus(d) for d in ("cuda", "auto", "cpu")] == [1, 0, 0]
+
+
+def test_a_sglang_server_takes_its_tensor_parallel_size(default_config):
+    assert sglang_gpus(default_config) == 1
+    default_config["sglang"]["server_args"] = {"tp": 4}
+    assert sglang_gpus(default_config) == 4
+    default_config["generate"]["backend"] = "sglang"
+    assert generate_gpus(default_config) == 4
+    assert bench_gpus(default_config, "sglang") == 4 and bench_gpus(default_config, "openai") == 0
+
+
+def test_an_endpoints_gpus_are_not_scheduled(default_config):
+    default_config["generate"]["backend"] = "openai"
+    default_config["generate"]["device"] = "cuda"
+    assert generate_gpus(default_config) == 0
+
+
+def test_an_exclusive_hf_bench_claims_every_core_and_a_client_one(default_config):
+    hf = default_config["bench"]["hf"]
+    hf.update(workers=2, threads=1, exclusive=False)
+    assert bench_threads(default_config, "hf") == 2
+    hf["exclusive"] = True
+    assert bench_threads(default_config, "hf") == max(2, os.cpu_count() or 1)
+    assert bench_threads(default_config, "sglang") == 1
+
+
+def test_train_on_cpu_asks_for_no_gpu_and_on_cuda_for_a_majority_per_process(monkeypatch):
+    monkeypatch.setenv("SPECBUILD_GPU_SLOTS", "4")
+    variants = {"base": {"nproc": 2, "device": "cuda"}, "cpu": {"nproc": 2, "device": "cpu"}}
+    assert train_gpus(variants, "base") == 2 * 3 and train_gpus(variants, "cpu") == 0
+
+
+def test_sglang_jobs_run_in_sglangs_env():
+    assert engine_env("sglang") == "../envs/sglang.yaml"
+    assert engine_env("hf") == "../envs/specbuild.yaml"

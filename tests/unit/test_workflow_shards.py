@@ -1,0 +1,47 @@
+import json
+
+import pytest
+
+from specbuild.workflow.shards import DatasetFaults, ShardIndex
+
+
+def _file_config(path, shard_size=2, limit=None):
+    dataset = {"path": str(path), "shard_size": shard_size, "limit": limit, "id_key": None}
+    return {"datasets": {"d": {**dataset, "format": "prompt", "prompt_key": "prompt"}}}
+
+
+def _write(path, n):
+    path.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(n)))
+
+
+def test_shard_ids_are_zero_padded_and_expand_in_config_order():
+    index = ShardIndex({"b": ["x", "y"], "a": ["z"]})
+    assert index.ids("b") == ["00000", "00001"]
+    assert index.expand("{dataset}/{shard}") == ["b/00000", "b/00001", "a/00000"]
+    assert index.expand("{dataset}/{shard}", ["a"]) == ["a/00000"]
+
+
+def test_appending_records_keeps_the_digests_of_full_shards(tmp_path):
+    raw = tmp_path / "raw.jsonl"
+    _write(raw, 4)
+    before = ShardIndex.read(_file_config(raw)).digests["d"]
+    _write(raw, 5)
+    after = ShardIndex.read(_file_config(raw)).digests["d"]
+    assert after[:2] == before and len(after) == 3
+
+
+def test_a_synthetic_dataset_has_one_shard_per_slice_of_its_count():
+    cfg = {"datasets": {"s": {"synthesize": {"count": 5}, "shard_size": 2, "limit": None}}}
+    index = ShardIndex.read(cfg)
+    assert index.digests["s"] == ["synthetic 0-2", "synthetic 2-4", "synthetic 4-5"]
+    assert index.digest("s", "00002") == "synthetic 4-5"
+
+
+def test_a_missing_or_empty_file_is_a_fault_naming_its_dataset_key(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("")
+    cfg = _file_config(tmp_path / "missing.jsonl")
+    cfg["datasets"]["e"] = {**_file_config(tmp_path / "empty.jsonl")["datasets"]["d"]}
+    with pytest.raises(DatasetFaults) as err:
+        ShardIndex.read(cfg)
+    assert [f.split(":")[0] for f in err.value.faults] == ["datasets.d.path", "datasets.e.path"]
+    assert err.value.faults[1].endswith("holds no records")

@@ -1,0 +1,45 @@
+from specbuild.config import train_variants
+from specbuild.workflow.shards import ShardIndex
+from specbuild.workflow.training import (
+    eval_set_shards,
+    train_hparams,
+    train_init_files,
+    variant_shards,
+    vocab_datasets,
+)
+
+
+def test_a_variants_hparams_are_its_whole_recipe_but_its_datasets(default_config):
+    default_config["train"]["variants"] = {"fast": {"lr": 1e-3, "datasets": ["chat"]}}
+    variants = train_variants(default_config)
+    hparams = train_hparams(variants, "fast")
+    assert hparams["lr"] == 1e-3 and "datasets" not in hparams
+    assert train_hparams(variants, "base")["lr"] == default_config["train"]["lr"]
+
+
+def test_a_variant_trains_on_the_hidden_shards_of_its_own_datasets(default_config):
+    default_config["train"]["variants"] = {"chat_only": {"datasets": ["chat"]}}
+    shards = ShardIndex({"gsm8k": ["a", "b"], "chat": ["c"]})
+    variants = train_variants(default_config)
+    assert variant_shards(default_config, shards, variants, "chat_only") == [
+        "results/hidden/chat/00000.safetensors"
+    ]
+    assert len(variant_shards(default_config, shards, variants, "base")) == 3
+
+
+def test_a_warm_start_reads_the_drafter_folder_files(default_config):
+    default_config["train"]["variants"] = {"warm": {"init_from": "elsewhere/drafter/"}}
+    variants = train_variants(default_config)
+    assert train_init_files(variants, "base") == []
+    assert train_init_files(variants, "warm") == [
+        "elsewhere/drafter/config.json",
+        "elsewhere/drafter/model.safetensors",
+    ]
+
+
+def test_the_held_out_set_is_neither_in_the_vocab_nor_trained_on(default_config):
+    shards = ShardIndex({"gsm8k": ["a"], "chat": ["c"]})
+    assert eval_set_shards(default_config, shards) == []
+    default_config["train"]["eval_set"] = "chat"
+    assert vocab_datasets(default_config) == ["gsm8k"]
+    assert eval_set_shards(default_config, shards) == ["results/hidden/chat/00000.safetensors"]
