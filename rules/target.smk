@@ -8,7 +8,9 @@ rule target:
         "../envs/specbuild.yaml"
     resources:
         mem_mb=4000,
-        runtime=30,
+        # minutes: a hub id's first run downloads it (Kimi-K2.5: ~600 GB, ~80 min at 1 Gbit/s);
+        # a partition with a shorter limit takes --set-resources target:runtime=N
+        runtime=180,
     params:
         name=TARGET,
         source=config["target"]["source"],
