@@ -105,6 +105,7 @@ def test_a_key_faulted_by_the_schema_is_not_faulted_again_across_keys():
     ]
 
 
+@pytest.mark.slow  # starts Snakemake
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_config_dry_runs_in_a_scratch_directory(path, tmp_path):
     # Its own directory: results of `make run` in the repo must not make tokenize look done.
@@ -115,6 +116,7 @@ def test_shipped_config_dry_runs_in_a_scratch_directory(path, tmp_path):
     assert (work / ".snakemake").is_dir()  # the dry-run's metadata went here, not to the repo
 
 
+@pytest.mark.slow  # starts Snakemake
 @pytest.mark.parametrize(
     ("edit", "named"),
     [
@@ -140,6 +142,7 @@ def test_snakemake_prints_a_short_error_naming_the_key(edit, named, tmp_path):
     assert len(output.splitlines()) <= MAX_ERROR_LINES, output[-3000:]
 
 
+@pytest.mark.slow  # starts Snakemake
 @pytest.mark.parametrize(
     ("content", "named"),
     [
@@ -160,6 +163,7 @@ def test_a_dataset_file_snakemake_cannot_read_is_named_by_its_key(content, named
     assert len(output.splitlines()) <= MAX_ERROR_LINES, output[-3000:]
 
 
+@pytest.mark.slow  # starts Snakemake
 def test_a_float_written_1e_3_in_a_config_file_is_accepted_by_snakemake(tmp_path):
     work = scratch_dir(tmp_path)
     text = (REPO / "config" / "config.yaml").read_text().replace("lr: 0.001", "lr: 1e-3")
@@ -169,6 +173,7 @@ def test_a_float_written_1e_3_in_a_config_file_is_accepted_by_snakemake(tmp_path
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.slow  # starts Snakemake
 def test_config_overrides_without_a_configfile_apply_to_the_default(tmp_path):
     work = scratch_dir(tmp_path)
     proc = run_snakemake(work, "--quiet", "rules")
