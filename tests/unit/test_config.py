@@ -20,7 +20,14 @@ SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 MAX_ERROR_LINES = 15  # all of what snakemake prints for a faulty config
 # What checking a config may import of specbuild: the package, and the neutral modules that
 # define what it checks (a chain's name, a drafter folder's fit to the target).
-NEUTRAL = {"specbuild", "specbuild.chain", "specbuild.drafter_fit", "specbuild.eagle_layers"}
+# modules of constants and pure functions the checks may read: no stage, no torch
+NEUTRAL = {
+    "specbuild",
+    "specbuild.chain",
+    "specbuild.drafter_fit",
+    "specbuild.eagle_layers",
+    "specbuild.formats",
+}
 
 
 def scratch_dir(tmp_path: Path) -> Path:
