@@ -19,8 +19,7 @@ CONFIGS = sorted([REPO / "config" / "config.yaml", *(REPO / "config" / "examples
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 MAX_ERROR_LINES = 15  # all of what snakemake prints for a faulty config
 # What checking a config may import of specbuild: the package, and the neutral modules that
-# define what it checks (a chain's name, a drafter folder's fit to the target).
-# modules of constants and pure functions the checks may read: no stage, no torch
+# define what it checks (a chain's name, a drafter folder's fit to the target, its file names).
 NEUTRAL = {
     "specbuild",
     "specbuild.chain",
