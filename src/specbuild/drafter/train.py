@@ -20,6 +20,9 @@ In step i, query t attends to step-0 keys 0..t plus its own keys of steps 1..i
 Loss: sum_i decay**i * soft cross-entropy(teacher restricted to the draft vocab, drafter);
 the teacher at `teacher_temperature` (0: its argmax as a hard label).
 Hyper-parameters and the config combinations rejected up front: `config.TrainConfig`.
+Beside this loop: `build` (the drafter, its start and its objective), `launch` (one process or
+torchrun's workers), `progress` (log lines, curves, speed windows), `state` (checkpoints and
+resume), `observer` (the hooks benchmarks and tests watch a run through).
 """
 
 from __future__ import annotations
@@ -194,7 +197,9 @@ def _check_free_space(model: Eagle3Drafter, state_dir: str) -> None:
     )
 
 
-def _to_device(model: Eagle3Drafter, teacher: Teacher, cfg: TrainConfig, device) -> bool:
+def _to_device(
+    model: Eagle3Drafter, teacher: Teacher, cfg: TrainConfig, device: torch.device
+) -> bool:
     """Move both to `device`; whether the steps run under bf16 autocast."""
     amp = use_autocast(cfg, device)
     teacher.to(device, torch.bfloat16 if amp else torch.float32)
@@ -224,7 +229,9 @@ def _plans(cfg: TrainConfig, refs: list[SampleRef], ranks: Ranks) -> list[list[l
     return plans
 
 
-def _optimizer(params: list[nn.Parameter], cfg: TrainConfig, device: torch.device):
+def _optimizer(
+    params: list[nn.Parameter], cfg: TrainConfig, device: torch.device
+) -> torch.optim.AdamW:
     return torch.optim.AdamW(
         params,
         lr=cfg.lr,
