@@ -72,9 +72,8 @@ from specbuild.drafter.state import (
     TrainState,
     clear_state,
     job_key,
-    load_checkpoint,
     mark_complete,
-    resume_status,
+    resume,
     save_checkpoint,
     save_drafter,
     source_digest,
@@ -93,12 +92,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("specbuild")
-
-
-_NOT_RESUMED = {
-    "complete": "a finished run of this job (a forced rerun trains from scratch)",
-    "other-job": "the state of other inputs, hyper-parameters or code",
-}
 
 
 class TrainingDiverged(RuntimeError):
@@ -243,26 +236,6 @@ def _optimizer(
     )
 
 
-def _resume(
-    state_dir: str, job: str, model: Eagle3Drafter, optimizer: torch.optim.Optimizer
-) -> TrainState | None:
-    """The state of an interrupted run of this job, loaded into `model` and `optimizer`;
-    None where the run starts fresh (the table in `train_drafter`)."""
-    status = resume_status(state_dir, job=job)
-    if status in _NOT_RESUMED:
-        log.info("starting fresh: %s holds %s", state_dir, _NOT_RESUMED[status])
-    loaded = load_checkpoint(state_dir, job=job) if status == "resumable" else None
-    if loaded is None:
-        return None
-    state, weights, opt_state = loaded
-    missing, extra = model.load_state_dict(weights, strict=False)
-    if missing != ["embed_tokens.weight"] or extra:
-        raise ValueError(f"{state_dir}: checkpoint keys differ ({missing=}, {extra=})")
-    optimizer.load_state_dict(opt_state)
-    log.info("resuming at step %d (epoch %d, batch %d)", state.step, state.epoch, state.batch)
-    return state
-
-
 def _order(state: TrainState, plans: list[list[list[int]]]) -> list[tuple[int, int]]:
     """(epoch, batch) of every step still to take: all of them, or those after a checkpoint."""
     return [
@@ -398,7 +371,7 @@ def train_drafter(
     total = sum(len(p) for p in plans)
     optimizer = _optimizer(params, cfg, device)
     job = _job_key(cfg, shards + held_out, vocab, info.fingerprint, ranks.world)
-    state = _resume(state_dir, job, model, optimizer)
+    state = resume(state_dir, job=job, model=model, optimizer=optimizer)
     if state is None:  # a fresh start
         state = TrainState()
         init_weights(model, cfg, target_dir)
