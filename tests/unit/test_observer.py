@@ -78,6 +78,8 @@ def test_an_exception_in_on_step_stops_the_run_and_a_rerun_resumes_at_the_checkp
 
 
 def test_an_observer_of_several_processes_is_refused_outside_torchrun(ws, tmp_path):
-    with pytest.raises(ValueError, match="runs in torchrun's workers"):
+    with pytest.raises(
+        ValueError, match="nproc 2 with an observer: start the 2 processes with torchrun"
+    ):
         _run(ws, tmp_path, Recorder(), nproc=2)
     assert not (tmp_path / "state").exists()

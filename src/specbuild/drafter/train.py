@@ -346,7 +346,10 @@ def train_drafter(
     cfg = config
     if needs_launch(cfg):
         if observer is not None:
-            raise ValueError("an observer of nproc > 1 runs in torchrun's workers: start those")
+            raise ValueError(  # a relaunch would lose it: it is an object, not a JSON value
+                f"train.nproc {cfg.nproc} with an observer: start the {cfg.nproc} processes with "
+                "torchrun, each calling train_drafter with its observer (benchmarks.train_speed)"
+            )
         spec = dict(shards=shards, eval_shards=eval_shards or [], vocab=vocab, best_out=best_out)
         spec |= dict(target_fingerprint=target_fingerprint, metrics_out=metrics_out)
         spec |= dict(state_dir=state_dir, log_path=log_path, tensorboard_dir=tensorboard_dir)
