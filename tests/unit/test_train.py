@@ -539,20 +539,6 @@ def test_cpu_bf16_autocast_run_overfits_like_the_float32_one(ws, tmp_path, caplo
     assert objective_amp == [True, False]
 
 
-def test_cpu_bf16_falls_back_to_float32_where_the_cpu_lacks_native_bf16(monkeypatch, caplog):
-    from specbuild.drafter import build
-
-    cpu = torch.device("cpu")
-    cfg = TrainConfig.from_params({"precision": "bfloat16", "device": "cpu"})
-    monkeypatch.setattr(build, "cpu_bf16_supported", lambda: True)
-    assert build.use_autocast(cfg, cpu)
-    assert not build.use_autocast(TrainConfig.from_params({"device": "cpu"}), cpu)  # auto: fp32
-    monkeypatch.setattr(build, "cpu_bf16_supported", lambda: False)
-    with caplog.at_level("WARNING", logger="specbuild"):
-        assert not build.use_autocast(cfg, cpu)
-    assert "no native bf16" in caplog.text and "training in float32" in caplog.text
-
-
 @pytest.mark.gpu
 def test_cuda_bf16_autocast_run_overfits_like_the_cpu_one(ws, tmp_path):
     best = run(ws, tmp_path, epochs=12, device="cuda")
