@@ -91,7 +91,7 @@ bench-train: setup
 	$(BIN)/python -m benchmarks.synthetic results/perf/train --preset $(PRESET) \
 		--nproc $(NPROC) --token-budget $(TOKEN_BUDGET) --loss $(LOSS) \
 		$(if $(PROFILE),--epochs 1 --profile,--epochs $(EPOCHS))
-	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) -m specbuild.drafter.train \
+	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) -m benchmarks.train_speed \
 		results/perf/train/spec.json 2>&1 | grep -E "tokens/s|error|Error"
 	$(if $(PROFILE),@sed -n '1,/^total/p' results/perf/train/profile.txt)
 

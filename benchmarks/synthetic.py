@@ -12,11 +12,11 @@ current one and a drafter that learns anything reaches high accuracy.
 writes OUT/{target,vocab,hidden} and OUT/spec.json (`--spec-only`: the spec alone, for the
 workspace a previous call wrote there); then, printing tokens/s, TFLOP/s and MFU in the log:
 
-    python -m specbuild.drafter.train OUT/spec.json                                   # 1 GPU
-    torchrun --standalone --nproc_per_node 2 -m specbuild.drafter.train OUT/spec.json  # 2 GPUs
+    python -m benchmarks.train_speed OUT/spec.json                                    # 1 GPU
+    torchrun --standalone --nproc_per_node 2 -m benchmarks.train_speed OUT/spec.json  # 2 GPUs
 
-The run writes OUT/result.json (`drafter.throughput`), or with `--profile` OUT/profile.json
-and profile.txt (`drafter.profile`) and no result: the profiler slows the steps it watches.
+The run writes OUT/result.json (`train_speed`), or with `--profile` OUT/profile.json and
+profile.txt (`train_profile`) and no result: the profiler slows the steps it watches.
 """
 
 from __future__ import annotations

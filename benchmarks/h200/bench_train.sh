@@ -3,7 +3,7 @@
 # has python3 with torch and transformers, no network, no .venv). The drafter at Llama-3.1-8B
 # shapes (hidden 4096, draft vocab 32,000, 7 TTT steps, samples of 2,048 tokens, 8,192 tokens a
 # rank a step) on synthetic shards: tokens/s, TFLOP/s and MFU (drafter/flops.py says what is
-# counted), then where a step's time goes (drafter/profile.py). Needs none of the SGLang kit.
+# counted), then where a step's time goes (benchmarks/train_profile.py). Needs none of the SGLang kit.
 #   bash benchmarks/h200/bench_train.sh                  # tests, bench, profile, bench2 if 2 GPUs
 #   bash benchmarks/h200/bench_train.sh bench profile    # any of: tests bench profile bench2
 # tests:   the GPU-marked tests of stage train (CUDA path: fused AdamW, pinned batches loaded
@@ -48,7 +48,7 @@ workspace() {  # $1: nproc, then synthetic's flags; the shards are written once 
 
 train() {  # $1: nproc
   timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node "$1" \
-    -m specbuild.drafter.train "$W/spec.json" 2>&1 | tee -a "$LOG" | grep -E "tokens/s|rror"
+    -m benchmarks.train_speed "$W/spec.json" 2>&1 | tee -a "$LOG" | grep -E "tokens/s|rror"
 }
 
 rc=0
@@ -78,7 +78,7 @@ done
 python3 - "$OUT" <<'EOF' | tee "$OUT/summary.md"
 import json, sys
 from pathlib import Path
-from specbuild.drafter.throughput import benchmarks_row
+from benchmarks.train_speed import benchmarks_row
 out = Path(sys.argv[1])
 runs = {n: json.loads((out / f"result-{n}gpu.json").read_text())
         for n in (1, 2) if (out / f"result-{n}gpu.json").exists()}

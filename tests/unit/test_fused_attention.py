@@ -25,10 +25,10 @@ import pytest
 import torch
 
 from specbuild.drafter import fused_attention
+from specbuild.drafter.build import attention_kind
 from specbuild.drafter.config import DrafterConfig, TrainConfig
 from specbuild.drafter.fused_attention import BLOCK, block_mask, fused_ttt_attention, padded
 from specbuild.drafter.model import Eagle3Drafter, _expand_kv, ttt_attention
-from specbuild.drafter.train import _attention
 
 flex = pytest.importorskip("torch.nn.attention.flex_attention")
 
@@ -200,8 +200,8 @@ def test_attention_choice_is_checked_up_front():
 def test_cpu_training_takes_the_reference_path():
     """`make run` on CPU: nothing compiled, the reference attention (auto or asked for)."""
     cpu = torch.device("cpu")
-    assert _attention(TrainConfig(device="cpu"), cpu) == "reference"
-    assert _attention(TrainConfig(device="cpu", attention="reference"), cpu) == "reference"
+    assert attention_kind(TrainConfig(device="cpu"), cpu) == "reference"
+    assert attention_kind(TrainConfig(device="cpu", attention="reference"), cpu) == "reference"
 
 
 # ---- CUDA: the compiled kernel -------------------------------------------------------------

@@ -12,11 +12,11 @@ import torch
 
 from benchmarks.synthetic import SyntheticSpec, make_workspace
 from specbuild.drafter import fused_loss as fused_loss_module
-from specbuild.drafter import train
+from specbuild.drafter.build import build_drafter, build_objective, loss_kind
 from specbuild.drafter.data import ShardSet
 from specbuild.drafter.fused_loss import linear_soft_cross_entropy
 from specbuild.drafter.objective import TTTObjective
-from specbuild.drafter.train import TrainConfig, _build
+from specbuild.drafter.train import TrainConfig
 from specbuild.target import read_target_info
 
 
@@ -95,7 +95,7 @@ def test_targets_with_a_gradient_are_refused():
 def objective_and_data(tmp_path_factory):
     ws = make_workspace(tmp_path_factory.mktemp("ws"), SyntheticSpec(samples=8, seq_len=24))
     info = read_target_info(ws["target_fingerprint"])
-    model, teacher = _build(
+    model, teacher = build_drafter(
         TrainConfig(), Path(ws["target_fingerprint"]).parent, ws["vocab"], info.vocab_size
     )
     objective = TTTObjective(model, teacher, steps=3, decay=0.8, amp=False)
@@ -150,12 +150,12 @@ def test_train_loss_picks_the_objectives_loss_and_a_typo_names_the_key():
     cpu = torch.device("cpu")
     for loss, fused in (("reference", False), ("fused", True), ("auto", False)):
         cfg = TrainConfig.from_params({"loss": loss, "device": "cpu"})
-        objective = train._objective(
-            cfg, None, None, amp=False, attention="reference", loss=train._loss(cfg, cpu)
+        objective = build_objective(
+            cfg, None, None, amp=False, attention="reference", loss=loss_kind(cfg, cpu)
         )
         assert objective.fused_loss is fused, loss
     # auto is the fused loss where a GPU trains
-    assert train._loss(TrainConfig.from_params({"loss": "auto"}), torch.device("cuda")) == "fused"
+    assert loss_kind(TrainConfig.from_params({"loss": "auto"}), torch.device("cuda")) == "fused"
     assert TrainConfig().loss == "auto"
     with pytest.raises(ValueError, match="loss 'fast': choose auto, reference or fused"):
         TrainConfig.from_params({"loss": "fast"})

@@ -24,6 +24,7 @@ from specbuild.drafter.data import (
 )
 from specbuild.drafter.metrics import acceptance_length
 from specbuild.drafter.objective import TTTObjective
+from specbuild.drafter.observer import Observer
 from specbuild.drafter.state import (
     TrainState,
     job_key,
@@ -32,14 +33,21 @@ from specbuild.drafter.state import (
     save_checkpoint,
     source_digest,
 )
-from specbuild.drafter.train import (
-    TrainConfig,
-    TrainingDiverged,
-    TrainingInterrupted,
-    lr_at,
-    train_drafter,
-)
+from specbuild.drafter.train import TrainConfig, TrainingDiverged, lr_at, train_drafter
 from specbuild.hidden.shards import ShardError, read_shard, write_shard
+
+
+class Killed(RuntimeError):
+    """The process dies here, as if killed."""
+
+
+class KillAfter(Observer):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step(self, run) -> None:
+        if run.state.step >= self.step:
+            raise Killed(f"killed after step {run.state.step}")
 
 
 def run(ws, out, stop_after=None, log_path=None, tensorboard_dir=None, **cfg):
@@ -61,7 +69,7 @@ def run(ws, out, stop_after=None, log_path=None, tensorboard_dir=None, **cfg):
         state_dir=str(out / "state"),
         config=TrainConfig(**(base | cfg)),
         threads=1,
-        stop_after=stop_after,
+        observer=KillAfter(stop_after) if stop_after else None,
         log_path=log_path,
         tensorboard_dir=tensorboard_dir,
     )
@@ -203,7 +211,7 @@ def test_tiny_overfit_run_reaches_acc0_above_0_9(ws, tmp_path):
 
 def test_resume_after_a_kill_equals_the_uninterrupted_run_bit_for_bit(ws, tmp_path):
     run(ws, tmp_path / "whole", epochs=3, save_interval=2)
-    with pytest.raises(TrainingInterrupted):
+    with pytest.raises(Killed):
         run(ws, tmp_path / "cut", epochs=3, save_interval=2, stop_after=5)  # last save: step 4
     assert not (tmp_path / "cut" / "best.safetensors").exists()
     run(ws, tmp_path / "cut", epochs=3, save_interval=2)
@@ -228,7 +236,7 @@ def _scalars(folder) -> dict[str, list[tuple[int, float]]]:
 
 def test_curves_in_tensorboard_match_metrics_and_a_resume_draws_no_step_twice(ws, tmp_path):
     tb = tmp_path / "tb"
-    with pytest.raises(TrainingInterrupted):
+    with pytest.raises(Killed):
         run(ws, tmp_path, stop_after=5, tensorboard_dir=tb, log_interval=1, save_interval=2)
     run(ws, tmp_path, tensorboard_dir=tb, log_interval=1, save_interval=2)
     curves = _scalars(tb)
@@ -260,16 +268,16 @@ def _export(model, target_dir, out):
 def test_warm_start_loads_every_weight_and_reuses_an_identical_vocab_map(ws, tmp_path):
     from pathlib import Path
 
-    from specbuild.drafter.train import _build, warm_start
+    from specbuild.drafter.build import build_drafter, warm_start
 
     target_dir = Path(ws["target_fingerprint"]).parent
     cfg = TrainConfig()
-    donor, _ = _build(cfg, target_dir, ws["vocab"], 256)
+    donor, _ = build_drafter(cfg, target_dir, ws["vocab"], 256)
     torch.manual_seed(7)
     for p in donor.parameters():
         p.data.normal_()
     folder = _export(donor, target_dir, tmp_path / "donor")
-    model, _ = _build(cfg, target_dir, ws["vocab"], 256)
+    model, _ = build_drafter(cfg, target_dir, ws["vocab"], 256)
     embed = model.embed_tokens.weight.clone()
     assert "reused" in warm_start(model, folder)
     for k, v in donor.state_dict().items():
@@ -281,15 +289,15 @@ def test_warm_start_loads_every_weight_and_reuses_an_identical_vocab_map(ws, tmp
 def test_warm_start_from_another_vocab_carries_each_tokens_row_over(ws, tmp_path):
     from pathlib import Path
 
-    from specbuild.drafter.train import _build, warm_start
+    from specbuild.drafter.build import build_drafter, warm_start
 
     target_dir = Path(ws["target_fingerprint"]).parent
-    donor, _ = _build(TrainConfig(), target_dir, ws["vocab"], 256)
+    donor, _ = build_drafter(TrainConfig(), target_dir, ws["vocab"], 256)
     donor.lm_head.weight.data = torch.randn_like(donor.lm_head.weight)
     # the donor drafts target ids 0, 2, 4, ... (ours) shifted by one draft slot: other map
     donor.d2t.data = torch.roll(donor.d2t + torch.arange(128), 1) - torch.arange(128)
     folder = _export(donor, target_dir, tmp_path / "donor")
-    model, _ = _build(TrainConfig(), target_dir, ws["vocab"], 256)
+    model, _ = build_drafter(TrainConfig(), target_dir, ws["vocab"], 256)
     said = warm_start(model, folder)
     assert "rebuilt: 128 of 128 draft tokens carried over" in said
     # our draft id j drafts target 2j; the donor held target 2j at draft slot j + 1
@@ -299,13 +307,13 @@ def test_warm_start_from_another_vocab_carries_each_tokens_row_over(ws, tmp_path
 def test_warm_start_from_a_drafter_of_another_shape_is_refused(ws, tmp_path):
     from pathlib import Path
 
-    from specbuild.drafter.train import _build, warm_start
+    from specbuild.drafter.build import build_drafter, warm_start
 
     other = make_workspace(tmp_path / "other", SyntheticSpec(intermediate_size=96))
     other_dir = Path(other["target_fingerprint"]).parent
-    donor, _ = _build(TrainConfig(), other_dir, other["vocab"], 256)
+    donor, _ = build_drafter(TrainConfig(), other_dir, other["vocab"], 256)
     folder = _export(donor, other_dir, tmp_path / "donor")
-    model, _ = _build(TrainConfig(), Path(ws["target_fingerprint"]).parent, ws["vocab"], 256)
+    model, _ = build_drafter(TrainConfig(), Path(ws["target_fingerprint"]).parent, ws["vocab"], 256)
     with pytest.raises(ValueError, match=r"(?s)not a drafter of this target's shape.*\(96, 64\)"):
         warm_start(model, folder)
 
@@ -315,9 +323,9 @@ def test_a_run_with_init_from_says_it_warm_started(ws, tmp_path):
     run(ws, first, epochs=1)
     from pathlib import Path
 
-    from specbuild.drafter.train import _build
+    from specbuild.drafter.build import build_drafter
 
-    model, _ = _build(TrainConfig(), Path(ws["target_fingerprint"]).parent, ws["vocab"], 256)
+    model, _ = build_drafter(TrainConfig(), Path(ws["target_fingerprint"]).parent, ws["vocab"], 256)
     model.load_state_dict(
         {**load_file(first / "best.safetensors"), "embed_tokens.weight": model.embed_tokens.weight}
     )
@@ -333,12 +341,13 @@ def test_an_exported_drafter_evaluates_on_other_shards_of_the_same_tokens(ws, tm
     (bf16-exported weights, another teacher) and far above an untrained drafter's."""
     from pathlib import Path
 
-    from specbuild.drafter.train import _build, evaluate_drafter
+    from specbuild.drafter.build import build_drafter
+    from specbuild.drafter.train import evaluate_drafter
 
     ws8 = make_workspace(tmp_path / "ws8", SyntheticSpec(samples=16, seq_len=24, aux_dtype="fp8"))
     best = run(ws8, tmp_path / "fp8", epochs=2)
     target = Path(ws["target_fingerprint"]).parent
-    model, _ = _build(TrainConfig(), target, ws["vocab"], 256)
+    model, _ = build_drafter(TrainConfig(), target, ws["vocab"], 256)
     fresh = _export(model, target, tmp_path / "fresh")
     model.load_state_dict(
         {
@@ -384,7 +393,7 @@ def test_a_finished_job_run_again_trains_from_scratch_as_forcerun_means(ws, tmp_
 
 
 def test_an_interrupted_run_resumes_only_under_the_same_code(ws, tmp_path, monkeypatch):
-    with pytest.raises(TrainingInterrupted):
+    with pytest.raises(Killed):
         run(ws, tmp_path, epochs=2, save_interval=1, stop_after=3)
     monkeypatch.setattr("specbuild.drafter.train.source_digest", lambda: "edited sources")
     run(ws, tmp_path, epochs=2, log_path=tmp_path / "edited.log")
@@ -530,20 +539,6 @@ def test_cpu_bf16_autocast_run_overfits_like_the_float32_one(ws, tmp_path, caplo
     assert objective_amp == [True, False]
 
 
-def test_cpu_bf16_falls_back_to_float32_where_the_cpu_lacks_native_bf16(monkeypatch, caplog):
-    from specbuild.drafter import train
-
-    cpu = torch.device("cpu")
-    cfg = TrainConfig.from_params({"precision": "bfloat16", "device": "cpu"})
-    monkeypatch.setattr(train, "cpu_bf16_supported", lambda: True)
-    assert train._autocast(cfg, cpu)
-    assert not train._autocast(TrainConfig.from_params({"device": "cpu"}), cpu)  # auto: fp32
-    monkeypatch.setattr(train, "cpu_bf16_supported", lambda: False)
-    with caplog.at_level("WARNING", logger="specbuild"):
-        assert not train._autocast(cfg, cpu)
-    assert "no native bf16" in caplog.text and "training in float32" in caplog.text
-
-
 @pytest.mark.gpu
 def test_cuda_bf16_autocast_run_overfits_like_the_cpu_one(ws, tmp_path):
     best = run(ws, tmp_path, epochs=12, device="cuda")
@@ -612,11 +607,11 @@ def _target_with_layers(ws, folder, *, drop=None, seed=1):
 
 
 def test_target_last_layer_init_copies_the_last_layer_and_the_embedding_half_only(ws, tmp_path):
+    from specbuild.drafter.build import build_drafter
     from specbuild.drafter.target_init import init_from_target_layer
-    from specbuild.drafter.train import _build
 
     target = _target_with_layers(ws, tmp_path / "target")
-    model, _ = _build(TrainConfig(), target, ws["vocab"], 256)
+    model, _ = build_drafter(TrainConfig(), target, ws["vocab"], 256)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     lines = init_from_target_layer(model, target)
     theirs = load_file(target / "model.safetensors")
@@ -640,11 +635,11 @@ def test_target_last_layer_init_copies_the_last_layer_and_the_embedding_half_onl
 
 
 def test_target_last_layer_init_refuses_a_layer_it_cannot_fully_copy(ws, tmp_path):
+    from specbuild.drafter.build import build_drafter
     from specbuild.drafter.target_init import init_from_target_layer
-    from specbuild.drafter.train import _build
 
     target = _target_with_layers(ws, tmp_path / "target", drop="mlp.up_proj.weight")
-    model, _ = _build(TrainConfig(), target, ws["vocab"], 256)
+    model, _ = build_drafter(TrainConfig(), target, ws["vocab"], 256)
     with pytest.raises(ValueError, match=r"lack \['model.layers.7.mlp.up_proj.weight'\]"):
         init_from_target_layer(model, target)
     with pytest.raises(ValueError, match="a warm start replaces every weight"):

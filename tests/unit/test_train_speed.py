@@ -18,14 +18,16 @@ import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.synthetic import PRESETS, SyntheticSpec, main, make_workspace
+from benchmarks.train_profile import GROUPS, StepProfiler
+from benchmarks.train_speed import SpeedResult, benchmarks_row, speed_result, steady
+from specbuild.drafter.build import build_drafter
 from specbuild.drafter.config import DrafterConfig
 from specbuild.drafter.data import ShardSet
 from specbuild.drafter.flops import StepWork, peak_tflops, step_flops
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import TTTObjective
-from specbuild.drafter.profile import GROUPS
-from specbuild.drafter.throughput import Throughput, Window, benchmarks_row
-from specbuild.drafter.train import TrainConfig, _build, train_drafter
+from specbuild.drafter.throughput import Throughput, Window
+from specbuild.drafter.train import TrainConfig, train_drafter
 from specbuild.target import read_target_info
 
 H, V = 64, 256  # the tiny preset's hidden size and target vocabulary
@@ -39,7 +41,7 @@ def ws(tmp_path_factory):
 def _objective(ws, steps: int) -> tuple[TTTObjective, ShardSet]:
     info = read_target_info(ws["target_fingerprint"])
     target = Path(ws["target_fingerprint"]).parent
-    model, teacher = _build(TrainConfig(), target, ws["vocab"], info.vocab_size)
+    model, teacher = build_drafter(TrainConfig(), target, ws["vocab"], info.vocab_size)
     objective = TTTObjective(model, teacher, steps=steps, decay=0.8, amp=False)
     return objective, ShardSet(ws["shards"], hidden_size=H)
 
@@ -114,12 +116,12 @@ def test_steady_leaves_out_windows_that_compiled_a_graph():
         Window(0, 11, 15, tokens=4_000, flops=10**15, seconds=8.0, compiled=1),
         Window(1, 16, 20, tokens=4_000, flops=10**15, seconds=2.0),
     ]
-    steady = speed.rates(speed.steady())
-    assert steady["steps"] == 10 and steady["tokens_per_s"] == 2_000 and steady["compiled"] == 0
+    rates = speed.rates(steady(speed))
+    assert rates["steps"] == 10 and rates["tokens_per_s"] == 2_000 and rates["compiled"] == 0
     assert speed.rates()["compiled"] == 2 and speed.rates()["tokens"] == 13_000
     only_compiling = Throughput("NVIDIA H200", 1, 989.5)
     only_compiling.windows += speed.windows[:1] + speed.windows[2:3]
-    assert only_compiling.steady() == [speed.windows[2]]  # nothing better to report
+    assert steady(only_compiling) == [speed.windows[2]]  # nothing better to report
 
 
 def test_mfu_divides_by_every_ranks_peak_and_leaves_the_warmup_window_out():
@@ -128,12 +130,13 @@ def test_mfu_divides_by_every_ranks_peak_and_leaves_the_warmup_window_out():
         Window(0, 1, 5, tokens=1_000, flops=10**15, seconds=10.0),  # warm-up: slow
         Window(0, 6, 10, tokens=4_000, flops=1_979 * 10**12, seconds=2.0),
     ]
-    steady = speed.rates(speed.steady())
-    assert steady["tokens_per_s"] == 2_000 and steady["steps"] == 5
-    assert steady["tflops_per_s"] == pytest.approx(989.5)
-    assert steady["mfu"] == pytest.approx(0.5)  # 989.5 TFLOP/s over 2 x 989.5
+    rates = speed.rates(steady(speed))
+    assert rates["tokens_per_s"] == 2_000 and rates["steps"] == 5
+    assert rates["tflops_per_s"] == pytest.approx(989.5)
+    assert rates["mfu"] == pytest.approx(0.5)  # 989.5 TFLOP/s over 2 x 989.5
     assert speed.rates()["tokens"] == 5_000
-    result = speed.result(
+    result = speed_result(
+        speed,
         drafter={"hidden_size": 4096, "draft_vocab_size": 32000},
         ttt_steps=7,
         max_length=2048,
@@ -161,7 +164,7 @@ def _train(ws, out: Path, **kw):
 
 
 def test_the_bench_json_counts_the_full_vocab_pass_in_the_first_epoch_only(ws, tmp_path):
-    _train(ws, tmp_path, bench_out=str(tmp_path / "result.json"))
+    _train(ws, tmp_path, observer=SpeedResult(tmp_path / "result.json"))
     result = json.loads((tmp_path / "result.json").read_text())
     first, second = result["windows"]  # one progress window per epoch of 4 steps
     assert (first["epoch"], second["epoch"]) == (0, 1) and first["tokens"] == second["tokens"]
@@ -174,7 +177,7 @@ def test_the_bench_json_counts_the_full_vocab_pass_in_the_first_epoch_only(ws, t
 
 def test_profile_groups_cover_the_wall_time_of_the_profiled_steps(ws, tmp_path):
     out = tmp_path / "profile.json"
-    _train(ws, tmp_path, profile_out=str(out), config={"epochs": 1, "token_budget": 48})
+    _train(ws, tmp_path, observer=StepProfiler(out), config={"epochs": 1, "token_budget": 48})
     report = json.loads(out.read_text())
     assert report["steps"] == [4, 6] and report["device"] == "cpu"
     groups = report["groups"]
@@ -209,13 +212,16 @@ def test_cuda_runs_count_flops_against_the_devices_peak_and_profile_kernel_time(
     import torch
 
     cuda = {"device": "cuda"}
-    _train(ws, tmp_path / "bench", bench_out=str(tmp_path / "result.json"), config=cuda)
+    _train(ws, tmp_path / "bench", observer=SpeedResult(tmp_path / "result.json"), config=cuda)
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["device"] == torch.cuda.get_device_name() and result["steady"]["flops"] > 0
     assert (result["steady"]["mfu"] is None) == (peak_tflops(result["device"]) is None)
     out = tmp_path / "profile.json"
     _train(
-        ws, tmp_path / "prof", profile_out=str(out), config=cuda | {"epochs": 1, "token_budget": 48}
+        ws,
+        tmp_path / "prof",
+        observer=StepProfiler(out),
+        config=cuda | {"epochs": 1, "token_budget": 48},
     )
     report = json.loads(out.read_text())
     assert report["basis"] == "device kernel time"

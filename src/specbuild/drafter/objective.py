@@ -66,7 +66,7 @@ class TTTObjective(nn.Module):
         return (t_logits / self.temperature).softmax(-1)
 
     def forward(self, batch: Batch, counts: StepCounts | None = None) -> Tensor:
-        # record_function labels: where `drafter.profile` puts the time (free when not profiling)
+        # record_function labels: where the step profile (benchmarks/) puts the time (free when off)
         with record_function("specbuild::teacher_full_vocab"):
             mask, full_rows = self._mask(batch)
             if counts is not None:  # metrics want the target's argmax and full-vocab logsumexp

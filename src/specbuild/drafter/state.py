@@ -13,7 +13,7 @@ latest.json is replaced atomically, so a kill at any moment leaves the previous 
 intact. The LR schedule is a pure function of the step and each epoch's batch plan of
 (seed, epoch), so step + (epoch, batch) are their whole state.
 
-Which state is resumed (`resume_status`): only an interrupted run of the same job. The job
+Which state is resumed (`resume_status`, `resume`): only an interrupted run of the same job. The job
 key (`job_key`) covers the hyper-parameters, each input's path, size and mtime, the target
 fingerprint, the world size, and the code (specbuild's version and a digest of its sources,
 torch's version); a finished run marks latest.json complete, so running a finished job again
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from dataclasses import asdict, dataclass, field
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from torch import Tensor
+from torch import Tensor, nn
 
 from specbuild.io import atomic_path, read_json, write_json
 
@@ -41,6 +42,7 @@ __all__ = [
     "source_digest",
     "job_key",
     "resume_status",
+    "resume",
     "save_checkpoint",
     "mark_complete",
     "load_checkpoint",
@@ -48,6 +50,8 @@ __all__ = [
     "save_drafter",
     "read_drafter",
 ]
+
+log = logging.getLogger("specbuild")
 
 LATEST = "latest.json"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # src/specbuild
@@ -196,6 +200,33 @@ def load_checkpoint(
         torch.cuda.set_rng_state(tensors["rng.cuda"])
     model = load_file(str(ckpt / "model.safetensors"))
     return TrainState(**meta["state"]), model, _optimizer_unflat(tensors, meta["optimizer"])
+
+
+_NOT_RESUMED = {
+    "complete": "a finished run of this job (a forced rerun trains from scratch)",
+    "other-job": "the state of other inputs, hyper-parameters or code",
+}
+
+
+def resume(
+    state_dir: str | os.PathLike, *, job: str, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> TrainState | None:
+    """The state of an interrupted run of `job`, its weights and optimizer state loaded into
+    `model` (all but the frozen `embed_tokens`) and `optimizer`; None, and the reason logged,
+    where the run starts fresh."""
+    status = resume_status(state_dir, job=job)
+    if status in _NOT_RESUMED:
+        log.info("starting fresh: %s holds %s", state_dir, _NOT_RESUMED[status])
+    loaded = load_checkpoint(state_dir, job=job) if status == "resumable" else None
+    if loaded is None:
+        return None
+    state, weights, opt_state = loaded
+    missing, extra = model.load_state_dict(weights, strict=False)
+    if missing != ["embed_tokens.weight"] or extra:
+        raise ValueError(f"{state_dir}: checkpoint keys differ ({missing=}, {extra=})")
+    optimizer.load_state_dict(opt_state)
+    log.info("resuming at step %d (epoch %d, batch %d)", state.step, state.epoch, state.batch)
+    return state
 
 
 def clear_state(state_dir: str | os.PathLike) -> None:

@@ -2,6 +2,8 @@
 
     make bench-train PRESET=llama8b PROFILE=1   # -> results/perf/train/profile.{json,txt}
 
+`StepProfiler` watches `train_drafter` as its observer (`drafter.observer`, rank 0 only).
+
 Every op the profiler saw is put under the innermost `specbuild::<label>` range around it: the
 trainer and objective open some (`data`, `optimizer`, `teacher_full_vocab`, `teacher_draft`,
 `unroll`), and while profiling, forward hooks open one per drafter module (`fc`, `layer`,
@@ -30,6 +32,7 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
 from specbuild.drafter.flops import device_name
+from specbuild.drafter.observer import Observer, TrainRun
 from specbuild.io import atomic_path, write_json
 
 __all__ = ["GROUPS", "StepProfiler", "format_report", "group_times"]
@@ -138,50 +141,52 @@ def group_times(events: list, *, wall_us: float, device: bool) -> tuple[dict, di
     return groups, per_label
 
 
-class StepProfiler:
-    """Profiles steps WARMUP_STEPS+1 .. +PROFILE_STEPS of this run (fewer in a short run)
-    and writes `out` (JSON), `<out stem>.txt` (the table and torch's top ops) and a Chrome
-    trace `<out stem>.trace.json.gz` (chrome://tracing, ui.perfetto.dev)."""
+class StepProfiler(Observer):
+    """Profiles steps WARMUP_STEPS+1 .. +PROFILE_STEPS of this run (fewer in a short run) on
+    rank 0 and writes `out` (JSON), `<out stem>.txt` (the table and torch's top ops) and a
+    Chrome trace `<out stem>.trace.json.gz` (chrome://tracing, ui.perfetto.dev)."""
 
     def __init__(
-        self,
-        out: str | os.PathLike,
-        objective: nn.Module,
-        device: torch.device,
-        *,
-        total_steps: int,
-        warmup: int = WARMUP_STEPS,
-        steps: int = PROFILE_STEPS,
+        self, out: str | os.PathLike, *, warmup: int = WARMUP_STEPS, steps: int = PROFILE_STEPS
     ) -> None:
-        self.out, self.objective, self.device = Path(out), objective, device
-        self.first = min(warmup, max(total_steps - 1, 0)) + 1  # 1-based steps of this run
-        self.last = min(self.first + steps - 1, total_steps)
-        self.seen, self.prof, self.handles, self.t0 = 0, None, [], 0.0
+        self.out, self.warmup, self.steps = Path(out), warmup, steps
+        self.seen, self.first, self.last = 0, 0, -1  # steps of this run, 1-based
+        self.prof, self.handles, self.t0, self.run = None, [], 0.0, None
+
+    def on_start(self, run: TrainRun) -> None:
+        if run.ranks.rank != 0:
+            return
+        self.run, todo = run, run.total_steps - run.state.step
+        self.first = min(self.warmup, max(todo - 1, 0)) + 1
+        self.last = min(self.first + self.steps - 1, todo)
+        if self.first == 1 <= self.last:
+            self._begin()
+
+    def on_step(self, run: TrainRun) -> None:
+        """After a step: the next one may be the first profiled, this one the last."""
+        if self.run is None:
+            return
+        self.seen += 1
+        if self.seen == self.last:
+            self.on_end(run)
+        elif self.seen == self.first - 1:
+            self._begin()
 
     def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        if self.run.ranks.device.type == "cuda":
+            torch.cuda.synchronize(self.run.ranks.device)
 
-    def begin(self) -> None:
-        """Before a step's batch is fetched."""
-        self.seen += 1
-        if self.seen != self.first:
-            return
+    def _begin(self) -> None:
         activities = [ProfilerActivity.CPU]
-        if self.device.type == "cuda":
+        if self.run.ranks.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
-        self.handles = _label_modules(self.objective)
+        self.handles = _label_modules(self.run.objective)
         self._sync()
         self.prof = profile(activities=activities)
         self.prof.start()
         self.t0 = time.perf_counter()
 
-    def end(self) -> None:
-        """After a step's optimizer update."""
-        if self.prof is not None and self.seen == self.last:
-            self.close()
-
-    def close(self) -> None:
+    def on_end(self, run: TrainRun) -> None:
         """Stop (if running) and write the report; a no-op once written."""
         if self.prof is None:
             return
@@ -194,10 +199,11 @@ class StepProfiler:
         self._write(prof, wall, steps=self.seen - self.first + 1)
 
     def _write(self, prof: profile, wall: float, *, steps: int) -> None:
-        on_device = self.device.type == "cuda"
+        device = self.run.ranks.device
+        on_device = device.type == "cuda"
         groups, labels = group_times(list(prof.events()), wall_us=wall * 1e6, device=on_device)
         report = {
-            "device": device_name(self.device),
+            "device": device_name(device),
             "basis": "device kernel time" if on_device else "op time on the training thread",
             "steps": [self.first, self.first + steps - 1],
             "wall_s": wall,

@@ -1,0 +1,165 @@
+"""The drafter a run starts from, and the objective it trains under.
+
+`build_drafter` makes the model from the target folder: the target's embedding (frozen), its
+lm_head rows of the draft vocabulary and its final norm, the rest seeded random (`train.seed`).
+A fresh run then starts from `train.init_from` (`warm_start`: a drafter folder) or the target's
+last decoder layer (`train.init`, `target_init.py`), never both (`TrainConfig.check`).
+`train.attention`, `train.loss` and `train.precision` resolve here against the device.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specbuild.drafter import fused_attention
+from specbuild.drafter.config import DrafterConfig, TrainConfig, cpu_bf16_supported
+from specbuild.drafter.model import Eagle3Drafter
+from specbuild.drafter.objective import TTTObjective
+from specbuild.drafter.target_init import init_from_target_layer
+from specbuild.drafter.teacher import Teacher, read_target_weights, read_vocab
+from specbuild.io import read_json
+
+__all__ = [
+    "attention_kind",
+    "build_drafter",
+    "build_objective",
+    "init_weights",
+    "loss_kind",
+    "use_autocast",
+    "warm_start",
+]
+
+log = logging.getLogger("specbuild")
+
+
+def build_drafter(
+    cfg: TrainConfig, target_dir: Path, vocab: str, vocab_size: int
+) -> tuple[Eagle3Drafter, Teacher]:
+    """The seeded drafter of the target in `target_dir` and the teacher of its draft vocabulary."""
+    d2t, t2d = read_vocab(vocab, vocab_size=vocab_size)
+    weights = read_target_weights(
+        target_dir, ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]
+    )
+    mcfg = DrafterConfig.from_target(
+        read_json(target_dir / "config.json"), draft_vocab_size=d2t.shape[0], fc_norm=cfg.fc_norm
+    )
+    torch.manual_seed(cfg.seed)
+    model = Eagle3Drafter(mcfg)
+    teacher = Teacher(weights["lm_head.weight"], d2t, t2d)
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(weights["model.embed_tokens.weight"])
+        # Start from the target's head and final norm: norm(h) then learns to look like `last`.
+        model.lm_head.weight.copy_(teacher.draft)
+        model.norm.weight.copy_(weights["model.norm.weight"])
+        model.d2t.copy_(d2t)
+        model.t2d.copy_(t2d)
+    return model, teacher
+
+
+def warm_start(model: Eagle3Drafter, folder: str | os.PathLike) -> str:
+    """Load the drafter in `folder` into `model` (every shape checked first) and say what
+    happened to the draft vocabulary: lm_head rows are draft-vocabulary rows, so they are
+    reused as they are only when both maps agree; otherwise each of our draft tokens takes the
+    folder's row for the same target token where it has one, and keeps the target's head row
+    (`build_drafter`'s start) where it has none."""
+    embed = model.embed_tokens.weight.detach()
+    theirs = Eagle3Drafter.from_pretrained(
+        folder, embed_tokens_weight=embed, dtype=torch.float32, device=embed.device
+    )
+    ours, src = model.state_dict(), theirs.state_dict()
+    vocab_keys = {"lm_head.weight", "d2t", "t2d"}
+    faults = [
+        f"{k}: {tuple(src[k].shape)} there, {tuple(v.shape)} here"
+        for k, v in ours.items()
+        if k not in vocab_keys and k in src and src[k].shape != v.shape
+    ]
+    if faults:
+        raise ValueError(
+            f"train.init_from {folder}: not a drafter of this target's shape:\n  "
+            + "\n  ".join(faults)
+        )
+    with torch.no_grad():
+        for k, v in ours.items():
+            if k not in vocab_keys and k != "embed_tokens.weight":
+                v.copy_(src[k])
+        if torch.equal(theirs.d2t, model.d2t) and torch.equal(theirs.t2d, model.t2d):
+            model.lm_head.weight.copy_(src["lm_head.weight"])
+            return "draft vocabulary map reused (identical to this build's)"
+        targets = (torch.arange(len(theirs.d2t)) + theirs.d2t).tolist()
+        row_of = {t: i for i, t in enumerate(targets)}
+        ours_targets = (torch.arange(len(model.d2t)) + model.d2t).tolist()
+        pairs = [(j, row_of[t]) for j, t in enumerate(ours_targets) if t in row_of]
+        if pairs:
+            dst, rows = zip(*pairs, strict=True)
+            model.lm_head.weight[list(dst)] = src["lm_head.weight"][list(rows)]
+    return (
+        f"draft vocabulary map rebuilt: {len(pairs)} of {len(ours_targets)} draft tokens carried "
+        f"over from {folder}, the rest start from the target's head"
+    )
+
+
+def init_weights(model: Eagle3Drafter, cfg: TrainConfig, target_dir: Path) -> None:
+    """A fresh run's start: `train.init_from`, `train.init`, or the built drafter as it is."""
+    if cfg.init_from:
+        log.info("warm start from %s: %s", cfg.init_from, warm_start(model, cfg.init_from))
+    elif cfg.init == "target_last_layer":
+        copied = init_from_target_layer(model, target_dir)
+        log.info("init from the target's last decoder layer:\n  %s", "\n  ".join(copied))
+
+
+def attention_kind(cfg: TrainConfig, device: torch.device) -> str:
+    """train.attention resolved: `auto` is the fused kernel on CUDA, the reference elsewhere."""
+    if cfg.attention != "auto":
+        return cfg.attention
+    return "flex" if device.type == "cuda" and fused_attention.available() else "reference"
+
+
+def use_autocast(cfg: TrainConfig, device: torch.device) -> bool:
+    """bf16 autocast: on CUDA unless float32 is asked for; on CPU when bfloat16 is asked for
+    and the CPU has native bf16 (elsewhere oneDNN emulates it, slower than float32)."""
+    if device.type == "cuda":
+        return cfg.precision != "float32"
+    if cfg.precision != "bfloat16":
+        return False
+    if cpu_bf16_supported():
+        return True
+    log.warning(
+        "train.precision bfloat16: this CPU has no native bf16 (AVX512-BF16 or AMX), "
+        "training in float32"
+    )
+    return False
+
+
+def loss_kind(cfg: TrainConfig, device: torch.device) -> str:
+    """train.loss resolved: `auto` is the fused loss on CUDA (on CPU the matmuls bound it: no
+    gain measured), the reference elsewhere."""
+    if cfg.loss != "auto":
+        return cfg.loss
+    return "fused" if device.type == "cuda" else "reference"
+
+
+def build_objective(
+    cfg: TrainConfig,
+    model: nn.Module,
+    teacher: Teacher,
+    *,
+    amp: bool,
+    attention: str,
+    loss: str = "reference",
+) -> TTTObjective:
+    """The training-time-test loss of `cfg` (training and `evaluate_drafter` alike)."""
+    return TTTObjective(
+        model,
+        teacher,
+        steps=cfg.ttt_steps,
+        decay=cfg.loss_decay,
+        temperature=cfg.teacher_temperature,
+        amp=amp,
+        attention=attention,
+        fused_loss=loss == "fused",
+    )
