@@ -227,3 +227,27 @@ def test_generate_refuses_a_too_small_disk_before_any_model_loads(
     ]
     assert "lower generate.max_new_tokens" in str(err.value)
     assert loaded == [] and list(out.parent.iterdir()) == []
+
+
+def test_the_training_need_counts_what_a_checkpoint_saves_not_the_frozen_embedding():
+    from specbuild.drafter.config import DrafterConfig
+    from specbuild.drafter.model import Eagle3Drafter
+
+    model = Eagle3Drafter(
+        DrafterConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=1000,
+            draft_vocab_size=100,
+            target_hidden_size=64,
+        )
+    )
+    saved = model.export_state()
+    parameters = sum(p.numel() for p in model.parameters())
+    buffers = sum(b.numel() for b in model.buffers() if b.numel() and b.dtype != torch.float32)
+    # the target's embedding is loaded, never saved; the vocabulary maps are saved
+    assert "embed_tokens.weight" not in saved
+    assert sum(t.numel() for t in saved.values()) == parameters - 1000 * 64 + buffers

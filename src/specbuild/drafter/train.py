@@ -182,7 +182,7 @@ def _read_data(
 
 def _check_free_space(model: Eagle3Drafter, state_dir: str) -> None:
     need = train_need(
-        parameters=sum(p.numel() for p in model.parameters()),
+        parameters=sum(t.numel() for t in model.export_state().values()),  # what is saved
         trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
     )
     ensure_free_space(
