@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import save_file
 
 from specbuild.drafter.config import ATTENTION, LOSS
+from specbuild.eagle_layers import default_layer_ids
 from specbuild.hidden.fp8 import quantize_fp8
 from specbuild.hidden.shards import write_shard
 from specbuild.io import atomic_path, write_json
@@ -92,7 +93,17 @@ def workspace_paths(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> d
         ],
         "vocab": str(out / "vocab" / "vocab.safetensors"),
         "target_fingerprint": str(out / "target" / "fingerprint.json"),
-        "layer_ids": [1, L // 2 - 1, L - 4],
+        "layer_ids": default_layer_ids(L),
+    }
+
+
+def train_outputs(out: str | Path) -> dict[str, str]:
+    """The outputs `train_drafter` writes, in the folder `out`."""
+    out = Path(out)
+    return {
+        "best_out": str(out / "best.safetensors"),
+        "metrics_out": str(out / "metrics.jsonl"),
+        "state_dir": str(out / "state"),
     }
 
 

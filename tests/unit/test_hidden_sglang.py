@@ -399,26 +399,21 @@ def test_in_process_sglang_shards_agree_with_transformers_shards(tmp_path, targe
 def _even_headed_target(folder: Path, tokenizer_dir: Path) -> Path:
     """A random-weight Llama that splits over 2 GPUs (SmolLM2's 9 heads do not), saved with
     real weight files so both TP sizes load the same numbers, and SmolLM2's tokenizer."""
-    import shutil
-
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from random_llama import write_random_llama
 
     from specbuild.target import materialize_target
 
-    src = folder / "src"
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
+    src = write_random_llama(
+        folder / "src",
+        tokenizer_dir,
+        dtype=torch.bfloat16,
         hidden_size=512,
         intermediate_size=1536,
         num_hidden_layers=8,
         num_attention_heads=8,
         num_key_value_heads=4,
-        vocab_size=49152,
         max_position_embeddings=2048,
     )
-    LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(src)
-    for f in [*tokenizer_dir.glob("tokenizer*"), *tokenizer_dir.glob("*template*")]:
-        shutil.copy(f, src / f.name)
     materialize_target(
         source=str(src), name="tp-llama", out_dir=folder / "target", save_dtype="bfloat16"
     )

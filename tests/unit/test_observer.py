@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from benchmarks.synthetic import SyntheticSpec, make_workspace
+from benchmarks.synthetic import SyntheticSpec, make_workspace, train_outputs
 from specbuild.drafter.observer import Observer, TrainRun
 from specbuild.drafter.train import TrainConfig, train_drafter
 
@@ -49,9 +49,7 @@ def _run(ws, out, observer, **cfg):
         shards=ws["shards"],
         vocab=ws["vocab"],
         target_fingerprint=ws["target_fingerprint"],
-        best_out=str(out / "best.safetensors"),
-        metrics_out=str(out / "metrics.jsonl"),
-        state_dir=str(out / "state"),
+        **train_outputs(out),
         config=TrainConfig(**(base | cfg), log_interval=2),
         threads=1,
         observer=observer,

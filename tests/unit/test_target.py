@@ -187,24 +187,17 @@ def test_a_hub_id_needing_its_own_code_stops_before_its_weights_are_fetched(
 
 def _tiny_source(folder, tokenizer_dir):
     """A 2-layer random Llama with SmolLM2's tokenizer: an HF folder the test may rewrite."""
-    import shutil
+    from random_llama import write_random_llama
 
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
+    return write_random_llama(
+        folder,
+        tokenizer_dir,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        vocab_size=49152,
     )
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    for f in [*tokenizer_dir.glob("tokenizer*"), *tokenizer_dir.glob("*template*")]:
-        shutil.copy(f, folder / f.name)
-    return folder
 
 
 def test_a_linked_weight_file_rewritten_in_place_stops_the_next_stage(tmp_path, target_dir):

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks.synthetic import SyntheticSpec, make_workspace
+from benchmarks.synthetic import SyntheticSpec, make_workspace, train_outputs
 from specbuild.drafter.config import cpu_bf16_supported
 from specbuild.drafter.data import (
     ShardSet,
@@ -64,9 +64,7 @@ def run(ws, out, stop_after=None, log_path=None, tensorboard_dir=None, **cfg):
         shards=ws["shards"],
         vocab=ws["vocab"],
         target_fingerprint=ws["target_fingerprint"],
-        best_out=str(out / "best.safetensors"),
-        metrics_out=str(out / "metrics.jsonl"),
-        state_dir=str(out / "state"),
+        **train_outputs(out),
         config=TrainConfig(**(base | cfg)),
         threads=1,
         observer=KillAfter(stop_after) if stop_after else None,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks.synthetic import PRESETS, SyntheticSpec, main, make_workspace
+from benchmarks.synthetic import PRESETS, SyntheticSpec, main, make_workspace, train_outputs
 from benchmarks.train_profile import GROUPS, StepProfiler
 from benchmarks.train_speed import SpeedResult, benchmarks_row, speed_result, steady
 from specbuild.drafter.build import build_drafter
@@ -154,9 +154,7 @@ def _train(ws, out: Path, **kw):
         shards=ws["shards"],
         vocab=ws["vocab"],
         target_fingerprint=ws["target_fingerprint"],
-        best_out=str(out / "best.safetensors"),
-        metrics_out=str(out / "metrics.jsonl"),
-        state_dir=str(out / "state"),
+        **train_outputs(out),
         config=TrainConfig(**cfg, log_interval=100),
         threads=1,
         **kw,
