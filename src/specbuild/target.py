@@ -232,8 +232,8 @@ def check_target_files(folder: str | os.PathLike, info: TargetInfo) -> None:
         raise TargetChangedError(
             f"{folder}: {shown} changed since the target stage fingerprinted it (size, time, or "
             f"a file added or removed; its files are links to {info.source!r}). Rebuild the "
-            "target (snakemake --forcerun target): every stage after it reruns only if the "
-            "fingerprint changed its content."
+            "target (snakemake --forcerun target); the stages after it rerun on the new "
+            "fingerprint."
         )
 
 
