@@ -1,9 +1,11 @@
-# Stage bench: one job per engine, drafter and config (a chain; the baseline's drafter is
-# `none`), every set in it; a served engine also sweeps concurrency (the baseline's and
+# Stage bench: one job per engine, drafter and chain (the baseline's drafter is `none`),
+# every set in it; a served engine also sweeps concurrency (the baseline's and
 # bench.sweep_drafters'). Rows: specbuild.bench.rows. Drafters: each variant of bench.variants
 # (results/drafter/<variant>) and each of bench.drafters (its folder).
-# A `sglang` job starts one server for its config; an `openai` job measures an existing
+# A `sglang` job starts one server for its chain; an `openai` job measures an existing
 # endpoint (its GPUs are not ours to schedule); `hf` with bench.hf.exclusive claims every core.
+
+from specbuild.formats import BENCH_ROWS
 
 
 rule bench:
@@ -35,5 +37,6 @@ rule bench:
         prompt_limit=bench_prompt_limit,
         concurrency=bench_concurrency,
         sweep_min_requests=config["bench"]["sweep_min_requests"],
+        rows_version=BENCH_ROWS,
     script:
         "../scripts/bench.py"

@@ -3,7 +3,7 @@ older specbuild wrote are rebuilt, not mixed with rows that mean something else.
 
 from __future__ import annotations
 
-__all__ = ["GENERATED_ROWS", "SAMPLE_ROWS", "TOKENIZED_ROWS"]
+__all__ = ["BENCH_ROWS", "GENERATED_ROWS", "SAMPLE_ROWS", "TOKENIZED_ROWS"]
 
 # 2: assistant turns before the first user turn dropped (the row's `repairs`); a conversation
 # the chat template cannot render rejected with its line
@@ -14,3 +14,7 @@ GENERATED_ROWS = 2
 # 2: a row per assistant turn where the template drops earlier reasoning; an overlong row
 # drops its oldest exchanges first; any failing record is rejected by id
 TOKENIZED_ROWS = 2
+
+# 2: the row's drafting shape is `chain` (was `config`), the name its wildcard and config key
+# `bench.chains` give it
+BENCH_ROWS = 2
