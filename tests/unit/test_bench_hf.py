@@ -398,7 +398,7 @@ def test_bad_set_file_lists_every_bad_line_with_the_fix(tmp_path):
 
 
 class ScriptedEngine:
-    name, device, config, drafter = "fake", "cpu", "3-1-4", "d"
+    name, device, chain, drafter = "fake", "cpu", "3-1-4", "d"
 
     def __init__(self, tokenizer):
         self.answer = tokenizer("FIRST-ANSWER", add_special_tokens=False)["input_ids"]
