@@ -1,13 +1,13 @@
-# Stage bench: one job per engine, drafter and config (a chain; the baseline's drafter is
-# `none`), every set in it; a served engine also sweeps concurrency (the baseline's and
+# Stage bench: one job per engine, drafter and chain (the baseline's drafter is `none`),
+# every set in it; a served engine also sweeps concurrency (the baseline's and
 # bench.sweep_drafters'). Rows: specbuild.bench.rows. Drafters: each variant of bench.variants
 # (results/drafter/<variant>) and each of bench.drafters (its folder).
-# A `sglang` job starts one server for its config; an `openai` job measures an existing
+# A `sglang` job starts one server for its chain; an `openai` job measures an existing
 # endpoint (its GPUs are not ours to schedule); `hf` with bench.hf.exclusive claims every core.
 
 
 rule bench:
-    """Bench every set with one engine, drafter and config; one row per request (and sweep
+    """Bench every set with one engine, drafter and chain; one row per request (and sweep
     request)."""
     input:
         unpack(job(bench_plan.bench_inputs, config, VARIANTS)),
@@ -18,7 +18,7 @@ rule bench:
     wildcard_constraints:
         engine="hf|sglang|openai",
         drafter=bench_plan.bench_drafter_regex(config, VARIANTS),
-        chain=CONFIG_PATTERN,
+        chain=CHAIN_PATTERN,
     # after decoding, before hidden (PRIORITY in specbuild/workflow/scheduling.py)
     priority: PRIORITY["bench"]
     conda:
@@ -35,5 +35,6 @@ rule bench:
         prompt_limit=job(bench_plan.bench_prompt_limit, config),
         concurrency=job(bench_plan.bench_concurrency, config),
         sweep_min_requests=config["bench"]["sweep_min_requests"],
+        rows_version=BENCH_ROWS,
     script:
         "../scripts/bench.py"

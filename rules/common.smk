@@ -6,10 +6,10 @@ import inspect
 import os
 import sys
 
-from specbuild.chain import CONFIG_PATTERN
+from specbuild.chain import CHAIN_PATTERN
 from specbuild.config import ConfigError, check_config
 from specbuild.config import train_datasets, train_variants
-from specbuild.formats import GENERATED_ROWS, SAMPLE_ROWS, TOKENIZED_ROWS
+from specbuild.formats import BENCH_ROWS, GENERATED_ROWS, SAMPLE_ROWS, TOKENIZED_ROWS
 from specbuild.rejects import check_rejected_share
 from specbuild.workflow import bench_plan, datasets, engines, features, paths, rejects
 from specbuild.workflow import report_plan, scheduling, targets, training, tuning_plan

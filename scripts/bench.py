@@ -10,7 +10,7 @@ drafter = snakemake.input.get("drafter")
 run_bench(
     engine=snakemake.wildcards.engine,
     target_dir=Path(snakemake.input.fp).parent,
-    config=snakemake.wildcards.chain,
+    chain=snakemake.wildcards.chain,
     sets=snakemake.params.sets,
     out=snakemake.output[0],
     options=snakemake.params.options,

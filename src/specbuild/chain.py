@@ -1,4 +1,4 @@
-"""The speculative configuration of a bench job: a drafting chain, or the `baseline` without one.
+"""The `chain` of a bench job: a drafting shape, or the `baseline` without a drafter.
 
 A chain is written "steps-topk-draft_tokens", SGLang's --speculative-num-steps,
 --speculative-eagle-topk and --speculative-num-draft-tokens ("3-1-4"). This is the one parser:
@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BASELINE", "CONFIG_PATTERN", "NO_DRAFTER", "Chain", "chain_order"]
+__all__ = ["BASELINE", "CHAIN_PATTERN", "NO_DRAFTER", "Chain", "chain_order"]
 
-BASELINE = "baseline"  # the config of rows decoded without a drafter
+BASELINE = "baseline"  # the `chain` of rows decoded without a drafter
 NO_DRAFTER = "none"  # the baseline's `drafter` (its rows and its folder)
-# A config name as a regex (rule wildcards): the baseline or any chain-shaped name.
-CONFIG_PATTERN = rf"{BASELINE}|[0-9]+-[0-9]+-[0-9]+"
+# A `chain` as a regex (rule wildcards): the baseline or any chain-shaped name.
+CHAIN_PATTERN = rf"{BASELINE}|[0-9]+-[0-9]+-[0-9]+"
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,9 @@ class Chain:
         return args
 
 
-def chain_order(configs) -> list[str]:
-    """Configs in display order: the baseline first, then chains by steps, topk, draft tokens."""
-    names = set(configs)
+def chain_order(chains) -> list[str]:
+    """Chains in display order: the baseline first, then by steps, topk, draft tokens."""
+    names = set(chains)
     chains = sorted(
         (Chain.parse(c) for c in names - {BASELINE}),
         key=lambda c: (c.steps, c.topk, c.draft_tokens),

@@ -139,11 +139,11 @@ _OTHER_BYTES = {"I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8"
 
 def export_need(*, checkpoint: str | os.PathLike, dtype: str) -> int:
     """Bytes of an exported drafter: the checkpoint's parameter count (its safetensors header,
-    no tensor read), floating tensors at the export `dtype` (export.DTYPES), others (the
+    no tensor read), floating tensors at the export `dtype` (specbuild.dtypes), others (the
     vocabulary maps) at their own width."""
     from safetensors import safe_open  # torch: not at workflow parse time
 
-    from specbuild.export import DTYPES
+    from specbuild.dtypes import DTYPES
 
     dtype_bytes = DTYPES[dtype].itemsize if dtype in DTYPES else 4  # export names a bad one
 

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from specbuild.drafter.config import AUX_LAYERS, DrafterConfig
 from specbuild.drafter.state import read_drafter
+from specbuild.dtypes import DTYPES
 from specbuild.eagle_layers import architecture_of, eagle_layer_ids
 from specbuild.formats import DRAFTER_FILES
 from specbuild.io import atomic_path, read_json, write_json
@@ -38,7 +39,6 @@ log = logging.getLogger("specbuild")
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ALLOWED_EXTRA_FILES = ("README.md", "metrics.json")
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 # Target config keys copied verbatim when present (special tokens SGLang may read).
 _COPIED = ("bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters")

@@ -6,7 +6,7 @@ rebuilt, not mixed with rows that mean something else."""
 
 from __future__ import annotations
 
-__all__ = ["DRAFTER_FILES", "GENERATED_ROWS", "SAMPLE_ROWS", "TOKENIZED_ROWS"]
+__all__ = ["BENCH_ROWS", "DRAFTER_FILES", "GENERATED_ROWS", "SAMPLE_ROWS", "TOKENIZED_ROWS"]
 
 # 2: assistant turns before the first user turn dropped (the row's `repairs`); a conversation
 # the chat template cannot render rejected with its line
@@ -21,3 +21,7 @@ TOKENIZED_ROWS = 2
 # The files of an exported drafter folder, what SGLang loads (docs/DESIGN.md, stage export);
 # `export` may add a README or metrics file beside them (specbuild.export.ALLOWED_EXTRA_FILES).
 DRAFTER_FILES = ("config.json", "model.safetensors")
+
+# 2: the row's drafting shape is `chain` (was `config`), the name its wildcard and config key
+# `bench.chains` give it
+BENCH_ROWS = 2

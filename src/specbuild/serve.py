@@ -33,10 +33,10 @@ def pick_chain(chains: Sequence[str], rows: Sequence[str | os.PathLike]) -> tupl
     else the first chain, else 3-1-4."""
     measured = {}
     for path in rows:
-        found = [r for r in read_jsonl(path) if r["phase"] == "bench" and r["config"] in chains]
+        found = [r for r in read_jsonl(path) if r["phase"] == "bench" and r["chain"] in chains]
         tokens_per_s = summarize(found)["tokens_per_s"] if found else None
         if tokens_per_s:
-            measured[found[0]["config"]] = tokens_per_s
+            measured[found[0]["chain"]] = tokens_per_s
     if measured:
         best = max(measured, key=measured.get)
         others = ", ".join(f"{c} {v:.1f}" for c, v in sorted(measured.items()) if c != best)

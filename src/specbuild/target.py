@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from specbuild.dtypes import torch_dtype
 from specbuild.io import read_json, user_file_mode, write_json
 from specbuild.text_model import TextModel, find_text_model, weight_map
 
@@ -50,7 +51,6 @@ __all__ = [
     "TargetChangedError",
     "check_target_files",
     "resolve_gguf",
-    "torch_dtype",
 ]
 
 FINGERPRINT = "fingerprint.json"
@@ -73,16 +73,8 @@ FULL_HASH_MAX_BYTES = 8 * 10**9
 SAMPLE_BYTES = 1 << 20  # each sampled block
 SAMPLES_PER_FILE = 16  # blocks per weight file, evenly spaced, the last one ending the file
 REMOTE_CODE_KEY = "target.trust_remote_code"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 log = logging.getLogger("specbuild")
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    try:
-        return DTYPES[name]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}") from None
 
 
 @dataclass(frozen=True)

@@ -178,7 +178,7 @@ def run_tuning_point(
         try:
             with SGLangServer(spec, name=f"sglang-tune-{point}") as srv:
                 engine = sglang_engine(
-                    srv, config=chain, drafter="drafter", timeout=server.request_timeout_s
+                    srv, chain=chain, drafter="drafter", timeout=server.request_timeout_s
                 )
                 metrics = _measure(
                     engine,

@@ -66,9 +66,9 @@ def _measured(rows: Sequence[str | os.PathLike], set_order: Sequence[str]) -> pd
     """The bench table (`report.tables.build_bench`) of the variants' drafted rows that count
     verify steps."""
     if not rows:
-        return pd.DataFrame(columns=["engine", "set", "config", "drafter", "accept_length"])
+        return pd.DataFrame(columns=["engine", "set", "chain", "drafter", "accept_length"])
     bench = build_bench(read_rows(rows), set_order)
-    return bench[(bench["config"] != BASELINE) & bench["accept_length"].notna()]
+    return bench[(bench["chain"] != BASELINE) & bench["accept_length"].notna()]
 
 
 def variant_table(
@@ -83,12 +83,12 @@ def variant_table(
     acceptance each engine measured on each set at each chain (`rows`, the bench row files of
     the benched variants)."""
     measured = _measured(rows, set_order)
-    chains = list(dict.fromkeys(measured["config"]))
-    keys = zip(measured["engine"], measured["set"], measured["config"], strict=True)
+    chains = list(dict.fromkeys(measured["chain"]))
+    keys = zip(measured["engine"], measured["set"], measured["chain"], strict=True)
     groups = list(dict.fromkeys(keys))
     # per-position columns only where the engine reported positions (hf; sglang does not)
     reported = [c for c in measured.columns if c.startswith("accept_pos")]
-    by_key = measured.set_index(["engine", "set", "config"]).sort_index()
+    by_key = measured.set_index(["engine", "set", "chain"]).sort_index()
     positions = {key: [c for c in reported if by_key.loc[[key], c].notna().any()] for key in groups}
     table = []
     for name, path in metrics.items():
@@ -105,7 +105,7 @@ def variant_table(
             "trained tokens": best["tokens"],
             "training tokens_per_s": best.get("tokens_per_s"),
         }
-        mine = measured[measured["drafter"] == name].set_index(["engine", "set", "config"])
+        mine = measured[measured["drafter"] == name].set_index(["engine", "set", "chain"])
         for key in groups:
             label = _label(*key)
             found = mine.loc[key] if key in mine.index else None
@@ -130,7 +130,7 @@ def variant_bars(
     same eval rows and bench rows as `variant_table`, labelled as its columns are."""
     measured = _measured(rows, set_order)
     measured = measured[measured["drafter"].isin(list(metrics))]
-    chains = list(dict.fromkeys(measured["config"]))
+    chains = list(dict.fromkeys(measured["chain"]))
     bars = []
     for name, path in metrics.items():
         best = _best_row(path)
@@ -142,7 +142,7 @@ def variant_bars(
     bars += [
         {
             "variant": r["drafter"],
-            "bar": _label(r["engine"], r["set"], r["config"]),
+            "bar": _label(r["engine"], r["set"], r["chain"]),
             "accept_length": r["accept_length"],
             "requests": r["requests"],
         }

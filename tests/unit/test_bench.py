@@ -78,7 +78,7 @@ def test_a_bad_chain_is_refused_naming_the_fault(name, match):
         Chain.parse(name)
 
 
-def test_configs_are_shown_baseline_first_then_by_chain_size():
+def test_chains_are_shown_baseline_first_then_by_size():
     assert chain_order(["7-1-8", BASELINE, "3-1-4", "3-4-8"]) == [
         BASELINE,
         "3-1-4",
@@ -90,9 +90,9 @@ def test_configs_are_shown_baseline_first_then_by_chain_size():
 # --- metrics ---------------------------------------------------------------------------------
 
 
-def req(completion, verify, *, config="3-1-4", wall=1.0, ttft=0.1, start=0.0, accepted=()):
+def req(completion, verify, *, chain="3-1-4", wall=1.0, ttft=0.1, start=0.0, accepted=()):
     return {
-        "config": config,
+        "chain": chain,
         "completion_tokens": completion,
         "verify_steps": verify,
         "accepted_per_position": list(accepted),
@@ -108,7 +108,7 @@ def test_acceptance_length_is_sglangs_sum_of_tokens_over_sum_of_verify_steps():
     assert summarize(rows)["accept_length"] == 14 / 6  # not the mean of 9/4 and 5/2
     assert acceptance_length(9, 4, "3-1-4") == 2.25
     assert acceptance_length(1, 0, "3-1-4") is None  # EOS from prefill: no verify step
-    base = summarize([req(9, None, config=BASELINE)])
+    base = summarize([req(9, None, chain=BASELINE)])
     assert base["accept_length"] == 1.0 and base["verify_steps"] is None
 
 
@@ -176,7 +176,7 @@ def test_sglang_rows_use_spec_verify_ct(target_dir, drafter):
     server = ServerOptions(launcher=LAUNCHER, env={"SGLANG_STUB_ACCEPT": "3"})
     spec = server.spec(target_dir, extra_args=Chain.parse("3-1-4").server_args(drafter))
     with SGLangServer(spec) as srv:
-        engine = sglang_engine(srv, config="3-1-4", drafter="ours", timeout=30)
+        engine = sglang_engine(srv, chain="3-1-4", drafter="ours", timeout=30)
         c = engine.complete([10, 20, 30], max_new_tokens=13)
     assert c.completion_tokens == len(c.token_ids) and c.ttft_s <= c.wall_s
     assert c.verify_steps == math.ceil((c.completion_tokens - 1) / 3)  # 3 tokens per verify
@@ -186,17 +186,17 @@ def test_sglang_rows_use_spec_verify_ct(target_dir, drafter):
 
 def test_a_chain_server_without_a_drafter_fails_instead_of_scoring_one(target_dir):
     with SGLangServer(STUB_SERVER.spec(target_dir)) as srv:
-        engine = sglang_engine(srv, config="3-1-4", drafter="ours", timeout=30)
+        engine = sglang_engine(srv, chain="3-1-4", drafter="ours", timeout=30)
         with pytest.raises(RuntimeError, match="no spec_verify_ct"):
             engine.complete([1, 2, 3], 8)
 
 
-def _bench(tmp_path, target_dir, engine, config, options, **kw):
-    out = tmp_path / engine / f"{config}.jsonl"
+def _bench(tmp_path, target_dir, engine, chain, options, **kw):
+    out = tmp_path / engine / f"{chain}.jsonl"
     run_bench(
         engine=engine,
         target_dir=target_dir,
-        config=config,
+        chain=chain,
         sets={"mt_bench": {**MT_BENCH, "limit": 2}},
         out=out,
         options=options,
@@ -213,15 +213,15 @@ def test_the_sglang_engine_benches_every_turn_then_sweeps_with_its_key(
 ):
     server = replace(STUB_SERVER, server_args={"disable_radix_cache": True})
     options = {"server": asdict(server)}
-    for config in (BASELINE, "3-1-4"):
+    for chain in (BASELINE, "3-1-4"):
         with caplog.at_level(logging.INFO, logger="specbuild"):
             rows = _bench(
                 tmp_path,
                 target_dir,
                 "sglang",
-                config,
+                chain,
                 options,
-                drafter_dir=str(drafter) if config != BASELINE else None,
+                drafter_dir=str(drafter) if chain != BASELINE else None,
                 drafter_name="ours",
             )
         # the server demanded a key (the stub answers 401 without it), and the bench sent it
@@ -237,7 +237,7 @@ def test_the_sglang_engine_benches_every_turn_then_sweeps_with_its_key(
         sweep = [(r["concurrency"], r["turn"]) for r in rows if r["phase"] == "sweep"]
         assert sweep == [(1, 1)] * 4 + [(3, 1)] * 4
         s = summarize(bench)
-        if config == BASELINE:
+        if chain == BASELINE:
             assert s["accept_length"] == 1.0 and bench[0]["drafter"] == "none"
         else:
             assert s["accept_length"] > 1.0 and bench[0]["drafter"] == "ours"
@@ -412,7 +412,7 @@ def test_a_drafter_for_a_deepseek_target_serves_with_eagle3_on_mla(
     prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
     with open_sglang(
         target_dir=deepseek_target,
-        config="3-1-4",
+        chain="3-1-4",
         drafter_dir=str(drafter),
         drafter_name="random",
         options={"server": asdict(server)},

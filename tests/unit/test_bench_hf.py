@@ -398,7 +398,7 @@ def test_bad_set_file_lists_every_bad_line_with_the_fix(tmp_path):
 
 
 class ScriptedEngine:
-    name, device, config, drafter = "fake", "cpu", "3-1-4", "d"
+    name, device, chain, drafter = "fake", "cpu", "3-1-4", "d"
 
     def __init__(self, tokenizer):
         self.answer = tokenizer("FIRST-ANSWER", add_special_tokens=False)["input_ids"]
@@ -565,7 +565,7 @@ def test_two_worker_processes_write_the_rows_one_process_writes(target_dir, targ
         rows = run_bench(
             engine="hf",
             target_dir=target_dir,
-            config="3-1-4",
+            chain="3-1-4",
             sets=sets,
             out=tmp_path / f"w{workers}.jsonl",
             options={"dtype": "float32", "device": "cpu", "threads": 1, "workers": workers},

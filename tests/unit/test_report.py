@@ -26,7 +26,7 @@ from specbuild.report.tables import (
 from specbuild.report.tuning import write_tuning_report
 
 
-def row(set_, config, tokens, verify, *, wall=2.0, engine="hf", prompt="0", accepted=(), **kw):
+def row(set_, chain, tokens, verify, *, wall=2.0, engine="hf", prompt="0", accepted=(), **kw):
     r = dict.fromkeys(ROW_KEYS)
     r |= {
         "set": set_,
@@ -36,8 +36,8 @@ def row(set_, config, tokens, verify, *, wall=2.0, engine="hf", prompt="0", acce
         "concurrency": 1,
         "engine": engine,
         "device": "cpu",
-        "config": config,
-        "drafter": "none" if config == "baseline" else "d1",
+        "chain": chain,
+        "drafter": "none" if chain == "baseline" else "d1",
         "completion_tokens": tokens,
         "verify_steps": verify,
         "accepted_per_position": list(accepted),
@@ -68,7 +68,7 @@ def write_rows(path, rows):
 
 
 def test_bench_table_has_sglangs_acceptance_and_speedup_over_the_same_engines_baseline():
-    t = build_bench(pd.DataFrame(synthetic_rows())).set_index(["set", "config"])
+    t = build_bench(pd.DataFrame(synthetic_rows())).set_index(["set", "chain"])
     chain = t.loc[("gsm8k", "3-1-4")]
     assert chain["accept_length"] == 64 / 24  # Σ completion / Σ verify
     assert (chain["tokens_per_s"], chain["speedup"]) == (32.0, 2.0)
@@ -85,7 +85,7 @@ def test_bench_table_has_sglangs_acceptance_and_speedup_over_the_same_engines_ba
 def test_bench_table_has_each_steps_cost_and_the_break_even_acceptance():
     # decode = wall - TTFT: the baseline 2 x 1.5 s for 2 x 31 tokens after the first, the
     # chain 2 x 0.5 s for 16 + 8 verify cycles
-    t = build_bench(pd.DataFrame(synthetic_rows())).set_index(["set", "config"])
+    t = build_bench(pd.DataFrame(synthetic_rows())).set_index(["set", "chain"])
     base, chain = t.loc[("gsm8k", "baseline")], t.loc[("gsm8k", "3-1-4")]
     assert base["step_ms"] == pytest.approx(3000 / 62) and base["break_even"] == 1.0
     assert chain["step_ms"] == pytest.approx(1000 / 24)
@@ -94,18 +94,18 @@ def test_bench_table_has_each_steps_cost_and_the_break_even_acceptance():
     assert t.loc[("my_prompts", "3-1-4"), "break_even"] == pytest.approx(1.0)
 
 
-def test_lines_follow_the_configured_engines_sets_and_configs():
+def test_lines_follow_the_configured_engines_sets_and_chains():
     rows = synthetic_rows() + [
         {**r, "engine": "sglang", "accepted_per_position": []} for r in synthetic_rows()
     ]
     t = build_bench(pd.DataFrame(rows), set_order=["my_prompts", "gsm8k"])
-    assert list(zip(t["engine"], t["set"], t["config"], strict=True))[:4] == [
+    assert list(zip(t["engine"], t["set"], t["chain"], strict=True))[:4] == [
         ("hf", "my_prompts", "baseline"),
         ("hf", "my_prompts", "3-1-4"),
         ("hf", "gsm8k", "baseline"),
         ("hf", "gsm8k", "3-1-4"),
     ]
-    sglang = t[t["engine"] == "sglang"].set_index(["set", "config"])
+    sglang = t[t["engine"] == "sglang"].set_index(["set", "chain"])
     assert sglang.loc[("gsm8k", "3-1-4"), "speedup"] == 2.0
     long = build_positions(t)
     assert set(long["engine"]) == {"hf"} and list(long["position"][:3]) == [1, 2, 3]
@@ -118,7 +118,7 @@ def test_an_interval_appears_from_five_requests_and_stays_above_one():
 
 
 def test_latency_and_sweep_tables_read_their_numbers_from_the_rows():
-    lat = build_latency(pd.DataFrame(synthetic_rows())).set_index(["set", "config"])
+    lat = build_latency(pd.DataFrame(synthetic_rows())).set_index(["set", "chain"])
     assert lat.loc[("gsm8k", "3-1-4"), "ttft_s_p50"] == 0.5
     assert lat.loc[("gsm8k", "3-1-4"), "itl_s_mean"] == pytest.approx(0.5 / 31)
     sweep = [
@@ -149,7 +149,7 @@ def test_best_train_row_is_the_highest_simulated_acceptance(tmp_path):
 def test_train_vs_bench_puts_simulated_beside_measured_for_each_chain():
     bench = build_bench(pd.DataFrame(synthetic_rows()))
     t = build_train_vs_bench(bench, {"step": 9, "acc": [0.5], "acceptance_length": 1.5})
-    assert list(t["config"]) == ["3-1-4", "3-1-4"]
+    assert list(t["chain"]) == ["3-1-4", "3-1-4"]
     assert list(t["simulated_accept_length"]) == [1.875, 1.875]
     assert list(t["accept_length"]) == [64 / 24, 32 / 31]
 
@@ -389,7 +389,7 @@ def test_each_drafter_at_a_chain_is_its_own_line_and_train_vs_bench_keeps_the_tr
         row("gsm8k", "3-1-4", 30, 20, wall=1.0, prompt="b", drafter="d2"),
     ]
     bench = build_bench(pd.DataFrame(rows))
-    lines = bench[bench["set"] == "gsm8k"][["config", "drafter", "accept_length"]]
+    lines = bench[bench["set"] == "gsm8k"][["chain", "drafter", "accept_length"]]
     assert lines.values.tolist() == [
         ["baseline", "none", 1.0],
         ["3-1-4", "d1", 64 / 24],

@@ -15,7 +15,7 @@ from specbuild.serve import DEFAULT_CHAIN, pick_chain, serve_command, write_serv
 def _rows(path, chain, tokens, wall):
     """Rows of one bench job: two single-stream requests and a sweep request that must not
     count (tokens/s = Σ tokens / Σ wall of the bench phase)."""
-    row = {"config": chain, "completion_tokens": tokens, "verify_steps": None, "wall_s": wall}
+    row = {"chain": chain, "completion_tokens": tokens, "verify_steps": None, "wall_s": wall}
     row |= {"accepted_per_position": [], "ttft_s": None, "itl_s": None, "phase": "bench"}
     write_jsonl(path, [row, row, {**row, "phase": "sweep", "completion_tokens": 10**6}])
     return path

@@ -29,7 +29,7 @@ def test_a_deepseek_v3_target_goes_through_every_stage(tmp_path, target_dir, dee
     drafter = read_json(wd / "results" / "drafter" / "base" / "config.json")
     assert drafter["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [3, 4, 6]
     assert (drafter["target_hidden_size"], drafter["vocab_size"]) == (2048, 49152)
-    bench = {(r["config"], r["engine"]): r for r in _table(wd, "bench")}
+    bench = {(r["chain"], r["engine"]): r for r in _table(wd, "bench")}
     chain = bench[("2-1-3", "hf")]
     assert float(chain["break_even"]) > 0 and float(chain["accept_length"]) >= 1.0
     assert float(bench[("baseline", "hf")]["break_even"]) == 1.0

@@ -342,11 +342,12 @@ def test_adding_a_variant_runs_only_its_training_export_and_benches_and_removing
     benches = results_state(workdir, "bench")
     assert {k: v for k, v in benches.items() if "/long/" not in k} == before["bench"]
     long_rows = list(read_jsonl(workdir / "results/bench/hf/long/2-1-3.jsonl"))
-    assert long_rows and {r["drafter"] for r in long_rows} == {"long"}
+    assert long_rows and {(r["drafter"], r["chain"]) for r in long_rows} == {("long", "2-1-3")}
     table = (workdir / "results" / "tables" / "variants.md").read_text()
     assert "| base |" in table and "| long |" in table and "epochs=2" in table
     assert "hf gsm8k 2-1-3" in table  # the measured acceptance beside training's estimate
     bench_table = (workdir / "results" / "tables" / "bench.md").read_text()
+    assert bench_table.startswith("| engine | set | chain | drafter | device |")
     assert "| hf | gsm8k | 2-1-3 | long |" in bench_table
     # back to the built config: only the tables are rewritten, without the removed variant
     assert planned_jobs(workdir) == [("bench_report", ""), ("variants", "")]

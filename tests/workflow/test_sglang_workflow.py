@@ -72,7 +72,7 @@ def test_sglang_stages_run_end_to_end_against_the_stub(tmp_path, target_dir):
     assert tensors["last"].shape[0] == tensors["input_ids"].shape[0]
 
     rows = list(read_jsonl(wd / "results/bench/sglang/none/baseline.jsonl"))
-    assert {(r["config"], r["accept_length"]) for r in rows} == {("baseline", 1.0)}
+    assert {(r["chain"], r["accept_length"]) for r in rows} == {("baseline", 1.0)}
     assert {r["phase"] for r in rows} == {"bench", "sweep"}
     assert "| sglang | baseline | none | 2 |" in (wd / "results/tables/sweep.md").read_text()
     rows = {r["point"]: r for r in (read_json(p) for p in (wd / "results/tuning").glob("*.json"))}

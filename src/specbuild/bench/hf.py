@@ -147,7 +147,7 @@ class HFBaseline:
     """Plain greedy decoding with a KV cache: the no-spec row every speedup is measured against."""
 
     name = "hf"
-    config = BASELINE
+    chain = BASELINE
     drafter = NO_DRAFTER
 
     def __init__(self, target, *, eos_ids: set[int]):
@@ -200,9 +200,9 @@ class HFSpecDecoder:
         self.device = device_label(str(target.device))
         self.drafter_model = drafter
         self.layer_ids = list(layer_ids)
-        self.chain = chain
+        self.steps = chain.steps
         self.eos_ids = eos_ids
-        self.config = chain.name
+        self.chain = chain.name
         self.drafter = drafter_name
         self.new_cache = new_cache or _drafter_cache
 
@@ -236,10 +236,10 @@ class HFSpecDecoder:
         hidden, logits = d(ids, d.project(aux), pos, cache=cache)
         committed = cache.length
         drafts: list[int] = []
-        for step in range(self.chain.steps):
+        for step in range(self.steps):
             draft = d.draft_to_target(logits[:, -1].argmax(-1))  # shape: [1]
             drafts.append(int(draft))
-            if step + 1 == self.chain.steps:
+            if step + 1 == self.steps:
                 break
             pos = torch.tensor([[committed + step]], device=dev)
             hidden, logits = d(draft[:, None], hidden[:, -1:], pos, cache=cache)
@@ -257,7 +257,7 @@ class HFSpecDecoder:
         ttft = time.perf_counter() - start
         # The drafter sees each token beside the aux state of the position before it.
         pending, pending_aux = prompt_ids[1:] + out, aux
-        accepted = [0] * self.chain.steps
+        accepted = [0] * self.steps
         steps = 0
         while out[-1] not in self.eos_ids and len(out) < max_new_tokens:
             drafts = self._draft(pending, pending_aux, d_cache)
@@ -292,7 +292,7 @@ class HFSpecDecoder:
 def open_engine(
     *,
     target_dir: str | os.PathLike,
-    config: str,
+    chain: str,
     drafter_dir: str | None,
     drafter_name: str,
     options: Mapping[str, Any],
@@ -309,11 +309,11 @@ def open_engine(
     torch.set_num_threads(options["threads"])
     target = load_target_model(target_dir, dtype=options["dtype"], device=device)
     eos = eos_token_ids(target, load_tokenizer(target_dir))
-    if config == BASELINE:
+    if chain == BASELINE:
         yield HFBaseline(target, eos_ids=eos)
         return
     if drafter_dir is None:
-        raise ValueError(f"chain {config!r} needs a drafter folder")
+        raise ValueError(f"chain {chain!r} needs a drafter folder")
     drafter, layer_ids = load_drafter(
         drafter_dir, target, read_json(Path(target_dir) / "config.json")
     )
@@ -321,7 +321,7 @@ def open_engine(
         target,
         drafter,
         layer_ids=layer_ids,
-        chain=Chain.parse(config),
+        chain=Chain.parse(chain),
         eos_ids=eos,
         drafter_name=drafter_name,
     )

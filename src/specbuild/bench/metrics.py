@@ -65,11 +65,11 @@ LATENCIES = ("ttft_s", "itl_s")
 
 
 def acceptance_length(
-    completion_tokens: float, verify_steps: float | None, config: str
+    completion_tokens: float, verify_steps: float | None, chain: str
 ) -> float | None:
     """Σcompletion / Σverify (one request's counts or a group's sums); 1.0 for the baseline;
     None where no verify step was counted (EOS from prefill, or an engine that does not say)."""
-    if config == BASELINE:
+    if chain == BASELINE:
         return 1.0
     return completion_tokens / verify_steps if verify_steps else None
 
@@ -156,14 +156,14 @@ def speedup(tokens_per_s: float | None, baseline_tokens_per_s: float | None) -> 
     return tokens_per_s / baseline_tokens_per_s
 
 
-def step_ms(rows: Sequence[Mapping[str, Any]], config: str) -> float | None:
-    """Decode milliseconds per target forward of `rows` (one config's): per verify cycle for a
+def step_ms(rows: Sequence[Mapping[str, Any]], chain: str) -> float | None:
+    """Decode milliseconds per target forward of `rows` (one chain's): per verify cycle for a
     chain, per token for the baseline; None where no request has a TTFT and a decode step."""
     decode, steps = 0.0, 0
     for r in rows:
         if r.get("ttft_s") is None:
             continue
-        n = r["completion_tokens"] - 1 if config == BASELINE else r["verify_steps"]
+        n = r["completion_tokens"] - 1 if chain == BASELINE else r["verify_steps"]
         if n:
             decode += r["wall_s"] - r["ttft_s"]
             steps += n
@@ -178,24 +178,24 @@ def break_even(chain_step_ms: float | None, baseline_step_ms: float | None) -> f
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Every number of one group of request rows of one config (an engine, set and chain; a
-    sweep level; a tuning point), in display order; None where it is undefined."""
-    configs = {r["config"] for r in rows}
-    if len(configs) != 1:
-        raise ValueError(f"summarize: one config per group, got {sorted(configs)}")
-    (config,) = configs
+    """Every number of one group of request rows at one chain (an engine and set; a sweep
+    level; a tuning point), in display order; None where it is undefined."""
+    chains = {r["chain"] for r in rows}
+    if len(chains) != 1:
+        raise ValueError(f"summarize: one chain per group, got {sorted(chains)}")
+    (chain,) = chains
     counted = [r for r in rows if r["verify_steps"] is not None]
     completion = [r["completion_tokens"] for r in counted]
     verify = [r["verify_steps"] for r in counted]
     tokens = sum(r["completion_tokens"] for r in rows)
     wall = sum(r["wall_s"] for r in rows)
-    lo, hi = (None, None) if config == BASELINE else acceptance_interval(completion, verify)
+    lo, hi = (None, None) if chain == BASELINE else acceptance_interval(completion, verify)
     out: dict[str, Any] = {
         "requests": len(rows),
         "completion_tokens": tokens,
         "verify_steps": sum(verify) if counted else None,
-        "accept_length": acceptance_length(sum(completion), sum(verify), config)
-        if counted or config == BASELINE
+        "accept_length": acceptance_length(sum(completion), sum(verify), chain)
+        if counted or chain == BASELINE
         else None,
         "accept_length_lo": lo,
         "accept_length_hi": hi,
@@ -203,7 +203,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     rates = position_rates((r["accepted_per_position"] for r in counted), sum(verify))
     out |= {f"accept_pos{k}": rate for k, rate in enumerate(rates, 1)}
     out["tokens_per_s"] = tokens / wall if wall > 0 else None
-    out["step_ms"] = step_ms(rows, config)
+    out["step_ms"] = step_ms(rows, chain)
     for name in LATENCIES:
         out |= latency_stats((r.get(name) for r in rows), name)
     return out

@@ -4,7 +4,7 @@ An engine (`hf` in the job, `sglang` behind a server the job starts, `openai` be
 endpoint) implements `BenchEngine.complete` and nothing else; turns, timing, the sweep and the
 row format are written once, here. Every table and plot reads only these rows (`bench.metrics`).
 
-Row schema (`results/bench/{engine}/{drafter}/{config}.jsonl`, the baseline's drafter `none`;
+Row schema (`results/bench/{engine}/{drafter}/{chain}.jsonl`, the baseline's drafter `none`;
 every key present, null where unknown):
 
   set                    str    benchmark set name (config `bench.sets` key)
@@ -15,7 +15,7 @@ every key present, null where unknown):
   concurrency            int    requests in flight while this one ran (1 in phase bench)
   engine                 str    "hf", "sglang", or the openai endpoint's name ("vllm", ...)
   device                 str    where it ran ("cpu", "cuda (NVIDIA H200)", an endpoint's host)
-  config                 str    chain "steps-topk-draft_tokens" (e.g. "3-1-4") or "baseline"
+  chain                  str    "steps-topk-draft_tokens" (e.g. "3-1-4"), or "baseline"
   drafter                str    drafter name: the variant's, a bench.drafters key ("none" for the
                                 baseline)
   completion_tokens      int    tokens generated (the first one comes from prefill)
@@ -56,7 +56,7 @@ __all__ = [
 
 # In the order of the schema above: what was asked, what ran it, the counts, the times.
 ROW_KEYS = (
-    ("set", "prompt_id", "turn", "phase", "concurrency", "engine", "device", "config", "drafter")
+    ("set", "prompt_id", "turn", "phase", "concurrency", "engine", "device", "chain", "drafter")
     + ("completion_tokens", "verify_steps", "accept_length", "accepted_per_position")
     + ("start_s", "wall_s", "ttft_s", "itl_s", "tokens_per_s")
 )
@@ -83,7 +83,7 @@ class Completion:
 class BenchEngine(Protocol):
     name: str  # row `engine`
     device: str  # row `device`
-    config: str  # row `config`: a chain name or "baseline"
+    chain: str  # row `chain`: a chain name or "baseline"
     drafter: str  # row `drafter`: "none" for the baseline
 
     def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
@@ -121,11 +121,11 @@ def make_row(
         "concurrency": concurrency,
         "engine": engine.name,
         "device": engine.device,
-        "config": engine.config,
+        "chain": engine.chain,
         "drafter": engine.drafter,
         "completion_tokens": n,
         "verify_steps": c.verify_steps,
-        "accept_length": acceptance_length(n, c.verify_steps, engine.config),
+        "accept_length": acceptance_length(n, c.verify_steps, engine.chain),
         "accepted_per_position": list(c.accepted_per_position),
         "start_s": start_s,
         "wall_s": c.wall_s,
@@ -247,6 +247,6 @@ def sweep_concurrency(
         with ThreadPoolExecutor(max_workers=level) as pool:
             done = list(pool.map(one, batch))
         tps = output_throughput(done) or 0.0
-        log.info("%s concurrency %d: %d requests, %.1f tok/s", engine.config, level, len(done), tps)
+        log.info("%s concurrency %d: %d requests, %.1f tok/s", engine.chain, level, len(done), tps)
         rows += done
     return rows

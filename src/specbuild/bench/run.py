@@ -1,12 +1,12 @@
-"""Stage `bench`: one engine at one config (a chain, or the baseline without a drafter) over
+"""Stage `bench`: one engine at one chain (or the baseline, without a drafter) over
 every benchmark set, one request at a time, then the throughput sweep of a served engine; all
-of it as rows of one file (`results/bench/{engine}/{drafter}/{config}.jsonl`, schema in
+of it as rows of one file (`results/bench/{engine}/{drafter}/{chain}.jsonl`, schema in
 `bench.rows`).
 
 Engines (config `bench.engines`), chosen here at construction and nothing else:
 
   hf      the PyTorch engine in this job (`bench.hf`): lossless EAGLE-3 chain speculation
-  sglang  an SGLang server this job starts for the config, with the `sglang.*` flags and env
+  sglang  an SGLang server this job starts for the chain, with the `sglang.*` flags and env
   openai  an existing OpenAI-compatible endpoint (`bench.openai`): vLLM, another deployment
 
 An engine's `workers` option (hf: `bench.hf.workers`) splits the prompts over that many
@@ -59,7 +59,7 @@ def run_bench(
     *,
     engine: str,
     target_dir: str | os.PathLike,
-    config: str,
+    chain: str,
     sets: Mapping[str, Mapping[str, Any]],
     out: str | os.PathLike,
     options: Mapping[str, Any],
@@ -83,7 +83,7 @@ def run_bench(
     }
     engine_args = {
         "target_dir": target_dir,
-        "config": config,
+        "chain": chain,
         "drafter_dir": drafter_dir,
         "drafter_name": drafter_name,
         "options": options,
@@ -98,7 +98,7 @@ def run_bench(
     else:
         # fork, not spawn: the workers start with this process's imports (~6 s each otherwise);
         # no engine, so no torch thread pool, exists here yet
-        log.info("bench %s / %s: %d worker processes", engine, config, len(parts))
+        log.info("bench %s / %s: %d worker processes", engine, chain, len(parts))
         pool = ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("fork"))
         with pool:
             rows = merge_rows(prompt_sets, list(pool.map(work, parts, args)))
@@ -116,7 +116,7 @@ def _bench_part(
 ) -> list[dict]:
     with _opener(engine)(**engine_args) as eng:
         sets = list(prompt_sets)
-        log.info("bench %s / %s on %s: sets %s", engine, eng.config, eng.device, sets)
+        log.info("bench %s / %s on %s: sets %s", engine, eng.chain, eng.device, sets)
         return bench_engine(eng, prompt_sets, **bench_args)
 
 

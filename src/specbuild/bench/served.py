@@ -136,7 +136,7 @@ class ServedEngine:
 
     name: str
     device: str
-    config: str
+    chain: str
     drafter: str
     stream: Callable[[list[int], int], Completion] = field(repr=False)
 
@@ -144,39 +144,39 @@ class ServedEngine:
         return self.stream(prompt_ids, max_new_tokens)
 
 
-def sglang_engine(srv: SGLangServer, *, config: str, drafter: str, timeout: float) -> ServedEngine:
-    """The engine over a running server of this job (with a drafter at chain `config`, or the
+def sglang_engine(srv: SGLangServer, *, chain: str, drafter: str, timeout: float) -> ServedEngine:
+    """The engine over a running server of this job (with a drafter at `chain`, or the
     baseline without one); the device is the server's own, with the pinned GPU's name."""
-    drafted = config != BASELINE
+    drafted = chain != BASELINE
     stream = partial(
         stream_generate, srv.base_url, api_key=srv.api_key, timeout=timeout, drafted=drafted
     )
     device = device_label(srv.get_json("/server_info").get("device", "unknown"))
-    return ServedEngine("sglang", device, config, drafter if drafted else NO_DRAFTER, stream)
+    return ServedEngine("sglang", device, chain, drafter if drafted else NO_DRAFTER, stream)
 
 
 @contextmanager
 def open_sglang(
     *,
     target_dir: str | os.PathLike,
-    config: str,
+    chain: str,
     drafter_dir: str | None,
     drafter_name: str,
     options: Mapping[str, Any],
 ) -> Iterator[ServedEngine]:
-    """A server of the target at chain `config` (drafter flags added) or the baseline, stopped
-    on exit. `options`: {"server": ServerOptions fields} (config `sglang.*`)."""
+    """A server of the target at `chain` (drafter flags added) or the baseline, stopped on
+    exit. `options`: {"server": ServerOptions fields} (config `sglang.*`)."""
     server = ServerOptions(**options["server"])
     extra = {}
-    if config != BASELINE:
+    if chain != BASELINE:
         if not drafter_dir:
-            raise ValueError(f"chain {config!r} needs a drafter folder (stage export)")
-        extra = Chain.parse(config).server_args(
+            raise ValueError(f"chain {chain!r} needs a drafter folder (stage export)")
+        extra = Chain.parse(chain).server_args(
             drafter_dir, draft_attention_backend=server.draft_attention_backend
         )
-    with SGLangServer(server.spec(target_dir, extra_args=extra), name=f"sglang-{config}") as srv:
+    with SGLangServer(server.spec(target_dir, extra_args=extra), name=f"sglang-{chain}") as srv:
         yield sglang_engine(
-            srv, config=config, drafter=drafter_name, timeout=server.request_timeout_s
+            srv, chain=chain, drafter=drafter_name, timeout=server.request_timeout_s
         )
 
 
@@ -184,7 +184,7 @@ def open_sglang(
 def open_openai(
     *,
     target_dir: str | os.PathLike,
-    config: str,
+    chain: str,
     drafter_dir: str | None,
     drafter_name: str,
     options: Mapping[str, Any],
@@ -199,11 +199,11 @@ def open_openai(
         if len(listed) != 1:
             raise ValueError(f"{base_url}/v1/models lists {listed}; set bench.openai.served_model")
         model = listed[0]
-    log.info("bench endpoint %s, model %s, serving %s", base_url, model, config)
+    log.info("bench endpoint %s, model %s, serving %s", base_url, model, chain)
     url = urlsplit(base_url)
     timeout = options["request_timeout_s"]
     stream = partial(stream_completions, base_url, model, api_key=key, timeout=timeout)
-    drafter = drafter_name if config != BASELINE else NO_DRAFTER
+    drafter = drafter_name if chain != BASELINE else NO_DRAFTER
     yield ServedEngine(
-        options["name"], f"endpoint {url.hostname}:{url.port}", config, drafter, stream
+        options["name"], f"endpoint {url.hostname}:{url.port}", chain, drafter, stream
     )

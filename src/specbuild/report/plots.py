@@ -5,15 +5,15 @@ acceptance.png  acceptance length per set and chain, one panel per engine: 95% b
                 reference line at 1.0 (no draft ever accepted)
 positions.png   share of verify steps accepting each draft position (whole-number positions)
 speedup.png     tokens/s over the same engine's baseline on the set (reference line at 1.0)
-sweep.png       output tokens/s and ITL p50 against concurrent streams, per engine and config
+sweep.png       output tokens/s and ITL p50 against concurrent streams, per engine and chain
 tuning.png      single-stream and peak tokens/s per tuning point, its status in the label
 train.png       training loss, per-step accuracy and simulated acceptance length by step
 variants.png    acceptance length per drafter variant: training's estimate and each engine's
                 measurement (its request count on top), reference line at 1.0
 
 Every panel (or the sweep's and tuning's title) names the engine and the device its rows name,
-the one actually used. Sets keep their configured order; configs the baseline first, then
-chains by size, each chain one colour in every panel under one legend beside the panels;
+the one actually used. Sets keep their configured order; chains the baseline first, then
+the others by size, each chain one colour in every panel under one legend beside the panels;
 with several drafters benched, each drafter at each chain ("3-1-4 long") is one.
 """
 
@@ -72,9 +72,9 @@ def _empty(ax, text: str) -> None:
     ax.set_xticks([])
 
 
-def _colors(configs: pd.Series) -> dict[str, Any]:
-    """One colour per config, the same in every panel (configs in table order)."""
-    names = list(dict.fromkeys(configs))
+def _colors(chains: pd.Series) -> dict[str, Any]:
+    """One colour per chain, the same in every panel (chains in table order)."""
+    names = list(dict.fromkeys(chains))
     return dict(zip(names, sns.color_palette(n_colors=len(names)), strict=True))
 
 
@@ -99,17 +99,15 @@ def _bars(
     lo: str | None = None,
     hi: str | None = None,
 ):
-    """Grouped bars: sets on x (table order), one bar per config; request counts on top."""
+    """Grouped bars: sets on x (table order), one bar per chain; request counts on top."""
     sets = list(dict.fromkeys(table["set"]))
-    configs = list(dict.fromkeys(table["config"]))
-    width = 0.8 / len(configs)
-    for i, config in enumerate(configs):
-        part = table[table["config"] == config].set_index("set")
-        xs = [s + (i - (len(configs) - 1) / 2) * width for s in range(len(sets))]
+    chains = list(dict.fromkeys(table["chain"]))
+    width = 0.8 / len(chains)
+    for i, chain in enumerate(chains):
+        part = table[table["chain"] == chain].set_index("set")
+        xs = [s + (i - (len(chains) - 1) / 2) * width for s in range(len(sets))]
         ys = [_num(part[value].get(s)) for s in sets]
-        ax.bar(
-            xs, [0 if math.isnan(y) else y for y in ys], width, color=colors[config], label=config
-        )
+        ax.bar(xs, [0 if math.isnan(y) else y for y in ys], width, color=colors[chain], label=chain)
         if lo and hi:
             for x, y, s in zip(xs, ys, sets, strict=True):
                 low, high = _num(part[lo].get(s)), _num(part[hi].get(s))
@@ -141,13 +139,13 @@ def _headroom(axes, *columns: pd.Series) -> None:
 
 
 def _by_drafter(table: pd.DataFrame) -> pd.DataFrame:
-    """`config` labelled with its drafter ("3-1-4 long") where several drafters were benched,
+    """`chain` labelled with its drafter ("3-1-4 long") where several drafters were benched,
     so each (drafter, chain) is its own bar, line and colour; as is with one drafter."""
-    drafted = table["config"] != BASELINE
+    drafted = table["chain"] != BASELINE
     if table.loc[drafted, "drafter"].nunique() <= 1:
         return table
-    label = table["config"].where(~drafted, table["config"] + " " + table["drafter"])
-    return table.assign(config=label)
+    label = table["chain"].where(~drafted, table["chain"] + " " + table["drafter"])
+    return table.assign(chain=label)
 
 
 def _num(v: Any) -> float:
@@ -156,16 +154,16 @@ def _num(v: Any) -> float:
 
 def plot_acceptance(bench: pd.DataFrame, path: str | os.PathLike) -> None:
     bench = _by_drafter(bench)
-    spec = bench[(bench["config"] != BASELINE) & bench["accept_length"].notna()]
+    spec = bench[(bench["chain"] != BASELINE) & bench["accept_length"].notna()]
     engines = list(dict.fromkeys(spec["engine"]))
     fig, axes = _panels(len(engines))
-    colors = _colors(spec["config"])
+    colors = _colors(spec["chain"])
     for ax, engine in zip(axes, engines, strict=False):
         part = spec[spec["engine"] == engine]
         _bars(ax, part, "accept_length", colors, lo="accept_length_lo", hi="accept_length_hi")
         ax.set_title(_title(bench, engine), fontsize=10)
     if not engines:
-        _empty(axes[0], "no engine reported verify steps of a drafted config")
+        _empty(axes[0], "no engine reported verify steps of a drafted chain")
     _headroom(axes, spec["accept_length"], spec["accept_length_hi"])
     for ax in axes:
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
@@ -180,11 +178,11 @@ def plot_positions(positions: pd.DataFrame, bench: pd.DataFrame, path: str | os.
     positions, bench = _by_drafter(positions), _by_drafter(bench)
     engines = list(dict.fromkeys(positions["engine"]))
     fig, axes = _panels(len(engines))
-    colors = _colors(positions["config"])
+    colors = _colors(positions["chain"])
     # each set with its request count, as in the bar plots
-    n = {(r.engine, r.set): r.requests for r in bench[bench["config"] != BASELINE].itertuples()}
+    n = {(r.engine, r.set): r.requests for r in bench[bench["chain"] != BASELINE].itertuples()}
     for ax, engine in zip(axes, engines, strict=False):
-        part = positions[positions["engine"] == engine].rename(columns={"config": "chain"})
+        part = positions[positions["engine"] == engine].copy()
         part["set"] = [f"{s} (n={n[engine, s]})" for s in part["set"]]
         sns.lineplot(
             data=part,
@@ -212,15 +210,15 @@ def plot_positions(positions: pd.DataFrame, bench: pd.DataFrame, path: str | os.
 
 def plot_speedup(bench: pd.DataFrame, path: str | os.PathLike) -> None:
     bench = _by_drafter(bench)
-    spec = bench[(bench["config"] != BASELINE) & bench["speedup"].notna()]
+    spec = bench[(bench["chain"] != BASELINE) & bench["speedup"].notna()]
     engines = list(dict.fromkeys(spec["engine"]))
     fig, axes = _panels(len(engines))
-    colors = _colors(spec["config"])
+    colors = _colors(spec["chain"])
     for ax, engine in zip(axes, engines, strict=False):
         _bars(ax, spec[spec["engine"] == engine], "speedup", colors)
         ax.set_title(_title(bench, engine), fontsize=10)
     if not engines:
-        _empty(axes[0], "no drafted config with a baseline on the same engine")
+        _empty(axes[0], "no drafted chain with a baseline on the same engine")
     _headroom(axes, spec["speedup"])
     for ax in axes:
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
@@ -234,7 +232,7 @@ def plot_speedup(bench: pd.DataFrame, path: str | os.PathLike) -> None:
 def plot_sweep(sweep: pd.DataFrame, path: str | os.PathLike) -> None:
     sweep = _by_drafter(sweep)
     data = sweep.assign(
-        line=sweep["engine"] + " " + sweep["config"], itl_ms=sweep["itl_s_p50"] * 1e3
+        line=sweep["engine"] + " " + sweep["chain"], itl_ms=sweep["itl_s_p50"] * 1e3
     )
     fig, axes = _panels(2, sharey=False)
     for ax, value, label in (
@@ -246,7 +244,7 @@ def plot_sweep(sweep: pd.DataFrame, path: str | os.PathLike) -> None:
         levels = sorted(set(data["concurrency"]))
         ax.set_xticks(levels, [str(c) for c in levels])
         ax.set(xlabel="concurrent streams", ylabel=label, ylim=(0, None))
-        ax.legend(title="engine, config", fontsize=8)
+        ax.legend(title="engine, chain", fontsize=8)
     n = int(data["requests"].min())
     devices = ", ".join(f"{_title(data, e)}" for e in dict.fromkeys(data["engine"]))
     fig.suptitle(f"Concurrency sweep, {devices} ({n}+ requests per level)")
@@ -301,10 +299,10 @@ def plot_train(evals: pd.DataFrame, loss: pd.DataFrame, path: str | os.PathLike)
 def plot_variants(bars: pd.DataFrame, path: str | os.PathLike) -> None:
     """`bars` (`variants.variant_bars`): variant, bar, accept_length, requests. Variants on x
     in config order (base first), one colour per bar label."""
-    table = bars.rename(columns={"variant": "set", "bar": "config"})
+    table = bars.rename(columns={"variant": "set", "bar": "chain"})
     fig, axes = _panels(1)
     fig.set_size_inches(max(PANEL[0], 0.45 * len(table) + 2), PANEL[1])  # ~0.45 in a bar
-    _bars(axes[0], table, "accept_length", _colors(table["config"]))
+    _bars(axes[0], table, "accept_length", _colors(table["chain"]))
     _headroom(axes, table["accept_length"])
     axes[0].axhline(1.0, color="black", lw=0.8, ls="--")  # 1.0: no draft token accepted
     axes[0].set(xlabel="variant", ylabel="Σ tokens / Σ verify steps")

@@ -4,19 +4,19 @@ bench tables built from the per-request rows (schema: `specbuild.bench.rows`).
 Every number comes from `specbuild.bench.metrics`, group by group, and the plots draw these
 tables, so tables and figures agree:
 
-  bench           one line per engine, set, config and drafter: acceptance length with its
+  bench           one line per engine, set, chain and drafter: acceptance length with its
                   interval, acceptance per draft position, tokens/s, speedup over the same
                   engine's baseline on the set, decode ms per target step and the break-even
                   acceptance length (a verify cycle's cost in baseline steps)
   positions       the per-position acceptance in long form
-  latency         TTFT and ITL mean, p50, p90, p99 per engine, set, config and drafter
-  sweep           per engine, config, drafter and concurrency: output tokens/s, acceptance,
+  latency         TTFT and ITL mean, p50, p90, p99 per engine, set, chain and drafter
+  sweep           per engine, chain, drafter and concurrency: output tokens/s, acceptance,
                   latencies
   train_vs_bench  the base recipe's measured acceptance length beside training's simulated one
                   (every variant's: specbuild.variants)
 
-Lines are ordered engines, sets and configs as configured (the baseline first, then chains),
-then drafters as benched (bench.variants, then bench.drafters).
+Lines are ordered by engine and set as configured, chain (the baseline first, then by size),
+then drafter as benched (bench.variants, then bench.drafters).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ __all__ = [
     "check_written",
 ]
 
-GROUP_KEYS = ["engine", "set", "config", "drafter"]
+GROUP_KEYS = ["engine", "set", "chain", "drafter"]
 LATENCY_COLUMNS = [f"{m}_{s}" for m in ("ttft_s", "itl_s") for s in ("mean", "p50", "p90", "p99")]
 
 
@@ -68,12 +68,12 @@ def read_rows(paths: Sequence[str | os.PathLike]) -> pd.DataFrame:
 
 
 def _ordered(df: pd.DataFrame, set_order: Sequence[str] | None = None) -> pd.DataFrame:
-    """Engines in order of appearance, sets in `set_order`, configs baseline first, drafters
+    """Engines in order of appearance, sets in `set_order`, chains baseline first, drafters
     in order of appearance (the row files' order)."""
     keys = {
         "engine": list(dict.fromkeys(df["engine"])),
         "set": list(set_order or dict.fromkeys(df["set"])),
-        "config": chain_order(df["config"]),
+        "chain": chain_order(df["chain"]),
         "drafter": list(dict.fromkeys(df["drafter"])),
     }
     order = [k for k in keys if k in df.columns]
@@ -88,13 +88,13 @@ def _groups(rows: pd.DataFrame, keys: list[str]):
 
 
 def build_bench(rows: pd.DataFrame, set_order: Sequence[str] | None = None) -> pd.DataFrame:
-    """Phase-bench rows per engine, set, config and drafter, with the speedup over that
+    """Phase-bench rows per engine, set, chain and drafter, with the speedup over that
     engine's baseline on the set (none without one)."""
     out = []
     for key, group in _groups(rows[rows["phase"] == "bench"], GROUP_KEYS):
         out.append(key | {"device": group[0]["device"]} | summarize(group))
     table = pd.DataFrame(out)
-    base = table[table["config"] == BASELINE].set_index(["engine", "set"])
+    base = table[table["chain"] == BASELINE].set_index(["engine", "set"])
     table["speedup"] = [
         speedup(r.tokens_per_s, base["tokens_per_s"].get((r.engine, r.set)))
         for r in table.itertuples()
@@ -110,7 +110,7 @@ def build_bench(rows: pd.DataFrame, set_order: Sequence[str] | None = None) -> p
 
 
 def build_positions(bench: pd.DataFrame) -> pd.DataFrame:
-    """Long form of the per-position acceptance: engine, set, config, drafter, position, rate."""
+    """Long form of the per-position acceptance: engine, set, chain, drafter, position, rate."""
     cols = [c for c in bench.columns if c.startswith("accept_pos")]
     long = bench.melt(id_vars=GROUP_KEYS, value_vars=cols, var_name="position", value_name="rate")
     long = long.dropna(subset=["rate"])
@@ -121,7 +121,7 @@ def build_positions(bench: pd.DataFrame) -> pd.DataFrame:
 
 
 def build_latency(rows: pd.DataFrame, set_order: Sequence[str] | None = None) -> pd.DataFrame:
-    """TTFT and ITL statistics of the phase-bench requests per engine, set, config and
+    """TTFT and ITL statistics of the phase-bench requests per engine, set, chain and
     drafter."""
     out = [
         key | {"requests": len(group)} | {k: summarize(group)[k] for k in LATENCY_COLUMNS}
@@ -131,9 +131,9 @@ def build_latency(rows: pd.DataFrame, set_order: Sequence[str] | None = None) ->
 
 
 def build_sweep(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per engine, config, drafter and concurrency level: output throughput and the requests'
+    """Per engine, chain, drafter and concurrency level: output throughput and the requests'
     numbers."""
-    keys = ["engine", "config", "drafter", "concurrency"]
+    keys = ["engine", "chain", "drafter", "concurrency"]
     out = []
     for key, group in _groups(rows[rows["phase"] == "sweep"], keys):
         s = summarize(group)
@@ -144,7 +144,7 @@ def build_sweep(rows: pd.DataFrame) -> pd.DataFrame:
             | {"output_tokens_per_s": output_throughput(group), "accept_length": s["accept_length"]}
             | {k: s[k] for k in LATENCY_COLUMNS}
         )
-    return pd.DataFrame(out)  # rows come per engine, config (baseline first) and level
+    return pd.DataFrame(out)  # rows come per engine, chain (baseline first) and level
 
 
 def best_train_row(metrics_path: str | os.PathLike) -> dict:
@@ -177,13 +177,13 @@ def build_train_vs_bench(
 ) -> pd.DataFrame:
     """Measured acceptance length per engine, set and chain beside training's simulated one,
     of the rows of `drafter` (the drafter `train_row` trained; None: every drafter's)."""
-    spec = bench[(bench["config"] != BASELINE) & bench["accept_length"].notna()]
+    spec = bench[(bench["chain"] != BASELINE) & bench["accept_length"].notna()]
     if drafter is not None:
         spec = spec[spec["drafter"] == drafter]
     cols = GROUP_KEYS + ["requests", "accept_length", "accept_length_lo", "accept_length_hi"]
     out = spec[cols].copy().reset_index(drop=True)
     out["simulated_accept_length"] = [
-        simulated_accept_length(train_row, Chain.parse(c).steps) for c in out["config"]
+        simulated_accept_length(train_row, Chain.parse(c).steps) for c in out["chain"]
     ]
     out["train_step"] = train_row.get("step")
     return out

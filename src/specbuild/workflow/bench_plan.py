@@ -1,5 +1,5 @@
-"""Which bench jobs exist and what each reads: one job per engine, drafter and config (a
-chain, or the baseline), every set in it. A drafter is one of our variants (bench.variants)
+"""Which bench jobs exist and what each reads: one job per engine, drafter and chain (a
+drafting shape, or the baseline), every set in it. A drafter is one of our variants (bench.variants)
 or one built elsewhere (bench.drafters); the baseline has none:
 results/bench/{engine}/none/baseline.jsonl, once per engine. Chains the engines cannot run
 are config faults (specbuild.config), caught at parse time.
