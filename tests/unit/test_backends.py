@@ -422,3 +422,15 @@ def test_api_keys_never_look_like_a_flag_to_the_servers_argparse():
         key = new_api_key()
         assert not key.startswith("-")
         assert parser.parse_args(["--api-key", key]).api_key == key
+
+
+def test_a_speculative_server_out_of_memory_is_told_to_bound_its_pools():
+    from specbuild.backends.server import build_server_args, draft_pool_hint
+
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 97.80 GiB"
+    eagle = build_server_args({"speculative_algorithm": "EAGLE3", "tp_size": 1})
+    assert "max_total_tokens" in draft_pool_hint(eagle, oom)
+    bounded = build_server_args({"speculative_algorithm": "EAGLE3", "max_total_tokens": 524288})
+    assert draft_pool_hint(bounded, oom) == ""  # bounded already: the hint would mislead
+    assert draft_pool_hint(build_server_args({"tp_size": 1}), oom) == ""  # no draft pool
+    assert draft_pool_hint(eagle, "KeyError: 'lm_head.weight'") == ""  # another failure

@@ -89,6 +89,26 @@ class ServerStartError(RuntimeError):
     """The server exited or never answered its health check; the message holds its output tail."""
 
 
+OUT_OF_MEMORY = ("out of memory", "OutOfMemoryError", "Not enough memory")
+
+
+def draft_pool_hint(server_args: Sequence[str], tail: str) -> str:
+    """What to set when a speculative server ran out of memory with its KV pools unbounded:
+    SGLang sizes the target's pool from mem_fraction_static, then asks for the draft's on top,
+    which for a wide drafter (64 KV heads at hidden 7168) is tens of GB more (BENCHMARKS.md,
+    "DeepSeek-V3 random target")."""
+    if (
+        "--speculative-algorithm" not in server_args
+        or "--max-total-tokens" in server_args
+        or not any(s in tail for s in OUT_OF_MEMORY)
+    ):
+        return ""
+    return (
+        "\nspecbuild: a speculative server sizes a KV pool for the target and then one for the "
+        "draft; set sglang.server_args.max_total_tokens (e.g. 524288) to bound both"
+    )
+
+
 def new_api_key() -> str:
     """A fresh random API key for one server (from `secrets`, never logged).
 
@@ -379,9 +399,10 @@ class SGLangServer:
             code = self.proc.poll()
             if code is not None:
                 self._drain()
+                tail = self.output_tail()
                 raise ServerStartError(
                     f"{self.name} exited with code {code} before it was healthy; "
-                    f"its last output:\n{self.output_tail()}"
+                    f"its last output:\n{tail}{draft_pool_hint(self.spec.server_args, tail)}"
                 )
             if until_sized and self._pools_sized >= self._pools_expected():
                 return False
