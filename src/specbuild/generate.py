@@ -6,7 +6,9 @@ model and target fingerprint produced it.
 
 `regenerate` answers every assistant turn of a conversation anew, in order, each on the
 target's own earlier answers, as a served conversation goes: the dataset's assistant text is
-dropped, and its other turns (system, user, tool) are kept where they were. A run of assistant
+dropped, and its other turns (system, user, tool) are kept where they were. A tool result after
+an assistant turn rejects the conversation: that turn was the call, which the target, answering
+without the tools, cannot make again. A run of assistant
 turns is one answer; a conversation ending on a user turn gets a last answer after it. So every
 assistant turn of a generated row is the target's, and `tokenize` trains on all of them. Cost:
 N requests for a conversation of N answers, sequential within it and batched across the
@@ -293,6 +295,18 @@ def generate_shard(
                     "id": row["id"],
                     "reason": "an assistant turn before any user turn answers nothing; "
                     "rerun samples (which drops it)",
+                }
+            )
+            continue
+        after_answer = roles[roles.index("assistant") + 1 :] if "assistant" in roles else []
+        if "tool" in after_answer:
+            # the assistant turn before a tool result is its call: answered anew it is plain
+            # text, and the result would follow a call the target never made
+            bad.append(
+                {
+                    "id": row["id"],
+                    "reason": "a tool result after an assistant turn: regenerate cannot make "
+                    "the call it answers (generate.mode keep takes text the target wrote)",
                 }
             )
             continue

@@ -474,3 +474,30 @@ def test_the_disk_estimate_counts_every_answer_regenerate_writes():
     assert most_new_tokens(rows, mode="keep", **kw) == 2 * 100
     # two more written turns a row: each a follow-up (20) and its answer (100)
     assert most_new_tokens(rows, mode="keep", **{**kw, "turns": 3}) == 2 * 100 + 2 * 2 * 120
+
+
+def test_regenerate_rejects_a_tool_result_that_follows_an_assistant_turn(tmp_path, target_dir):
+    def turn(role, content):
+        return {"role": role, "content": content}
+
+    rows = [
+        # the assistant turn is the call; the tool's result answers it
+        {
+            "id": "call",
+            "messages": [
+                turn("user", "Weather in Oslo?"),
+                turn("assistant", 'get_weather("Oslo")'),
+                turn("tool", "4 C, rain"),
+                turn("assistant", "4 C and raining."),
+            ],
+        },
+        # a tool turn before any assistant turn is context the target answers on
+        {"id": "context", "messages": [turn("user", "Sum it up."), turn("tool", "a document")]},
+    ]
+    engine = Recording()
+    got, rejects = _turns(tmp_path, target_dir, engine, rows, turns=1)
+    assert [r["id"] for r in rejects] == ["call"]
+    assert "tool result after an assistant turn" in rejects[0]["reason"]
+    assert list(got) == ["context"] and [r.id for r in engine.asked] == ["context"]
+    counts = read_json(tmp_path / "c.json")
+    assert (counts["in"], counts["kept"], counts["rejected"]) == (2, 1, 1)
