@@ -81,12 +81,22 @@ def fit_faults(
     return faults, layer_ids
 
 
+def _built_from(folder: Path) -> str | None:
+    """The target.source a materialized folder was built from (its fingerprint.json), if any:
+    a folder of an earlier source must not stand for the config's target."""
+    try:
+        return json.loads((folder / "fingerprint.json").read_text(encoding="utf-8"))["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def target_config_for(
     workdir: str | os.PathLike, name: str, source: str
 ) -> tuple[dict | None, str]:
     """(the target's config.json or None, where it was read or why not)."""
     workdir = Path(workdir)
-    candidates = [workdir / "results" / "target" / name / "config.json"]
+    built = workdir / "results" / "target" / name
+    candidates = [built / "config.json"] if _built_from(built) == source else []
     if not source.startswith("gguf:"):
         candidates.append(workdir / source / "config.json")
     for path in candidates:

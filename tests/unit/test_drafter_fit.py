@@ -70,3 +70,22 @@ def test_a_local_target_folder_is_read_before_it_is_materialized(tmp_path):
         f"bench.drafters.wide: wide does not fit the target (config.json of "
         f"{tmp_path}/models/t/config.json): hidden_size is 4096, the target has 576; point it"
     )
+
+
+def test_a_target_folder_built_from_another_source_is_not_read(tmp_path):
+    built = tmp_path / "results" / "target" / "t"
+    built.mkdir(parents=True)
+    (built / "config.json").write_text(json.dumps({**TARGET, "hidden_size": 4096}))
+    (built / "fingerprint.json").write_text(json.dumps({"source": "models/old"}))
+    (tmp_path / "models" / "t").mkdir(parents=True)
+    (tmp_path / "models" / "t" / "config.json").write_text(json.dumps(TARGET))
+    _folder(tmp_path / "wide", hidden_size=4096)
+    kw = {"workdir": tmp_path, "target_name": "t"}
+    # target.source is now models/t: its own config.json decides, not the earlier build's
+    (fault,) = external_drafter_faults({"wide": "wide"}, source="models/t", **kw)
+    assert "the target has 576" in fault and "models/t/config.json" in fault
+    # built from the source the config names: the materialized folder is read
+    (built / "fingerprint.json").write_text(json.dumps({"source": "models/t"}))
+    (built / "config.json").write_text(json.dumps(TARGET))
+    (fault,) = external_drafter_faults({"wide": "wide"}, source="models/t", **kw)
+    assert "results/target/t/config.json" in fault
