@@ -63,6 +63,19 @@ def _samples(path, rows):
     return path
 
 
+def _generate(tmp_path, target_dir, rows, *, backend, samples="s.jsonl", **kw):
+    """generate_shard over `rows`, writing g.jsonl, r.jsonl and c.json in `tmp_path`."""
+    return generate_shard(
+        samples=_samples(tmp_path / samples, rows),
+        fingerprint=target_dir / "fingerprint.json",
+        out=tmp_path / "g.jsonl",
+        rejected=tmp_path / "r.jsonl",
+        counts=tmp_path / "c.json",
+        backend=backend,
+        **{"mode": "regenerate", "batch_size": 4, **kw},
+    )
+
+
 def test_keep_mode_reuses_dataset_answers_without_loading_a_model(tmp_path, target_dir):
     rows = [{"id": "d-0", "messages": ASK + [{"role": "assistant", "content": "Red."}]}]
     out = tmp_path / "g.jsonl"
@@ -70,12 +83,10 @@ def test_keep_mode_reuses_dataset_answers_without_loading_a_model(tmp_path, targ
     def no_model():
         raise AssertionError("keep mode must not build a backend when every answer exists")
 
-    generate_shard(
-        samples=_samples(tmp_path / "s.jsonl", rows),
-        fingerprint=target_dir / "fingerprint.json",
-        out=out,
-        rejected=tmp_path / "r.jsonl",
-        counts=tmp_path / "c.json",
+    _generate(
+        tmp_path,
+        target_dir,
+        rows,
         backend=no_model,
         mode="keep",
         sampling=SamplingParams(),
@@ -91,14 +102,11 @@ def test_regenerate_replaces_answers_and_records_provenance(tmp_path, target_dir
         {"id": "d-1", "messages": ASK},
     ]
     out = tmp_path / "g.jsonl"
-    generate_shard(
-        samples=_samples(tmp_path / "s.jsonl", rows),
-        fingerprint=target_dir / "fingerprint.json",
-        out=out,
-        rejected=tmp_path / "r.jsonl",
-        counts=tmp_path / "c.json",
+    _generate(
+        tmp_path,
+        target_dir,
+        rows,
         backend=lambda: hf,
-        mode="regenerate",
         sampling=SamplingParams(max_new_tokens=8),
         batch_size=4,
     )
@@ -141,14 +149,11 @@ def test_a_record_the_backend_raises_on_is_rejected_and_the_rest_of_its_batch_ke
     ]
     engine = RaisesOnHuge()
     out, rej, counts = tmp_path / "g.jsonl", tmp_path / "r.jsonl", tmp_path / "c.json"
-    kept, bad = generate_shard(
-        samples=_samples(tmp_path / "s.jsonl", rows),
-        fingerprint=target_dir / "fingerprint.json",
-        out=out,
-        rejected=rej,
-        counts=counts,
+    kept, bad = _generate(
+        tmp_path,
+        target_dir,
+        rows,
         backend=lambda: engine,
-        mode="regenerate",
         sampling=SamplingParams(max_new_tokens=4),
         batch_size=4,
     )
@@ -204,14 +209,11 @@ class Scripted:
 
 def _turns(tmp_path, target_dir, engine, rows, *, turns, backend=None):
     out = tmp_path / "g.jsonl"
-    generate_shard(
-        samples=_samples(tmp_path / "s.jsonl", rows),
-        fingerprint=target_dir / "fingerprint.json",
-        out=out,
-        rejected=tmp_path / "r.jsonl",
-        counts=tmp_path / "c.json",
+    _generate(
+        tmp_path,
+        target_dir,
+        rows,
         backend=backend or (lambda: engine),
-        mode="regenerate",
         sampling=SamplingParams(max_new_tokens=64),
         batch_size=2,
         turns=turns,
@@ -330,14 +332,12 @@ def test_a_near_duplicate_of_an_earlier_shards_prompt_is_rejected_before_any_ans
             return super().generate(requests, sampling)
 
     out, rej, counts = tmp_path / "g.jsonl", tmp_path / "r.jsonl", tmp_path / "c.json"
-    kept, bad = generate_shard(
-        samples=_samples(tmp_path / "00001.jsonl", rows),
-        fingerprint=target_dir / "fingerprint.json",
-        out=out,
-        rejected=rej,
-        counts=counts,
+    kept, bad = _generate(
+        tmp_path,
+        target_dir,
+        rows,
         backend=Recording,
-        mode="regenerate",
+        samples="00001.jsonl",
         sampling=SamplingParams(max_new_tokens=8),
         batch_size=4,
         earlier=[earlier],
@@ -440,12 +440,10 @@ def test_keep_reuses_every_dataset_turn_and_answers_only_an_open_conversation(tm
     ]
     engine = Recording()
     out = tmp_path / "g.jsonl"
-    generate_shard(
-        samples=_samples(tmp_path / "s.jsonl", rows),
-        fingerprint=target_dir / "fingerprint.json",
-        out=out,
-        rejected=tmp_path / "r.jsonl",
-        counts=tmp_path / "c.json",
+    _generate(
+        tmp_path,
+        target_dir,
+        rows,
         backend=lambda: engine,
         mode="keep",
         sampling=SamplingParams(),
