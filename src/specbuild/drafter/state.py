@@ -76,6 +76,10 @@ class TrainState:
     best: float = -1.0  # best simulated acceptance length so far
     metrics: list[dict] = field(default_factory=list)  # eval rows so far
 
+    def best_row(self) -> dict:
+        """The eval row of the highest acceptance length (the first of equals)."""
+        return max(self.metrics, key=lambda r: r["acceptance_length"])
+
 
 @cache
 def source_digest(root: str | os.PathLike = PACKAGE_DIR) -> str:
@@ -285,20 +289,20 @@ def ensure_state_space(model: Eagle3Drafter, state_dir: str | os.PathLike) -> No
 
 def write_outputs(
     state_dir: str | os.PathLike,
+    state: TrainState,
     *,
     job: str,
-    best: dict,
     best_out: str | os.PathLike,
     metrics_out: str | os.PathLike,
-    metrics: list[dict],
 ) -> None:
-    """A finished run's outputs: the best drafter so far (its eval row `best`) to `best_out`,
-    the eval rows to `metrics_out`; then the job marked complete, last, so that a kill before
-    the mark leaves the run resumable (it writes the outputs again)."""
+    """A finished run's outputs: the best drafter to `best_out`, the eval rows to `metrics_out`;
+    then the job marked complete, last, so that a kill before the mark leaves the run resumable
+    (it writes the outputs again)."""
     with atomic_path(best_out) as tmp:
         tmp.write_bytes((Path(state_dir) / BEST).read_bytes())
-    write_jsonl(metrics_out, metrics)
+    write_jsonl(metrics_out, state.metrics)
     mark_complete(state_dir, job=job)
+    best = state.best_row()
     log.info(
         "best: step %d accept_len %.3f -> %s", best["step"], best["acceptance_length"], best_out
     )

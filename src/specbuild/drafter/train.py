@@ -64,7 +64,13 @@ from specbuild.drafter.data import (
     steps_from,
 )
 from specbuild.drafter.flops import step_flops
-from specbuild.drafter.launch import Ranks, launch_torchrun, needs_launch, setup_ranks
+from specbuild.drafter.launch import (
+    Ranks,
+    data_parallel,
+    launch_torchrun,
+    needs_launch,
+    setup_ranks,
+)
 from specbuild.drafter.objective import evaluate
 from specbuild.drafter.observer import Observer, TrainRun
 from specbuild.drafter.progress import Progress, log_plan
@@ -196,16 +202,12 @@ def train_drafter(
     it needs the run's processes started by torchrun when `train.nproc` > 1.
     """
     cfg = config
-    if needs_launch(cfg):
-        if observer is not None:
-            raise ValueError(  # a relaunch would lose it: it is an object, not a JSON value
-                f"train.nproc {cfg.nproc} with an observer: start the {cfg.nproc} processes with "
-                "torchrun, each calling train_drafter with its observer (benchmarks.train_speed)"
-            )
+    if needs_launch(cfg):  # torchrun's workers each call this function with these arguments
         spec = dict(shards=shards, eval_shards=eval_shards or [], vocab=vocab, best_out=best_out)
         spec |= dict(target_fingerprint=target_fingerprint, metrics_out=metrics_out)
         spec |= dict(state_dir=state_dir, log_path=log_path, tensorboard_dir=tensorboard_dir)
-        return launch_torchrun(spec | dict(threads=threads, config=asdict(cfg)), nproc=cfg.nproc)
+        spec |= dict(threads=threads, config=asdict(cfg))
+        return launch_torchrun(spec, nproc=cfg.nproc, observer=observer)
     observer = observer or Observer()
     ranks = setup_ranks(cfg)
     device = ranks.device
@@ -235,10 +237,7 @@ def train_drafter(
     ranks.barrier()
     attention, loss_path = attention_kind(cfg, device), loss_kind(cfg, device)
     objective = build_objective(cfg, model, teacher, amp=amp, attention=attention, loss=loss_path)
-    step_fn = objective
-    if ranks.world > 1:
-        # gradients live in DDP's all-reduce buckets: no copy in and out of them each step
-        step_fn = nn.parallel.DistributedDataParallel(objective, gradient_as_bucket_view=True)
+    step_fn = data_parallel(objective, ranks)
     meta = drafter_meta(model, data, info.fingerprint, target_dir)
     kinds = f"{attention} attention; {loss_path} loss; {'bf16 autocast' if amp else 'float32'}"
     log_plan(
@@ -310,10 +309,9 @@ def train_drafter(
             progress.restart()
     progress.close()
     observer.on_end(run)
-    best_row = max(state.metrics, key=lambda r: r["acceptance_length"])
+    best_row = state.best_row()
     if ranks.rank == 0:
-        outputs = dict(best_out=best_out, metrics_out=metrics_out, metrics=state.metrics)
-        write_outputs(state_dir, job=job, best=best_row, **outputs)
+        write_outputs(state_dir, state, job=job, best_out=best_out, metrics_out=metrics_out)
     ranks.barrier()
     return best_row
 
