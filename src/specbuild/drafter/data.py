@@ -8,6 +8,10 @@ stays put when shards are appended. The failures guarded: a shard whose bytes ch
 only the rows they need (`verify_shards` + `check_verified` read every byte once before
 training); and shards from different extractions (layer ids, fingerprints, widths) mixed into
 one training run (`ShardSet` checks them all). Each raises once, listing every fault.
+
+For the training loop: `read_training_data` (verified shards and the train / eval split),
+`plan_epochs` and `steps_from` (which batch each step takes, also after a resume) and
+`batches_ahead` (the next batch read while the current one trains).
 """
 
 from __future__ import annotations
@@ -20,15 +24,17 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from safetensors import safe_open
 from torch import Tensor
+from torch.profiler import record_function
 
 from specbuild.hidden.integrity import CHECKSUM_KEY
 from specbuild.hidden.shards import (
@@ -38,6 +44,11 @@ from specbuild.hidden.shards import (
     read_header,
     shard_file_faults,
 )
+
+if TYPE_CHECKING:  # annotations only
+    from specbuild.drafter.config import TrainConfig
+    from specbuild.drafter.launch import Ranks
+    from specbuild.target import TargetInfo
 
 __all__ = [
     "SampleRef",
@@ -50,6 +61,10 @@ __all__ = [
     "split_held_out_shards",
     "plan_batches",
     "sample_key",
+    "read_training_data",
+    "plan_epochs",
+    "steps_from",
+    "batches_ahead",
 ]
 
 # Metadata that must agree across every shard of one training run.
@@ -401,3 +416,79 @@ def plan_batches(
         batches = [batches[i] for i in torch.randperm(len(batches), generator=g).tolist()]
     usable = len(batches) // world_size * world_size if drop_tail else len(batches)
     return batches[rank:usable:world_size]
+
+
+def read_training_data(
+    cfg: TrainConfig, shards: list[str], held_out: list[str], info: TargetInfo, ranks: Ranks
+) -> tuple[ShardSet, list[SampleRef], list[SampleRef]]:
+    """Every shard verified, then (the samples, training samples, eval samples): those of the
+    held-out eval set's shards where given, else the `eval_fraction` split of the samples."""
+    verify_for_training(
+        shards + held_out,
+        hidden_size=info.hidden_size,
+        rank=ranks.rank,
+        world_size=ranks.world,
+        workers=torch.get_num_threads(),
+    )
+    data = ShardSet(
+        shards + held_out, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint
+    )
+    if held_out:  # train.eval_set: its shards follow the training shards in `data`
+        train_idx, eval_idx = split_held_out_shards(
+            [r.shard for r in data.refs], set(range(len(shards), len(data.paths))), cfg.eval_set
+        )
+    else:
+        train_idx, eval_idx = split_samples([data.key(r) for r in data.refs], cfg.eval_fraction)
+    return data, [data.refs[i] for i in train_idx], [data.refs[i] for i in eval_idx]
+
+
+def plan_epochs(cfg: TrainConfig, refs: list[SampleRef], ranks: Ranks) -> list[list[list[int]]]:
+    """Each epoch's batches of this rank (`plan_batches`): lists of indices into `refs`."""
+    plans = [
+        plan_batches(
+            [r.length for r in refs],
+            token_budget=cfg.token_budget,
+            max_length=cfg.max_length,
+            seed=cfg.seed,
+            epoch=e,
+            rank=ranks.rank,
+            world_size=ranks.world,
+            group_by_length=cfg.group_by_length,
+        )
+        for e in range(cfg.epochs)
+    ]
+    if not any(plans):
+        raise ValueError(f"{len(refs)} training samples make no batch for {ranks.world} rank(s)")
+    return plans
+
+
+def steps_from(plans: list[list[list[int]]], epoch: int, batch: int) -> list[tuple[int, int]]:
+    """(epoch, batch) of every step from batch `batch` of epoch `epoch` on: the whole run from
+    (0, 0), the rest of a resumed one from its checkpoint's position."""
+    return [
+        (e, b)
+        for e in range(epoch, len(plans))
+        for b in range(batch if e == epoch else 0, len(plans[e]))
+    ]
+
+
+def batches_ahead(
+    load: Callable[[int, int], Batch], order: Sequence[tuple[int, int]]
+) -> Iterator[Batch]:
+    """Yield load(epoch, b) for each (epoch, b) of `order`, the next one loading in a thread
+    while the caller trains on this one: reading shards and padding a batch takes the host
+    long enough that the GPU would otherwise wait for it at every step."""
+
+    def load_labelled(epoch: int, b: int) -> Batch:
+        with record_function("specbuild::prefetch"):  # the step profile leaves it out
+            return load(epoch, b)
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="batches")
+    try:
+        ahead = pool.submit(load_labelled, *order[0]) if order else None
+        for k in range(len(order)):
+            batch = ahead.result()
+            ahead = pool.submit(load_labelled, *order[k + 1]) if k + 1 < len(order) else None
+            yield batch
+    finally:  # also when the caller stops early (an exception): one batch at most to wait for
+        pool.shutdown(wait=True, cancel_futures=True)

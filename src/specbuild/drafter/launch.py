@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from specbuild.drafter.config import TrainConfig
 
-__all__ = ["Ranks", "launch_torchrun", "needs_launch", "setup_ranks"]
+__all__ = ["Ranks", "data_parallel", "launch_torchrun", "needs_launch", "setup_ranks"]
 
 log = logging.getLogger("specbuild")
 
@@ -72,9 +73,23 @@ def setup_ranks(cfg: TrainConfig) -> Ranks:
     return Ranks(rank, world, torch.device("cpu"))
 
 
-def launch_torchrun(spec: dict, nproc: int) -> dict:
+def data_parallel(module: nn.Module, ranks: Ranks) -> nn.Module:
+    """What each step calls: `module` itself on one rank, else `module` under DDP."""
+    if ranks.world > 1:
+        # gradients live in DDP's all-reduce buckets: no copy in and out of them each step
+        return nn.parallel.DistributedDataParallel(module, gradient_as_bucket_view=True)
+    return module
+
+
+def launch_torchrun(spec: dict, nproc: int, *, observer: object | None = None) -> dict:
     """Run the job of `spec` (train_drafter's arguments, the config as a dict) as `nproc`
-    torchrun workers; wait for them and return the best eval row they wrote."""
+    torchrun workers; wait for them and return the best eval row they wrote. An `observer`
+    is refused: the workers could not get it (an object, not a JSON value)."""
+    if observer is not None:
+        raise ValueError(
+            f"train.nproc {nproc} with an observer: start the {nproc} processes with "
+            "torchrun, each calling train_drafter with its observer (benchmarks.train_speed)"
+        )
     spec_path = Path(spec["state_dir"]).parent / f".{Path(spec['state_dir']).name}.launch.json"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(json.dumps(spec, indent=2, default=str))  # paths as strings

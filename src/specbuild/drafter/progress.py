@@ -1,4 +1,5 @@
-"""What a training run reports as it goes: progress lines, eval lines and TensorBoard curves.
+"""What a training run reports: its plan (`log_plan`), then as it goes progress lines, eval
+lines and TensorBoard curves.
 
 A progress line closes a speed window (`throughput.Window`): the tokens and FLOPs of the steps
 since the last line, summed over the ranks, over the wall time of those steps. The loop opens
@@ -16,14 +17,46 @@ import time
 import torch
 
 from specbuild.drafter import fused_attention
+from specbuild.drafter.config import TrainConfig
 from specbuild.drafter.curves import Curves
 from specbuild.drafter.flops import device_name, peak_tflops
 from specbuild.drafter.launch import Ranks
 from specbuild.drafter.throughput import Throughput, Window, format_mfu
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "log_plan"]
 
 log = logging.getLogger("specbuild")
+
+
+def log_plan(
+    *,
+    cfg: TrainConfig,
+    ranks: Ranks,
+    trainable: int,
+    train_samples: int,
+    eval_samples: int,
+    held_out: bool,
+    skipped: int,
+    steps: int,
+    kinds: str,
+) -> None:
+    """The line before the first step: the drafter's size, the data, the steps and where they
+    run. `held_out`: the eval samples are `train.eval_set`'s (else the `eval_fraction` split);
+    `kinds`: the attention, loss and precision resolved for the device."""
+    log.info(
+        "drafter %.1fM trainable params; %d train / %d eval samples%s (%d skipped); %d steps "
+        "of <= %d tokens x %d rank(s) on %s; %s",
+        trainable / 1e6,
+        train_samples,
+        eval_samples,
+        f" of eval set {cfg.eval_set!r}" if held_out else "",
+        skipped,
+        steps,
+        cfg.token_budget,
+        ranks.world,
+        ranks.device,
+        kinds,
+    )
 
 
 class Progress:

@@ -30,12 +30,18 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from specbuild.io import atomic_path, read_json, write_json
+from specbuild.disk import ensure_free_space, train_need
+from specbuild.io import atomic_path, read_json, write_json, write_jsonl
+
+if TYPE_CHECKING:  # annotations only
+    from specbuild.drafter.data import ShardSet
+    from specbuild.drafter.model import Eagle3Drafter
 
 __all__ = [
     "TrainState",
@@ -49,11 +55,15 @@ __all__ = [
     "clear_state",
     "save_drafter",
     "read_drafter",
+    "drafter_meta",
+    "ensure_state_space",
+    "write_outputs",
 ]
 
 log = logging.getLogger("specbuild")
 
 LATEST = "latest.json"
+BEST = "best.safetensors"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # src/specbuild
 
 
@@ -65,6 +75,10 @@ class TrainState:
     tokens: int = 0  # training tokens seen (all ranks)
     best: float = -1.0  # best simulated acceptance length so far
     metrics: list[dict] = field(default_factory=list)  # eval rows so far
+
+    def best_row(self) -> dict:
+        """The eval row of the highest acceptance length (the first of equals)."""
+        return max(self.metrics, key=lambda r: r["acceptance_length"])
 
 
 @cache
@@ -250,3 +264,45 @@ def read_drafter(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict]:
     with safe_open(str(path), framework="pt") as f:
         meta = {k: json.loads(v) for k, v in (f.metadata() or {}).items()}
         return {k: f.get_tensor(k) for k in f.keys()}, meta  # noqa: SIM118
+
+
+def drafter_meta(model: Eagle3Drafter, data: ShardSet, fingerprint: str, target_dir: Path) -> dict:
+    """What a saved drafter carries besides its weights (stage export reads it)."""
+    return {
+        "drafter_config": model.config.to_dict(),
+        "layer_ids": data.layer_ids,
+        "eagle_layer_ids": data.eagle_layer_ids,
+        "target_fingerprint": fingerprint,
+        "target_config": read_json(target_dir / "config.json"),
+    }
+
+
+def ensure_state_space(model: Eagle3Drafter, state_dir: str | os.PathLike) -> None:
+    """Fail before the first step when `state_dir`'s disk cannot hold the checkpoints and the
+    best drafter: a checkpoint that fills the disk loses the steps since the last one."""
+    need = train_need(
+        parameters=sum(t.numel() for t in model.export_state().values()),  # what is saved
+        trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
+    )
+    ensure_free_space(Path(state_dir) / LATEST, need, "training checkpoints and the best drafter")
+
+
+def write_outputs(
+    state_dir: str | os.PathLike,
+    state: TrainState,
+    *,
+    job: str,
+    best_out: str | os.PathLike,
+    metrics_out: str | os.PathLike,
+) -> None:
+    """A finished run's outputs: the best drafter to `best_out`, the eval rows to `metrics_out`;
+    then the job marked complete, last, so that a kill before the mark leaves the run resumable
+    (it writes the outputs again)."""
+    with atomic_path(best_out) as tmp:
+        tmp.write_bytes((Path(state_dir) / BEST).read_bytes())
+    write_jsonl(metrics_out, state.metrics)
+    mark_complete(state_dir, job=job)
+    best = state.best_row()
+    log.info(
+        "best: step %d accept_len %.3f -> %s", best["step"], best["acceptance_length"], best_out
+    )

@@ -20,9 +20,11 @@ In step i, query t attends to step-0 keys 0..t plus its own keys of steps 1..i
 Loss: sum_i decay**i * soft cross-entropy(teacher restricted to the draft vocab, drafter);
 the teacher at `teacher_temperature` (0: its argmax as a hard label).
 Hyper-parameters and the config combinations rejected up front: `config.TrainConfig`.
-Beside this loop: `build` (the drafter, its start and its objective), `launch` (one process or
-torchrun's workers), `progress` (log lines, curves, speed windows), `state` (checkpoints and
-resume), `observer` (the hooks benchmarks and tests watch a run through).
+Beside this loop: `build` (the drafter, its start, its objective and optimizer), `data` (the
+shards verified and split, each epoch's batches, the next batch read ahead), `launch` (one
+process or torchrun's workers), `progress` (the plan, log lines, curves, speed windows), `state`
+(checkpoints, resume, what a saved drafter carries), `observer` (the hooks benchmarks and tests
+watch a run through).
 """
 
 from __future__ import annotations
@@ -32,8 +34,6 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -42,14 +42,14 @@ from torch import nn
 from torch.profiler import record_function
 
 from specbuild import __version__
-from specbuild.disk import ensure_free_space, train_need
 from specbuild.drafter.build import (
     attention_kind,
     build_drafter,
     build_objective,
+    build_optimizer,
     init_weights,
     loss_kind,
-    use_autocast,
+    to_device,
     warm_start,
 )
 from specbuild.drafter.config import TrainConfig
@@ -57,31 +57,38 @@ from specbuild.drafter.data import (
     Batch,
     SampleRef,
     ShardSet,
-    plan_batches,
-    split_held_out_shards,
+    batches_ahead,
+    plan_epochs,
+    read_training_data,
     split_samples,
-    verify_for_training,
+    steps_from,
 )
 from specbuild.drafter.flops import step_flops
-from specbuild.drafter.launch import Ranks, launch_torchrun, needs_launch, setup_ranks
-from specbuild.drafter.model import Eagle3Drafter
+from specbuild.drafter.launch import (
+    Ranks,
+    data_parallel,
+    launch_torchrun,
+    needs_launch,
+    setup_ranks,
+)
 from specbuild.drafter.objective import evaluate
 from specbuild.drafter.observer import Observer, TrainRun
-from specbuild.drafter.progress import Progress
+from specbuild.drafter.progress import Progress, log_plan
 from specbuild.drafter.state import (
+    BEST,
     TrainState,
     clear_state,
+    drafter_meta,
+    ensure_state_space,
     job_key,
-    mark_complete,
     resume,
     save_checkpoint,
     save_drafter,
     source_digest,
+    write_outputs,
 )
-from specbuild.drafter.teacher import Teacher
-from specbuild.io import atomic_path, read_json, setup_logging, write_jsonl
-from specbuild.onednn_linear import use_onednn_training_linears
-from specbuild.target import TargetInfo, read_target_info
+from specbuild.io import setup_logging, write_jsonl
+from specbuild.target import read_target_info
 
 __all__ = [
     "TrainConfig",
@@ -105,28 +112,6 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
         return cfg.lr * (step + 1) / warm
     progress = min(1.0, (step - warm) / max(1, total - warm))
     return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def _batches_ahead(
-    load: Callable[[int, int], Batch], order: Sequence[tuple[int, int]]
-) -> Iterator[Batch]:
-    """Yield load(epoch, b) for each (epoch, b) of `order`, the next one loading in a thread
-    while the caller trains on this one: reading shards and padding a batch takes the host
-    long enough that the GPU would otherwise wait for it at every step."""
-
-    def load_labelled(epoch: int, b: int) -> Batch:
-        with record_function("specbuild::prefetch"):  # the step profile leaves it out
-            return load(epoch, b)
-
-    pool = ThreadPoolExecutor(1, thread_name_prefix="batches")
-    try:
-        ahead = pool.submit(load_labelled, *order[0]) if order else None
-        for k in range(len(order)):
-            batch = ahead.result()
-            ahead = pool.submit(load_labelled, *order[k + 1]) if k + 1 < len(order) else None
-            yield batch
-    finally:  # also when the caller stops early (an exception): one batch at most to wait for
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _check_finite(
@@ -156,95 +141,6 @@ def _job_key(cfg: TrainConfig, shards: list[str], vocab: str, fingerprint: str, 
     )
 
 
-def _read_data(
-    cfg: TrainConfig, shards: list[str], held_out: list[str], info: TargetInfo, ranks: Ranks
-) -> tuple[ShardSet, list[SampleRef], list[SampleRef]]:
-    """Every shard verified, then (the samples, training samples, eval samples): those of the
-    held-out eval set's shards where given, else the `eval_fraction` split of the samples."""
-    verify_for_training(
-        shards + held_out,
-        hidden_size=info.hidden_size,
-        rank=ranks.rank,
-        world_size=ranks.world,
-        workers=torch.get_num_threads(),
-    )
-    data = ShardSet(
-        shards + held_out, hidden_size=info.hidden_size, target_fingerprint=info.fingerprint
-    )
-    if held_out:  # train.eval_set: its shards follow the training shards in `data`
-        train_idx, eval_idx = split_held_out_shards(
-            [r.shard for r in data.refs], set(range(len(shards), len(data.paths))), cfg.eval_set
-        )
-    else:
-        train_idx, eval_idx = split_samples([data.key(r) for r in data.refs], cfg.eval_fraction)
-    return data, [data.refs[i] for i in train_idx], [data.refs[i] for i in eval_idx]
-
-
-def _check_free_space(model: Eagle3Drafter, state_dir: str) -> None:
-    need = train_need(
-        parameters=sum(t.numel() for t in model.export_state().values()),  # what is saved
-        trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
-    )
-    ensure_free_space(
-        Path(state_dir) / "latest.json", need, "training checkpoints and the best drafter"
-    )
-
-
-def _to_device(
-    model: Eagle3Drafter, teacher: Teacher, cfg: TrainConfig, device: torch.device
-) -> bool:
-    """Move both to `device`; whether the steps run under bf16 autocast."""
-    amp = use_autocast(cfg, device)
-    teacher.to(device, torch.bfloat16 if amp else torch.float32)
-    model.to(device)
-    if device.type == "cpu" and not amp:  # MKL's generic path on AMD: 1.15x a step (BENCHMARKS)
-        use_onednn_training_linears(model)
-    return amp
-
-
-def _plans(cfg: TrainConfig, refs: list[SampleRef], ranks: Ranks) -> list[list[list[int]]]:
-    """Each epoch's batches of this rank: lists of indices into `refs`."""
-    plans = [
-        plan_batches(
-            [r.length for r in refs],
-            token_budget=cfg.token_budget,
-            max_length=cfg.max_length,
-            seed=cfg.seed,
-            epoch=e,
-            rank=ranks.rank,
-            world_size=ranks.world,
-            group_by_length=cfg.group_by_length,
-        )
-        for e in range(cfg.epochs)
-    ]
-    if not any(plans):
-        raise ValueError(f"{len(refs)} training samples make no batch for {ranks.world} rank(s)")
-    return plans
-
-
-def _optimizer(
-    params: list[nn.Parameter], cfg: TrainConfig, device: torch.device
-) -> torch.optim.AdamW:
-    return torch.optim.AdamW(
-        params,
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        weight_decay=cfg.weight_decay,
-        # one kernel for all parameters instead of a few per tensor list; same update rule,
-        # same state keys (the checkpoint format does not change); CPU keeps the default
-        fused=True if device.type == "cuda" else None,
-    )
-
-
-def _order(state: TrainState, plans: list[list[list[int]]]) -> list[tuple[int, int]]:
-    """(epoch, batch) of every step still to take: all of them, or those after a checkpoint."""
-    return [
-        (e, b)
-        for e in range(state.epoch, len(plans))
-        for b in range(state.batch if e == state.epoch else 0, len(plans[e]))
-    ]
-
-
 def _evaluate(
     objective: nn.Module, data: ShardSet, refs: list[SampleRef], cfg: TrainConfig, ranks: Ranks
 ) -> dict:
@@ -257,44 +153,6 @@ def _evaluate(
         rank=ranks.rank,
         world_size=ranks.world,
         device=ranks.device,
-    )
-
-
-def _drafter_meta(model: Eagle3Drafter, data: ShardSet, fingerprint: str, target_dir: Path) -> dict:
-    """What a saved drafter carries besides its weights (stage export reads it)."""
-    return {
-        "drafter_config": model.config.to_dict(),
-        "layer_ids": data.layer_ids,
-        "eagle_layer_ids": data.eagle_layer_ids,
-        "target_fingerprint": fingerprint,
-        "target_config": read_json(target_dir / "config.json"),
-    }
-
-
-def _log_plan(
-    params: list[nn.Parameter],
-    cfg: TrainConfig,
-    data: ShardSet,
-    train_refs: list[SampleRef],
-    eval_refs: list[SampleRef],
-    held_out: bool,
-    total: int,
-    ranks: Ranks,
-    kinds: str,
-) -> None:
-    log.info(
-        "drafter %.1fM trainable params; %d train / %d eval samples%s (%d skipped); %d steps "
-        "of <= %d tokens x %d rank(s) on %s; %s",
-        sum(p.numel() for p in params) / 1e6,
-        len(train_refs),
-        len(eval_refs),
-        f" of eval set {cfg.eval_set!r}" if held_out else "",
-        data.skipped,
-        total,
-        cfg.token_budget,
-        ranks.world,
-        ranks.device,
-        kinds,
     )
 
 
@@ -344,16 +202,12 @@ def train_drafter(
     it needs the run's processes started by torchrun when `train.nproc` > 1.
     """
     cfg = config
-    if needs_launch(cfg):
-        if observer is not None:
-            raise ValueError(  # a relaunch would lose it: it is an object, not a JSON value
-                f"train.nproc {cfg.nproc} with an observer: start the {cfg.nproc} processes with "
-                "torchrun, each calling train_drafter with its observer (benchmarks.train_speed)"
-            )
+    if needs_launch(cfg):  # torchrun's workers each call this function with these arguments
         spec = dict(shards=shards, eval_shards=eval_shards or [], vocab=vocab, best_out=best_out)
         spec |= dict(target_fingerprint=target_fingerprint, metrics_out=metrics_out)
         spec |= dict(state_dir=state_dir, log_path=log_path, tensorboard_dir=tensorboard_dir)
-        return launch_torchrun(spec | dict(threads=threads, config=asdict(cfg)), nproc=cfg.nproc)
+        spec |= dict(threads=threads, config=asdict(cfg))
+        return launch_torchrun(spec, nproc=cfg.nproc, observer=observer)
     observer = observer or Observer()
     ranks = setup_ranks(cfg)
     device = ranks.device
@@ -364,15 +218,15 @@ def train_drafter(
     shards, held_out = [str(s) for s in shards], [str(s) for s in eval_shards or []]
     info = read_target_info(target_fingerprint)
     target_dir = Path(target_fingerprint).parent
-    data, train_refs, eval_refs = _read_data(cfg, shards, held_out, info, ranks)
+    data, train_refs, eval_refs = read_training_data(cfg, shards, held_out, info, ranks)
     model, teacher = build_drafter(cfg, target_dir, vocab, info.vocab_size)
     params = [p for p in model.parameters() if p.requires_grad]
     if ranks.rank == 0:  # before the first step: a checkpoint that fills the disk loses the steps
-        _check_free_space(model, state_dir)
-    amp = _to_device(model, teacher, cfg, device)
-    plans = _plans(cfg, train_refs, ranks)
+        ensure_state_space(model, state_dir)
+    amp = to_device(model, teacher, cfg, device)
+    plans = plan_epochs(cfg, train_refs, ranks)
     total = sum(len(p) for p in plans)
-    optimizer = _optimizer(params, cfg, device)
+    optimizer = build_optimizer(params, cfg, device)
     job = _job_key(cfg, shards + held_out, vocab, info.fingerprint, ranks.world)
     state = resume(state_dir, job=job, model=model, optimizer=optimizer)
     if state is None:  # a fresh start
@@ -383,21 +237,28 @@ def train_drafter(
     ranks.barrier()
     attention, loss_path = attention_kind(cfg, device), loss_kind(cfg, device)
     objective = build_objective(cfg, model, teacher, amp=amp, attention=attention, loss=loss_path)
-    step_fn = objective
-    if ranks.world > 1:
-        # gradients live in DDP's all-reduce buckets: no copy in and out of them each step
-        step_fn = nn.parallel.DistributedDataParallel(objective, gradient_as_bucket_view=True)
-    meta = _drafter_meta(model, data, info.fingerprint, target_dir)
+    step_fn = data_parallel(objective, ranks)
+    meta = drafter_meta(model, data, info.fingerprint, target_dir)
     kinds = f"{attention} attention; {loss_path} loss; {'bf16 autocast' if amp else 'float32'}"
-    _log_plan(params, cfg, data, train_refs, eval_refs, bool(held_out), total, ranks, kinds)
+    log_plan(
+        cfg=cfg,
+        ranks=ranks,
+        trainable=sum(p.numel() for p in params),
+        train_samples=len(train_refs),
+        eval_samples=len(eval_refs),
+        held_out=bool(held_out),
+        skipped=data.skipped,
+        steps=total,
+        kinds=kinds,
+    )
     progress = Progress(ranks, tensorboard_dir, start_step=state.step, total=total)
-    order = _order(state, plans)
+    order = steps_from(plans, state.epoch, state.batch)
 
     def load(e: int, b: int) -> Batch:
         pinned = device.type == "cuda"  # then the copy to the device does not block the host
         return data.batch([train_refs[i] for i in plans[e][b]], cfg.max_length, pin_memory=pinned)
 
-    batches, best_path = _batches_ahead(load, order), Path(state_dir) / "best.safetensors"
+    batches, best_path = batches_ahead(load, order), Path(state_dir) / BEST
     run = TrainRun(cfg, ranks, objective, state, total, progress.speed, attention, loss_path)
     observer.on_start(run)
     for epoch, b in order:
@@ -448,18 +309,9 @@ def train_drafter(
             progress.restart()
     progress.close()
     observer.on_end(run)
-    best_row = max(state.metrics, key=lambda r: r["acceptance_length"])
+    best_row = state.best_row()
     if ranks.rank == 0:
-        with atomic_path(best_out) as tmp:
-            tmp.write_bytes(best_path.read_bytes())
-        write_jsonl(metrics_out, state.metrics)
-        mark_complete(state_dir, job=job)  # last: a kill before it leaves the run resumable
-        log.info(
-            "best: step %d accept_len %.3f -> %s",
-            best_row["step"],
-            best_row["acceptance_length"],
-            best_out,
-        )
+        write_outputs(state_dir, state, job=job, best_out=best_out, metrics_out=metrics_out)
     ranks.barrier()
     return best_row
 
