@@ -143,7 +143,7 @@ def test_every_stage_that_writes_much_checks_free_space_first():
         "generate": "src/specbuild/generate.py",
         "tokenize": "scripts/tokenize.py",
         "hidden": "src/specbuild/hidden/extract.py",
-        "train": "src/specbuild/drafter/train.py",
+        "train": "src/specbuild/drafter/state.py",  # ensure_state_space, before the first step
         "export": "scripts/export.py",
     }
     unchecked = [s for s, f in where.items() if "ensure_free_space(" not in (REPO / f).read_text()]
