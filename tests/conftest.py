@@ -158,7 +158,10 @@ def _materialized_deepseek(root: Path, tokenizer_dir: Path, module, *, wrapper: 
 
     module.write_target(root / "src", tokenizer_dir, wrapper=wrapper, **module.TEST_WIDTHS)
     name = "kimi-k25-test" if wrapper else "deepseek-v3-test"
-    materialize_target(source=str(root / "src"), name=name, out_dir=root / "target")
+    # the wrapper's processor is remote code, as Kimi-K2.5's own
+    materialize_target(
+        source=str(root / "src"), name=name, out_dir=root / "target", trust_remote_code=wrapper
+    )
     return root / "target"
 
 
@@ -173,7 +176,8 @@ def deepseek_target(tmp_path_factory, target_dir, random_deepseek) -> Path:
 @pytest.fixture(scope="session")
 def kimi_target(tmp_path_factory, target_dir, random_deepseek) -> Path:
     """The same weights (same seed, same draws) in Kimi-K2.5's layout:
-    KimiK25ForConditionalGeneration, `text_config`, tensors under `language_model.`."""
+    KimiK25ForConditionalGeneration, `text_config` and `vision_config`, tensors under
+    `language_model.`, a processor as remote code (target.trust_remote_code)."""
     root = tmp_path_factory.mktemp("kimi")
     return _materialized_deepseek(root, target_dir, random_deepseek, wrapper=True)
 

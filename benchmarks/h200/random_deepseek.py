@@ -13,9 +13,12 @@ loads the real one:
     python benchmarks/h200/random_deepseek.py /tmp/kimi --tokenizer /tmp/smol --wrapper
 
 `--wrapper` writes the same text model as Kimi-K2.5 lays it out: config.json of
-`KimiK25ForConditionalGeneration` with the DeepSeek-V3 config in `text_config`, tensors under
-`language_model.`, and no vision weights. Weights are drawn on the GPU when there is one
-(seeded normal(0, 0.02), unit norms) and written as safetensors shards of at most 4 GiB.
+`KimiK25ForConditionalGeneration` with the DeepSeek-V3 config in `text_config` and Kimi-K2.5's
+`vision_config`, tensors under `language_model.` and no vision weights, and a processor as
+remote code (processing_kimi_random.py: SGLang's server loads one for every Kimi-K2.5 target),
+so the folder needs target.trust_remote_code as Kimi-K2.5's own does. Weights are drawn on the
+GPU when there is one (seeded normal(0, 0.02), unit norms) and written as safetensors shards of
+at most 4 GiB.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "chat_template.jinja",
 )
+PROCESSOR_CODE = Path(__file__).with_name("processing_kimi_random.py")
 
 
 # narrower widths for tests on the device (gpu-marked): MLA's own dims kept, the rest cut
@@ -196,6 +200,7 @@ def write_target(
             "architectures": ["KimiK25ForConditionalGeneration"],
             "model_type": "kimi_k25",
             "text_config": cfg,
+            "vision_config": vision_config(cfg["hidden_size"]),
             "torch_dtype": "bfloat16",
             "tie_word_embeddings": False,
         }
@@ -206,7 +211,46 @@ def write_target(
     for name in TOKENIZER_FILES + ("generation_config.json",):
         if (tokenizer / name).exists():
             shutil.copy2(tokenizer / name, out / name)
+    if wrapper:
+        write_processor(out)
     return config, nbytes, params
+
+
+def vision_config(text_hidden: int) -> dict:
+    """Kimi-K2.5's vision_config (MoonViT and its projector, SGLang builds both from it):
+    its own keys, the projector's output at the text model's width."""
+    return {
+        "patch_size": 14,
+        "init_pos_emb_height": 64,
+        "init_pos_emb_width": 64,
+        "init_pos_emb_time": 4,
+        "pos_emb_type": "divided_fixed",
+        "vt_num_attention_heads": 16,
+        "vt_num_hidden_layers": 27,
+        "vt_hidden_size": 1152,
+        "vt_intermediate_size": 4304,
+        "merge_kernel_size": [2, 2],
+        "video_attn_type": "spatial_temporal",
+        "merge_type": "sd2_tpool",
+        "mm_projector_type": "patchmerger",
+        "mm_hidden_size": 1152,
+        "projector_hidden_act": "gelu",
+        "projector_ln_eps": 1e-5,
+        "text_hidden_size": text_hidden,
+    }
+
+
+def write_processor(out: Path) -> None:
+    """The folder's processor as remote code (processing_kimi_random.py beside this script):
+    SGLang's server loads one for every Kimi-K2.5 target, so the folder needs
+    target.trust_remote_code as Kimi-K2.5's own does."""
+    shutil.copy2(PROCESSOR_CODE, out / PROCESSOR_CODE.name)
+    module = f"{PROCESSOR_CODE.stem}.KimiRandom"
+    auto = {"AutoProcessor": module + "Processor", "AutoImageProcessor": module + "ImageProcessor"}
+    preprocessor = {"image_processor_type": "KimiRandomImageProcessor", "auto_map": auto}
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=1))
+    processor = {"processor_class": "KimiRandomProcessor", "auto_map": auto}
+    (out / "processor_config.json").write_text(json.dumps(processor, indent=1))
 
 
 def main() -> None:

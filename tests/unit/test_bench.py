@@ -400,6 +400,8 @@ def test_a_drafter_for_a_deepseek_target_serves_with_eagle3_on_mla(
             "mem_fraction_static": 0.5,
             "context_length": 2048,
             "cuda_graph_max_bs_decode": 4,
+            # Kimi-K2.5's processor is remote code: SGLang loads it for every request's path
+            "trust_remote_code": layout == "kimi_target",
         },
         draft_attention_backend="triton",
         startup_timeout_s=600,

@@ -359,22 +359,33 @@ def _tokenized_mt_bench(folder: Path, tokenizer, target_dir: Path, n: int = 24) 
     return folder / "00000.jsonl"
 
 
-def _layer_cosines(a: Path, b: Path) -> dict[str, float]:
+AUX_NAMES = ("low", "mid", "high")
+
+
+def _aux_cosines(a: Path, b: Path) -> tuple[list[list[float]], float]:
+    """(mean cosine of a's aux layer i against b's aux layer j, for every i and j; mean cosine
+    of the final states) of two shards of the same tokens."""
     from specbuild.hidden.shards import dequantize_state, read_shard
 
     (ta, ma), (tb, mb) = read_shard(a), read_shard(b)
     assert torch.equal(ta["input_ids"], tb["input_ids"]) and ma["layer_ids"] == mb["layer_ids"]
     h = ta["last"].shape[1]
     xa, xb = dequantize_state(ta, "aux"), dequantize_state(tb, "aux")
-    out = {}
-    for k, name in enumerate(("low", "mid", "high")):
-        cos = torch.nn.functional.cosine_similarity(
-            xa[:, k * h : (k + 1) * h], xb[:, k * h : (k + 1) * h], dim=-1
-        )
-        out[name] = float(cos.mean())
-    cos = torch.nn.functional.cosine_similarity(ta["last"].float(), tb["last"].float(), dim=-1)
-    out["last"] = float(cos.mean())
-    return out
+    cos = torch.nn.functional.cosine_similarity
+    n = len(AUX_NAMES)
+    grid = [
+        [
+            float(cos(xa[:, i * h : (i + 1) * h], xb[:, j * h : (j + 1) * h], dim=-1).mean())
+            for j in range(n)
+        ]
+        for i in range(n)
+    ]
+    return grid, float(cos(ta["last"].float(), tb["last"].float(), dim=-1).mean())
+
+
+def _layer_cosines(a: Path, b: Path) -> dict[str, float]:
+    grid, last = _aux_cosines(a, b)
+    return {name: grid[k][k] for k, name in enumerate(AUX_NAMES)} | {"last": last}
 
 
 @pytest.mark.gpu
@@ -464,9 +475,18 @@ def test_deepseek_v3_states_from_sglang_agree_with_transformers_at_the_layers_as
     _extract_in_subprocess(
         tok, deepseek_target, hf, backend="hf", layer_ids=ids, dtype="bfloat16", device="cuda"
     )
-    cos = _layer_cosines(sgl, hf)
-    print("DeepSeek-V3: sglang vs hf mean cosine per layer:", cos)
-    assert all(v > 0.99 for v in cos.values()), cos
+    grid, last = _aux_cosines(sgl, hf)
+    print("DeepSeek-V3: sglang (rows) vs hf (columns) mean cosine of the aux layers:", grid)
+    print("DeepSeek-V3: final states' mean cosine:", last)
+    # Two engines on a random MoE part by more than on a dense model (seen on one H200: 0.997
+    # at layer 2 down to 0.986 after the last of 8, routing ties flipping experts as bf16
+    # rounding differs); the claim here is the layers: each of SGLang's matches HF's own
+    # layer, and clearly better than any other layer asked (HF's layers 2, 3 and 5 of this
+    # target meet at 0.73-0.88 mean cosine, in float32 on CPU).
+    for i, name in enumerate(AUX_NAMES):
+        assert grid[i][i] > 0.98, (name, grid)
+        assert all(grid[i][i] > grid[i][j] + 0.05 for j in range(3) if j != i), (name, grid)
+    assert last > 0.98, last
     for path in (sgl, hf):
         assert json.loads(read_shard(path)[1]["eagle_layer_ids"]) == [3, 4, 6]
 
