@@ -6,6 +6,11 @@
 # Extra arguments go to pytest (`-k deepseek` runs the DeepSeek-V3 and Kimi-K2.5 layout tests).
 # The whole set outlasts one 600 s device call (9 tests in 470 s on 2026-12-03, each SGLang
 # start ~80 s): run it as two calls, `-k "deepseek or kimi"` and `-k "not deepseek and not kimi"`.
+# It may share the GPU with a pipeline run (benchmarks/h200/run.sh) in the same calls, e.g.
+#   bash benchmarks/h200/run.sh & bash benchmarks/h200/gpu_tests.sh -k "deepseek or kimi"; wait
+# the tests' SGLang engines bound their KV pools (tests/conftest.py, sglang_test_options) and
+# start one at a time with the run's (specbuild.gpus.startup_lock); the run's figures are then
+# shared-GPU figures.
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 T=/tmp/specbuild-test-target

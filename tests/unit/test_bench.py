@@ -382,7 +382,7 @@ def _sglang_available() -> bool:
 @pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (device machine, the kit)")
 @pytest.mark.parametrize("layout", ["deepseek_target", "kimi_target"])
 def test_a_drafter_for_a_deepseek_target_serves_with_eagle3_on_mla(
-    tmp_path, layout, request, random_drafter, tokenizer
+    tmp_path, layout, request, random_drafter, tokenizer, sglang_test_options
 ):
     # DeepSeek-V3 as is, and wrapped as Kimi-K2.5 (KimiK25ForConditionalGeneration)
     from specbuild.bench.served import open_sglang
@@ -394,10 +394,9 @@ def test_a_drafter_for_a_deepseek_target_serves_with_eagle3_on_mla(
     assert eagle["eagle_aux_hidden_state_layer_ids"] == [3, 4, 6]  # SGLang's DeepSeek rule
     server = ServerOptions(
         server_args={
-            "attention_backend": "triton",
-            "sampling_backend": "pytorch",
+            **sglang_test_options["server_args"],
             "grammar_backend": "none",
-            "mem_fraction_static": 0.5,
+            "mem_fraction_static": sglang_test_options["mem_fraction_static"],
             "context_length": 2048,
             "cuda_graph_max_bs_decode": 4,
             # Kimi-K2.5's processor is remote code: SGLang loads it for every request's path

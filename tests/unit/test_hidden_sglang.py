@@ -390,12 +390,14 @@ def _layer_cosines(a: Path, b: Path) -> dict[str, float]:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (device machine, the kit)")
-def test_in_process_sglang_shards_agree_with_transformers_shards(tmp_path, target_dir, tokenizer):
+def test_in_process_sglang_shards_agree_with_transformers_shards(
+    tmp_path, target_dir, tokenizer, sglang_test_options
+):
     from specbuild.hidden.shards import verify_shard_file
 
     tok = _tokenized_mt_bench(tmp_path, tokenizer, target_dir)
     sgl, hf = tmp_path / "sglang.safetensors", tmp_path / "hf.safetensors"
-    options = {"server_args": {"attention_backend": "triton", "sampling_backend": "pytorch"}}
+    options = sglang_test_options
     _extract_in_subprocess(
         tok, target_dir, sgl, backend="sglang", backend_options=options, batch_tokens=2048
     )
@@ -435,16 +437,17 @@ def _even_headed_target(folder: Path, tokenizer_dir: Path) -> Path:
 @pytest.mark.skipif(
     not _sglang_available() or torch.cuda.device_count() < 2, reason="needs SGLang and 2 GPUs"
 )
-def test_tensor_parallel_2_shards_agree_with_tensor_parallel_1(tmp_path, target_dir, tokenizer):
+def test_tensor_parallel_2_shards_agree_with_tensor_parallel_1(
+    tmp_path, target_dir, tokenizer, sglang_test_options
+):
     target = _even_headed_target(tmp_path / "tp", target_dir)
     tok = _tokenized_mt_bench(tmp_path, tokenizer, target)
     outs = {}
     for tp in (1, 2):
         outs[tp] = tmp_path / f"tp{tp}.safetensors"
-        args = {"attention_backend": "triton", "sampling_backend": "pytorch", "tp_size": tp}
-        _extract_in_subprocess(
-            tok, target, outs[tp], backend="sglang", backend_options={"server_args": args}
-        )
+        args = {**sglang_test_options["server_args"], "tp_size": tp}
+        options = {**sglang_test_options, "server_args": args}
+        _extract_in_subprocess(tok, target, outs[tp], backend="sglang", backend_options=options)
     cos = _layer_cosines(outs[1], outs[2])
     print("tp2 vs tp1 mean cosine per layer:", cos)
     assert all(v > 0.999 for v in cos.values()), cos
@@ -453,7 +456,7 @@ def test_tensor_parallel_2_shards_agree_with_tensor_parallel_1(tmp_path, target_
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (device machine, the kit)")
 def test_deepseek_v3_states_from_sglang_agree_with_transformers_at_the_layers_asked(
-    tmp_path, deepseek_target, tokenizer
+    tmp_path, deepseek_target, tokenizer, sglang_test_options
 ):
     # MLA + MoE, aux states packed by SGLang in one tensor; a first layer id other than 1,
     # which SGLang's DeepSeek takes unshifted, so the runner must hand it [3, 4, 6]
@@ -461,7 +464,7 @@ def test_deepseek_v3_states_from_sglang_agree_with_transformers_at_the_layers_as
 
     tok = _tokenized_mt_bench(tmp_path, tokenizer, deepseek_target)
     sgl, hf = tmp_path / "sglang.safetensors", tmp_path / "hf.safetensors"
-    options = {"server_args": {"attention_backend": "triton", "sampling_backend": "pytorch"}}
+    options = sglang_test_options
     ids = [2, 3, 5]
     _extract_in_subprocess(
         tok,
@@ -494,13 +497,13 @@ def test_deepseek_v3_states_from_sglang_agree_with_transformers_at_the_layers_as
 @pytest.mark.gpu
 @pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (device machine, the kit)")
 def test_kimi_k25_layout_gives_the_states_of_the_same_deepseek_text_model(
-    tmp_path, deepseek_target, kimi_target, tokenizer
+    tmp_path, deepseek_target, kimi_target, tokenizer, sglang_test_options
 ):
     # SGLang's KimiK25ForConditionalGeneration around the same DeepSeek-V3 weights, with no
     # vision weights in the folder: its text states must be the plain target's
     from specbuild.hidden.shards import read_shard
 
-    options = {"server_args": {"attention_backend": "triton", "sampling_backend": "pytorch"}}
+    options = sglang_test_options
     shards = {}
     for name, target in (("deepseek", deepseek_target), ("kimi", kimi_target)):
         tok = _tokenized_mt_bench(tmp_path / name, tokenizer, target)
