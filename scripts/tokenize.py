@@ -1,13 +1,7 @@
-from specbuild.disk import ensure_free_space, tokenize_need
 from specbuild.joblog import start_job_log
 from specbuild.tokenization import tokenize_shard
 
 start_job_log(snakemake.log[0])
-ensure_free_space(
-    snakemake.output.tokens,
-    tokenize_need(generated=snakemake.input.generated),
-    "a tokenized shard",
-)
 tokenize_shard(
     generated=snakemake.input.generated,
     fingerprint=snakemake.input.fp,

@@ -25,6 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from specbuild.disk import ensure_free_space, export_need
 from specbuild.drafter.config import AUX_LAYERS, DrafterConfig
 from specbuild.drafter.state import read_drafter
 from specbuild.dtypes import DTYPES
@@ -157,6 +158,8 @@ def export_for_sglang(
     }
     _check_finite(checkpoint, tensors, state, dtype)
     out_dir = Path(out_dir)
+    need = export_need(checkpoint=checkpoint, dtype=dtype)
+    ensure_free_space(out_dir / "model.safetensors", need, "an exported drafter")
     with atomic_path(out_dir / "model.safetensors") as tmp:
         save_file(state, str(tmp), metadata={"format": "pt"})
     write_json(out_dir / "config.json", config)

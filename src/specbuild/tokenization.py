@@ -40,6 +40,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from specbuild.disk import ensure_free_space, tokenize_need
 from specbuild.io import read_jsonl, write_json
 from specbuild.rejects import error_text, publish_shard
 from specbuild.target import read_target_info
@@ -358,6 +359,7 @@ def tokenize_shard(
 
     if overlong not in OVERLONG:
         raise ValueError(f"tokenize.overlong {overlong!r}: allowed {', '.join(OVERLONG)}")
+    ensure_free_space(out, tokenize_need(generated=generated), "a tokenized shard")
     target = read_target_info(fingerprint)
     tokenizer = load_tokenizer(os.path.dirname(fingerprint))
     rows, bad, n_in, n_kept, per_turn = [], [], 0, 0, 0

@@ -141,10 +141,10 @@ def test_every_stage_that_writes_much_checks_free_space_first():
     # the stages whose outputs scale with the data or the model
     where = {
         "generate": "src/specbuild/generate.py",
-        "tokenize": "scripts/tokenize.py",
+        "tokenize": "src/specbuild/tokenization.py",
         "hidden": "src/specbuild/hidden/extract.py",
         "train": "src/specbuild/drafter/state.py",  # ensure_state_space, before the first step
-        "export": "scripts/export.py",
+        "export": "src/specbuild/export.py",
     }
     unchecked = [s for s, f in where.items() if "ensure_free_space(" not in (REPO / f).read_text()]
     assert unchecked == []
