@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specbuild.disk import ensure_free_space, tokenize_need
 from specbuild.io import read_jsonl, write_json
@@ -168,9 +168,10 @@ def drops_earlier_reasoning(tokenizer, messages: list[dict]) -> bool:
 class Tokenized:
     rows: list[dict]
     truncated: int = 0  # rows truncated
-    turns_dropped: int = 0  # messages dropped from the front of truncated rows
+    turns_dropped: int = 0  # messages of the conversation that no row holds (truncation)
     reasoning_tokens: int = 0
     per_turn: bool = False  # a row per assistant turn (module docstring)
+    held: set[int] = field(default_factory=set)  # indices of the messages some row holds
 
     @property
     def row(self) -> dict:
@@ -184,10 +185,15 @@ def _exchange_starts(messages: list[dict]) -> list[int]:
     return [i for i, m in enumerate(messages) if m["role"] == "user"]
 
 
+def _kept(messages: list[dict], k: int) -> list[int]:
+    """Indices of `messages` left when their first k exchanges go (the system prompt stays)."""
+    head = [0] if messages[0]["role"] == "system" else []
+    return head + list(range(_exchange_starts(messages)[k], len(messages)))
+
+
 def _drop_exchanges(messages: list[dict], k: int) -> list[dict]:
     """`messages` without their first k exchanges (the system prompt stays)."""
-    head = messages[:1] if messages[0]["role"] == "system" else []
-    return head + messages[_exchange_starts(messages)[k] :]
+    return [messages[i] for i in _kept(messages, k)]
 
 
 def _encode(tokenizer, text: str):
@@ -254,14 +260,14 @@ def _one_row(
     _assistant_turns(messages)
     turns, text, spans = layout(messages)
     ids, offsets = _encode(tokenizer, text)
+    held = range(len(messages))  # `messages` is the conversation or a prefix of it
     if len(ids) > max_length:
         if overlong == "drop":
             raise RowRejected(f"overlong: {len(ids)} tokens > max_length {max_length}")
         k = _fit(tokenizer, messages, max_length)
         if k:
-            fitted = _drop_exchanges(messages, k)
-            out.turns_dropped += len(messages) - len(fitted)
-            messages, source = fitted, _drop_exchanges(source, k)
+            held = _kept(messages, k)
+            messages, source = _drop_exchanges(messages, k), _drop_exchanges(source, k)
             turns, text, spans = layout(messages)
             ids, offsets = _encode(tokenizer, text)
         out.truncated += 1
@@ -271,6 +277,7 @@ def _one_row(
     n_resp = sum(mask)
     if n_resp == 0:
         raise RowRejected(f"no response token within max_length {max_length}")
+    out.held.update(held)
     ranges = _reasoning_ranges(text, spans, source, turns)
     out.reasoning_tokens += sum(
         m and any(s <= a < e for s, e in ranges) for m, (a, _) in zip(mask, offsets, strict=True)
@@ -315,6 +322,7 @@ def tokenize_conversation(
                 **kw,
             )
         )
+        out.turns_dropped = len(msgs) - len(out.held)
         return out
     out.per_turn = True
     for k, i in enumerate(turns, 1):
@@ -334,6 +342,8 @@ def tokenize_conversation(
             )
         except RowRejected as err:
             raise RowRejected(f"assistant turn {k}: {err}") from None
+    # a message dropped from a later turn's row is still held by its own turn's row
+    out.turns_dropped = len(msgs) - len(out.held)
     return out
 
 

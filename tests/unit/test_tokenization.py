@@ -226,6 +226,25 @@ def test_a_template_dropping_earlier_reasoning_trains_every_turn_as_served(qwen3
     assert t.reasoning_tokens == n_reasoning > 0
 
 
+def test_rows_per_turn_count_a_message_dropped_only_when_no_row_holds_it(qwen3_style):
+    # 12 exchanges with reasoning over 96 tokens: each turn's row drops old exchanges to fit,
+    # and a message a later row drops is still held by its own turn's row
+    chat = []
+    for i in range(12):
+        chat += [
+            {"role": "user", "content": f"Question {i}: what is {i} times three?"},
+            {"role": "assistant", "content": f"It is {3 * i}.", "reasoning_content": "Multiply."},
+        ]
+    t = tokenize_conversation(
+        qwen3_style, chat, row_id="x", finish_reason="stop", max_length=96, overlong="truncate"
+    )
+    assert t.per_turn and len(t.rows) == 12 and t.truncated > 1
+    text = [qwen3_style.decode(r["input_ids"]) for r in t.rows]
+    held = {i for i in range(12) if any(f"Question {i}:" in x for x in text)}
+    assert held == set(range(12))  # every exchange opens at least its own row
+    assert t.turns_dropped == 0
+
+
 def test_without_reasoning_the_same_template_keeps_one_row(qwen3_style):
     t = tokenize_conversation(
         qwen3_style, CHAT, row_id="x", finish_reason="stop", max_length=512, overlong="truncate"
