@@ -36,6 +36,15 @@ if not workflow.overwrite_configfiles:
 report: "report/workflow.rst"
 
 
+# The generation servers the run's jobs shared (sglang.share_idle_s) stop with the run.
+onsuccess:
+    stop_shared_servers()
+
+
+onerror:
+    stop_shared_servers()
+
+
 include: "rules/common.smk"
 include: "rules/target.smk"
 include: "rules/samples.smk"

@@ -25,6 +25,7 @@ rule generate:
         gpu=scheduling.generate_gpus(config),
         mem_mb=4000,
         runtime=60,
+        engine_sharing=engines.engine_sharing(config),
     params:
         backend=config["generate"]["backend"],
         backend_args=engines.generate_backend_args(config),

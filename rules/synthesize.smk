@@ -26,6 +26,7 @@ rule synthesize:
         gpu=scheduling.generate_gpus(config),
         mem_mb=4000,
         runtime=60,
+        engine_sharing=engines.engine_sharing(config),
     params:
         span=job(datasets.shard_range, config),
         backend=config["generate"]["backend"],

@@ -1,6 +1,7 @@
 from functools import partial
 
 from specbuild.backends import SamplingParams, make_backend
+from specbuild.engine_memory import with_sharing
 from specbuild.generate import generate_shard
 from specbuild.gpus import pin_gpus
 from specbuild.joblog import start_job_log
@@ -13,7 +14,11 @@ generate_shard(
     out=snakemake.output.generated,
     rejected=snakemake.output.rejected,
     counts=snakemake.output.counts,
-    backend=partial(make_backend, snakemake.params.backend, **snakemake.params.backend_args),
+    backend=partial(
+        make_backend,
+        snakemake.params.backend,
+        **with_sharing(snakemake.params.backend_args, snakemake.resources.engine_sharing),
+    ),
     mode=snakemake.params.mode,
     sampling=SamplingParams(**snakemake.params.sampling),
     batch_size=snakemake.params.batch_size,

@@ -2,6 +2,7 @@ from functools import partial
 from pathlib import Path
 
 from specbuild.backends import SamplingParams, make_backend
+from specbuild.engine_memory import with_sharing
 from specbuild.gpus import pin_gpus
 from specbuild.joblog import start_job_log
 from specbuild.synthesize import synthesize_shard
@@ -17,7 +18,11 @@ synthesize_shard(
     dataset=snakemake.wildcards.dataset,
     start=snakemake.params.span[0],
     stop=snakemake.params.span[1],
-    backend=partial(make_backend, snakemake.params.backend, **snakemake.params.backend_args),
+    backend=partial(
+        make_backend,
+        snakemake.params.backend,
+        **with_sharing(snakemake.params.backend_args, snakemake.resources.engine_sharing),
+    ),
     sampling=SamplingParams(**snakemake.params.sampling),
     batch_size=snakemake.params.batch_size,
 )

@@ -1,9 +1,9 @@
-"""Memory settings of an in-process SGLang engine (stages hidden and align).
+"""Engine settings that change no output: the memory of an in-process SGLang engine (stages
+hidden and align) and whether generation jobs share one server (generate, synthesize).
 
-They size the engine's KV pool and change no output, so the rules hand them to jobs as
-Snakemake resources, not params: a job made to fit beside others on a GPU
-(`sglang.hidden.mem_fraction_static` beside a data server on one H200) must not rerun every finished
-shard, as a changed param does.
+The rules hand them to jobs as Snakemake resources, not params: a job made to fit beside others
+on a GPU (`sglang.hidden.mem_fraction_static` beside a data server on one H200), or sharing a
+server, must not rerun every finished shard, as a changed param does.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MEMORY_SERVER_ARGS", "with_memory", "without_memory"]
+__all__ = ["MEMORY_SERVER_ARGS", "with_memory", "with_sharing", "without_memory"]
 
 # server flags of that kind; the in-process runner takes its own fraction
 MEMORY_SERVER_ARGS = ("mem_fraction_static",)
@@ -28,3 +28,11 @@ def with_memory(backend_options: Mapping[str, Any], mem_fraction_static: str) ->
     if not mem_fraction_static:
         return dict(backend_options)
     return {**backend_options, "mem_fraction_static": float(mem_fraction_static)}
+
+
+def with_sharing(backend_args: Mapping[str, Any], share_idle_s: str) -> dict[str, Any]:
+    """A generation backend's arguments with the job's sharing resource ("" for a backend that
+    starts no server: hf, openai) put back."""
+    if not share_idle_s:
+        return dict(backend_args)
+    return {**backend_args, "share_idle_s": float(share_idle_s)}

@@ -21,6 +21,7 @@ Behaviour switches for failure tests come from the environment (the sweep sets e
   SGLANG_STUB_STEP_S=<seconds>   sleep per forward step (default 0.0005)
   SGLANG_STUB_REASONING=1        chat replies carry reasoning_content
   SGLANG_STUB_CHILD=1            spawn a child process that ignores SIGTERM
+  SGLANG_STUB_DIE_AFTER=<n>      exit (code 3) on the request after the first n POSTs
 
 Hidden states: a plain server returns one "final" state [T, H] per prompt token; with an EAGLE3
 drafter loaded it returns the three aux states [T, 3H] for the layer ids in the drafter's
@@ -113,6 +114,7 @@ class Model:
         self.lock = threading.Lock()
         self.verify_total = 0
         self.completion_total = 0
+        self.posts = 0
 
     def tokens(self, text: str) -> list[int]:
         return [sum(map(ord, w)) % self.vocab for w in text.split()] or [1]
@@ -256,6 +258,12 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         if not self._auth_ok():
             return
+        die_after = os.environ.get("SGLANG_STUB_DIE_AFTER")
+        if die_after is not None:
+            with self.model.lock:
+                self.model.posts += 1
+                if self.model.posts > int(die_after):
+                    os._exit(3)  # a crash: no answer, no cleanup
         body = self._body()
         if self.path == "/generate":
             self.generate(body)

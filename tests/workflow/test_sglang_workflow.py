@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -124,17 +125,10 @@ def test_openai_endpoint_key_never_reaches_params_metadata_or_logs(
     assert "SPECBUILD_WF_KEY" in meta  # the variable's name is a param; its value is not
 
 
-def test_gpu_jobs_pin_distinct_devices_and_their_servers_see_only_those(
-    tmp_path, target_dir, monkeypatch
-):
-    """Two generate shards on `--resources gpu=2`: each job pins one id of the two visible
-    ones and the server it starts inherits it. Ids are CUDA_VISIBLE_DEVICES tokens, so the
-    stub runs without a GPU."""
-    from workflow_helpers import REPO, make_workdir, snakemake, tiny_config, write_config
+def _generating_workdir(tmp_path, target_dir):
+    """A workdir whose generate jobs use the stub as their SGLang server, and its config."""
+    from workflow_helpers import REPO, make_workdir, tiny_config, write_config
 
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
-    monkeypatch.setenv("SPECBUILD_GPU_LOCK_DIR", str(tmp_path / "locks"))
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     wd = make_workdir(tmp_path / "wf", target_dir)
     config = tiny_config(generate={"backend": "sglang", "max_new_tokens": 4})
     config["sglang"] = {
@@ -142,16 +136,38 @@ def test_gpu_jobs_pin_distinct_devices_and_their_servers_see_only_those(
         "startup_timeout_s": 30,
     }
     write_config(wd, config)
+    return wd, config
+
+
+def test_gpu_jobs_pin_distinct_devices_and_their_servers_see_only_those(
+    tmp_path, target_dir, monkeypatch
+):
+    """Two generate shards on `--resources gpu=2`: each job pins one id of the two visible
+    ones and the server it starts inherits it. Ids are CUDA_VISIBLE_DEVICES tokens, so the
+    stub runs without a GPU."""
+    from workflow_helpers import snakemake
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
+    monkeypatch.setenv("SPECBUILD_GPU_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    wd, config = _generating_workdir(tmp_path, target_dir)
     shards = ["00000", "00001"]
     targets = [f"results/generated/tiny/{s}.jsonl" for s in shards]
     # targets first: --resources takes every word after it
     snakemake(wd, *targets, "--cores", "4", "--resources", "gpu=2")
 
+    kept = set()
     for shard in shards:
         text = (wd / "logs" / "generate" / "tiny" / f"{shard}.log").read_text()
         pinned = re.search(r"pinned to GPU\(s\) (\S+) \(of the 2 here: 5,6\)", text)
         assert pinned and pinned.group(1) in ("5", "6"), text[-2000:]
-        assert f"(CUDA_VISIBLE_DEVICES={pinned.group(1)})" in text  # the server inherited it
+        # the server it shares (sglang.share_idle_s) was started on its GPU and inherited it
+        folder = re.search(r"server, kept in (\S+)|the server kept in (\S+)", text)
+        assert folder, text[-2000:]
+        kept.add(folder.group(1) or folder.group(2))
+        server_log = Path(folder.group(1) or folder.group(2), "server.log").read_text()
+        assert f"(CUDA_VISIBLE_DEVICES={pinned.group(1)})" in server_log
+    assert len(kept) == len(shards)  # one server a GPU: jobs on other GPUs share none
 
 
 def served_bench_workdir(tmp_path, target_dir, random_drafter, drafters, **bench):
@@ -254,3 +270,25 @@ def test_engine_memory_reaches_feature_jobs_as_a_resource_not_a_param(tmp_path, 
     for rule in ("hidden", "align"):
         job = next(j for j in jobs if re.match(rf"(?:local)?rule {rule}:", j))
         assert "engine_memory=0.35" in job
+
+
+def test_the_generate_jobs_of_a_run_share_one_server_stopped_with_the_run(tmp_path, target_dir):
+    """Two generate shards, one server start (sglang.share_idle_s), no server left once
+    Snakemake is done; a changed share_idle_s reruns nothing."""
+    from workflow_helpers import snakemake, write_config
+
+    wd, config = _generating_workdir(tmp_path, target_dir)
+    targets = [f"results/generated/tiny/{s}.jsonl" for s in ("00000", "00001")]
+    snakemake(wd, *targets, "--cores", "2")
+
+    (folder,) = (wd / ".specbuild" / "shared-servers").iterdir()
+    assert (folder / "server.log").read_text().count("starting sglang-shared-") == 1
+    for shard in ("00000", "00001"):
+        assert str(folder) in (wd / "logs" / "generate" / "tiny" / f"{shard}.log").read_text()
+    assert not (folder / "keeper.pid").exists()  # the run's end stopped it
+    assert "the run ended" in (folder / "stop").read_text()
+
+    config["sglang"]["share_idle_s"] = 0  # a server a job from now on: no output changes
+    write_config(wd, config)
+    proc = snakemake(wd, *targets, "--cores", "2", "--dry-run")
+    assert "Nothing to be done" in proc.stdout + proc.stderr

@@ -50,6 +50,7 @@ __all__ = [
     "SGLangServer",
     "ServerStartError",
     "build_server_args",
+    "release_idle_servers",
     "is_secret_name",
     "mask_env",
     "new_api_key",
@@ -353,6 +354,7 @@ class SGLangServer:
         env_note = " ".join(f"{k}={v}" for k, v in sorted(mask_env(self.spec.env).items()))
         note = self.mask(f"{env_note} {' '.join(cmd)}".strip())
         t0 = time.monotonic()
+        release_idle_servers(keep_spec=self.spec)  # an idle shared server's memory is ours now
         # One start at a time per GPU until the KV pools are sized: SGLang sizes them from the
         # memory free before and after loading the weights, and another start in between takes
         # its own share out of this one's count ("Loaded weights leave no GPU memory for the KV
@@ -483,6 +485,15 @@ class SGLangServer:
         """GET `path` of this server (with its API key) as JSON."""
         with urllib.request.urlopen(_get(self.base_url + path, self.api_key), timeout=timeout) as r:
             return json.loads(r.read())
+
+
+def release_idle_servers(*, keep_spec: ServerSpec | None = None) -> None:
+    """Stop the idle shared servers on this process's GPUs (backends.shared_server), but the
+    one `keep_spec` would share: an engine or a training is about to need that memory."""
+    from specbuild.backends import shared_server  # it builds on this module
+
+    keep = shared_server.server_key(keep_spec) if keep_spec is not None else None
+    shared_server.release_idle(keep=keep)
 
 
 def _get(url: str, api_key: str | None) -> urllib.request.Request:

@@ -1,4 +1,5 @@
-"""Generation with an SGLang server that specbuild starts itself for the job.
+"""Generation with an SGLang server that specbuild starts itself: one for the job, or one
+shared by every job that starts the same (`share_idle_s`, backends.shared_server).
 
 The backend is a launched server (`backends.server`) plus the OpenAI-compatible client
 (`backends.openai`): nothing else differs from talking to an existing endpoint, so nothing
@@ -8,12 +9,20 @@ produced by exactly the weights, tokenizer and chat template the fingerprint nam
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from typing import Any
 
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
 from specbuild.backends.openai import OpenAIBackend
-from specbuild.backends.server import DEFAULT_LAUNCHER, ServerOptions, SGLangServer
+from specbuild.backends.server import (
+    DEFAULT_LAUNCHER,
+    ServerOptions,
+    ServerStartError,
+    SGLangServer,
+)
+from specbuild.backends.shared_server import failure, shared_server
 
 __all__ = ["SGLangBackend"]
 
@@ -34,6 +43,7 @@ class SGLangBackend:
         startup_timeout_s: float = 900.0,
         max_concurrency: int = 16,
         request_timeout_s: float = 600.0,
+        share_idle_s: float = 0.0,
     ) -> None:
         options = ServerOptions(
             launcher=tuple(launcher),
@@ -43,8 +53,18 @@ class SGLangBackend:
             startup_timeout_s=startup_timeout_s,
             request_timeout_s=request_timeout_s,
         )
-        self.server = SGLangServer(options.spec(target_dir), name="sglang-generate").start()
+        self.spec = options.spec(target_dir)
+        # share_idle_s > 0: one server for every job that starts the same one (shared_server)
+        self.shared = share_idle_s > 0 and not os.environ.get("SLURM_JOB_ID")
+        self._stack = ExitStack()
         try:
+            if self.shared:  # an Endpoint of the shared server
+                self.server = self._stack.enter_context(
+                    shared_server(self.spec, name="sglang-generate", idle_s=share_idle_s)
+                )
+            else:
+                self.server = SGLangServer(self.spec, name="sglang-generate").start()
+                self._stack.callback(self.server.stop)
             self.client = OpenAIBackend(
                 base_url=self.server.base_url,
                 api_key=self.server.api_key,
@@ -52,20 +72,26 @@ class SGLangBackend:
                 request_timeout_s=request_timeout_s,
             )
         except BaseException:
-            self.server.stop()
+            self._stack.close()
             raise
         self.model = str(target_dir)
 
     def generate(
         self, requests: Sequence[GenerationRequest], sampling: SamplingParams
     ) -> list[Generation]:
-        gens = self.client.generate(requests, sampling)
+        try:
+            gens = self.client.generate(requests, sampling)
+        except Exception as err:
+            why = failure(self.spec) if self.shared else None
+            if why:  # the shared server died under this job: say so, not just "refused"
+                raise ServerStartError(f"the shared SGLang server stopped: {why}") from err
+            raise
         for g in gens:
             g.extra["served_model"] = g.extra.pop("model", None)
         return gens
 
     def close(self) -> None:
-        self.server.stop()
+        self._stack.close()
 
     def __enter__(self) -> SGLangBackend:
         return self

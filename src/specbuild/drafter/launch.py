@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from specbuild.backends.server import release_idle_servers
 from specbuild.drafter.config import TrainConfig
 
 __all__ = ["Ranks", "data_parallel", "launch_torchrun", "needs_launch", "setup_ranks"]
@@ -67,6 +68,8 @@ def setup_ranks(cfg: TrainConfig) -> Ranks:
         dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank() if world > 1 else 0
     if cuda:
+        if rank == 0:  # a shared generation server left idle on these GPUs: the memory is ours
+            release_idle_servers()
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         return Ranks(rank, world, torch.device("cuda", local))

@@ -48,7 +48,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from specbuild.backends.server import free_port
+from specbuild.backends.server import free_port, release_idle_servers
 from specbuild.eagle_layers import candidate_eagle_ids, capture_indices, eagle_layer_ids
 from specbuild.gpus import startup_lock
 from specbuild.hidden.extract import Features
@@ -365,6 +365,7 @@ class SGLangRunner:
         self._tmp = tempfile.TemporaryDirectory(prefix="specbuild-sglang-ranks-")
         self.workers: list[subprocess.Popen] = []
         self._closed = False
+        release_idle_servers()  # a shared generation server left idle: its memory is ours
         # one start at a time per GPU: the KV pool is sized from the memory free at start
         with startup_lock("SGLang model runner"):
             if self.tp_size > 1:

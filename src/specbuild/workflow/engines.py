@@ -15,6 +15,7 @@ from specbuild.config import sglang_server_args
 from specbuild.workflow.paths import target_dir
 
 __all__ = [
+    "engine_sharing",
     "generate_backend_args",
     "sglang_env",
     "server_options_params",
@@ -78,3 +79,11 @@ def generate_backend_args(config: Mapping) -> dict:
         "max_concurrency": sg["max_concurrency"],
         "request_timeout_s": server.request_timeout_s,
     }
+
+
+def engine_sharing(config: Mapping) -> str:
+    """sglang.share_idle_s as a resource of a generate/synthesize job ("" for the hf and openai
+    backends): whether jobs share a server changes no output, so it must not rerun a shard."""
+    if config["generate"]["backend"] != "sglang":
+        return ""
+    return str(config["sglang"]["share_idle_s"])
