@@ -34,10 +34,12 @@
 # slots, so never two share one (three sharing one ran at ~0.75x one alone, BENCHMARKS.md) and,
 # with N >= 3, a bench may run beside it; served tok/s of jobs that shared a GPU are shared-GPU
 # figures (acceptance is unaffected).
-# SPECBUILD_DATA_SERVER=1 starts one SGLang server of the target before snakemake and points
-# synthesize and generate at it (generate.backend openai, sglang.endpoint): one server start
-# instead of one a job, and every data job batches into it (four datasets in 10.3 GPU-minutes
-# on one H200, against ~15.2 for three with a server a job); it holds
+# The workflow's synthesize and generate jobs share one server by themselves
+# (sglang.share_idle_s, docs/DESIGN.md), started by the first and stopped when idle or claimed.
+# SPECBUILD_DATA_SERVER=1 instead starts one SGLang server of the target before snakemake and
+# points synthesize and generate at it (generate.backend openai, sglang.endpoint): one server
+# start instead of one a job, and every data job batches into it (four datasets in 10.3
+# GPU-minutes on one H200, against ~15.2 for three with a server a job); it holds
 # SPECBUILD_DATA_SERVER_MEM (default 0.3) of the GPU's memory until the run ends. Keep the
 # jobs' requests in flight together within its cuda_graph_max_bs_decode (sglang.max_concurrency
 # a job): above it decode runs without CUDA graphs. SPECBUILD_DATA_SERVER=done keeps that
