@@ -169,9 +169,12 @@ def shared_server(spec: ServerSpec, *, name: str, idle_s: float) -> Iterator[End
     until the block ends."""
     folder = registry() / server_key(spec)
     (folder / "leases").mkdir(parents=True, exist_ok=True)
-    lease = folder / "leases" / f"{os.getpid()}-{secrets.token_hex(4)}"
-    fd = os.open(lease, os.O_CREAT | os.O_RDWR, 0o600)
+    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+    lease = folder / "leases" / tag
+    # locked before it is in leases/: a lease seen there unlocked is a dead holder's
+    fd = os.open(folder / f".lease-{tag}", os.O_CREAT | os.O_RDWR, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(folder / f".lease-{tag}", lease)
     try:
         with _locked(folder):
             if _pid_alive(folder / "keeper.pid") and not (folder / "failed.txt").exists():
