@@ -142,4 +142,4 @@ clean:
 
 clean-all: clean
 	@printf "Delete results/ (target, hidden states, checkpoints, drafter)? [y/N] " && \
-		read ans && [ "$$ans" = y ] && rm -rf results .snakemake || echo "kept results/"
+		read ans && [ "$$ans" = y ] && rm -rf results .snakemake .specbuild || echo "kept results/"
