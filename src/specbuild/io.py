@@ -40,6 +40,7 @@ __all__ = [
     "write_jsonl",
     "read_jsonl",
     "setup_logging",
+    "pid_alive",
 ]
 
 log = logging.getLogger("specbuild")
@@ -76,7 +77,7 @@ def _remove_dead_writers_temps(folder: Path, name: str) -> None:
     job's half-written shard can be gigabytes, and its rerun would otherwise leave it there."""
     for tmp in folder.glob(f".{glob.escape(name)}.{_HOST}-*-*.tmp"):
         pid = tmp.name[len(name) + len(_HOST) + 3 :].split("-")[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+        if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
             continue
         try:
             size = tmp.stat().st_size
@@ -86,7 +87,8 @@ def _remove_dead_writers_temps(folder: Path, name: str) -> None:
         log.warning("removed %s (%d bytes): the temp file of a writer that died", tmp, size)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host still runs (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -50,6 +50,7 @@ __all__ = [
     "SGLangServer",
     "ServerStartError",
     "build_server_args",
+    "model_path_arg",
     "release_idle_servers",
     "is_secret_name",
     "mask_env",
@@ -304,10 +305,7 @@ class SGLangServer:
         return [
             *resolve_launcher(spec.launcher),
             "--model-path",
-            # a local folder as an absolute path: never mistaken for a hub id
-            str(Path(spec.model_path).resolve())
-            if Path(spec.model_path).exists()
-            else spec.model_path,
+            model_path_arg(spec.model_path),
             "--host",
             spec.host,
             "--port",
@@ -485,6 +483,12 @@ class SGLangServer:
         """GET `path` of this server (with its API key) as JSON."""
         with urllib.request.urlopen(_get(self.base_url + path, self.api_key), timeout=timeout) as r:
             return json.loads(r.read())
+
+
+def model_path_arg(model_path: str) -> str:
+    """`--model-path` of a server: a local folder as an absolute path, never mistaken for a hub
+    id; anything else (a hub id) as given."""
+    return str(Path(model_path).resolve()) if Path(model_path).exists() else model_path
 
 
 def release_idle_servers(*, keep_spec: ServerSpec | None = None) -> None:

@@ -43,8 +43,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from specbuild.backends.server import ServerSpec, ServerStartError, SGLangServer
-from specbuild.io import write_json
+from specbuild.backends.server import ServerSpec, ServerStartError, SGLangServer, model_path_arg
+from specbuild.io import atomic_open, pid_alive, write_json
 
 __all__ = [
     "REGISTRY_ENV",
@@ -77,9 +77,7 @@ def registry() -> Path:
 def server_key(spec: ServerSpec) -> str:
     """What makes two jobs' servers the same one (the API key and port do not)."""
     ident = {
-        "model_path": str(Path(spec.model_path).resolve())
-        if Path(spec.model_path).exists()
-        else spec.model_path,
+        "model_path": model_path_arg(spec.model_path),
         "launcher": list(spec.launcher),
         "server_args": list(spec.server_args),
         "env": dict(sorted(spec.env.items())),
@@ -100,12 +98,17 @@ def _locked(folder: Path) -> Iterator[None]:
 
 
 def _pid_alive(path: Path) -> bool:
+    """Whether the process whose pid `path` holds still runs (False: no file)."""
     try:
-        pid = int(path.read_text())
-        os.kill(pid, 0)
+        return pid_alive(int(path.read_text()))
     except (OSError, ValueError):
         return False
-    return True
+
+
+def _write_text(path: Path, text: str) -> None:
+    # whole or absent: jobs poll for these files and read them at once
+    with atomic_open(path) as fh:
+        fh.write(text)
 
 
 def _live_leases(folder: Path) -> int:
@@ -144,7 +147,7 @@ def _start_keeper(folder: Path, spec: ServerSpec, idle_s: float) -> None:
             stderr=subprocess.STDOUT,
             process_group=0,
         )
-    (folder / "keeper.pid").write_text(str(proc.pid))
+    _write_text(folder / "keeper.pid", str(proc.pid))
 
 
 def _wait_endpoint(folder: Path, name: str, timeout_s: float) -> str:
@@ -195,7 +198,7 @@ def _ask_stop(folders: list[Path], why: str) -> None:
     waiting = []
     for folder in folders:
         if _pid_alive(folder / "keeper.pid"):
-            (folder / "stop").write_text(why)
+            _write_text(folder / "stop", why)
             waiting.append(folder)
     deadline = time.monotonic() + STOP_WAIT_S
     for folder in waiting:
@@ -266,7 +269,7 @@ def keep(folder: Path, idle_s: float) -> int:
         why = server.mask(str(err))
     except SystemExit:
         why = "the shared server's keeper was stopped by a signal"
-    (folder / "failed.txt").write_text(why)
+    _write_text(folder / "failed.txt", why)
     (folder / "endpoint.json").unlink(missing_ok=True)
     log.error("%s", why)
     return 1
