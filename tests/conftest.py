@@ -63,7 +63,7 @@ def tokenizer(target_dir):
 
 @pytest.fixture(scope="session")
 def sglang_test_options() -> dict:
-    """SGLang engine options of the GPU tests: triton attention (the kit has no FA3), and a
+    """SGLang engine options of the GPU tests: triton attention (the offline SGLang 0.5.17 install has no FA3), and a
     bounded KV pool under a high memory share, so that a test's engine also starts beside
     another GPU job on the same device (SGLang needs 1 - mem_fraction_static of the GPU free
     after its weights) and then holds only its weights and that pool."""

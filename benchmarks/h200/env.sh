@@ -1,4 +1,4 @@
-# Sourced by the device scripts here: repo root, $OUT, the kit's site-packages, and NVLink
+# Sourced by the device scripts here: repo root, $OUT, the staged SGLang bundle's site-packages, and NVLink
 # multicast off (shared hosts; device notes). Servers and ranks inherit this environment.
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-/tmp/specbuild-out}

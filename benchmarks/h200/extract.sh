@@ -1,5 +1,5 @@
 #!/bin/bash
-# Stage hidden with SGLang's model runner in process, on the device after the kit's staging
+# Stage hidden with SGLang's model runner in process, on the GPU machine after SGLang is staged (run.sh's header)
 # calls (benchmarks/h200/run.sh's header; .whl is not needed here). Logs and JSON come back in $OUT.
 #   bash benchmarks/h200/extract.sh tests   # GPU-marked tests: SGLang shards vs transformers shards,
 #                                      # TP 2 vs TP 1 (runs on nvidia-h200-x2 only)
@@ -12,7 +12,7 @@
 #                                      # stacks (needs py-spy from .whl in /tmp/site)
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
-[ -d /tmp/site/sglang ] || { echo "specbuild: /tmp/site has no sglang: run the kit's staging first"; exit 2; }
+[ -d /tmp/site/sglang ] || { echo "specbuild: /tmp/site has no sglang: stage SGLang first (run.sh's header)"; exit 2; }
 T=results/target/smollm2-135m-instruct
 if [ ! -f "$T/fingerprint.json" ]; then
   python3 -c "from specbuild.target import materialize_target as m; \

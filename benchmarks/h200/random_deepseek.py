@@ -1,6 +1,6 @@
 """Write a random-weight DeepSeek-V3-architecture target folder at Kimi-K2.5's text widths.
 
-The seeds' target (Kimi-K2.5: DeepSeek-V3's MoE + MLA text model inside a multimodal wrapper)
+Kimi-K2.5 (DeepSeek-V3's MoE + MLA text model inside a multimodal wrapper)
 ships no weights a test machine can hold, so its architecture is built here with random
 weights under DeepSeek's checkpoint names and SmolLM2's tokenizer, for SGLang to load as it
 loads the real one:

@@ -47,7 +47,7 @@
 # A run's data goes on to the next: $OUT/specbuild-data.tar.gz holds every built samples
 # and generated shard with their counts and rejects checks (the GPU half of the data stage, ~10
 # GPU-minutes on one H200, BENCHMARKS.md). Keep it (git-ignored .seed/data.tar.gz) and carry
-# it in a call of its own after the kit's second (its third call is near the device's 64 MiB):
+# it in a call of its own after the second staging call (the third is near the 64 MiB a call carries):
 #   carry [.seed]: cp .seed/data.tar.gz /tmp/seed.tar.gz
 # then start the run with SPECBUILD_SEED=/tmp/seed.tar.gz: it builds the target, unpacks the
 # shards and marks them up to date on it (snakemake --touch: the target job is new, so each
@@ -184,7 +184,7 @@ PY
   exit "$rc"
 fi
 
-[ -d /tmp/site/sglang ] || { echo "specbuild: /tmp/site has no sglang: run the kit's three staging calls first"; exit 2; }
+[ -d /tmp/site/sglang ] || { echo "specbuild: /tmp/site has no sglang: run the three staging calls of this header first"; exit 2; }
 [ -f /tmp/smol/config.json ] || { echo "specbuild: /tmp/smol missing: run .ship3/model.sh /tmp/smol"; exit 2; }
 if [ ! -f /tmp/site/.specbuild-wheels ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

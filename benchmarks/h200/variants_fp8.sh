@@ -9,15 +9,15 @@
 # 44 s (BENCHMARKS.md, "SmolLM2 example on H200"), before `base_multiturn` (12 epochs on 6,745 samples, ~4,030
 # steps: ~7-9 min more by `base`'s 1,524 steps in 3 min 23 s, estimated): with it every
 # variant and the arm take more than 30 minutes; SPECBUILD_VARIANTS names the ones to build.
-# The data comes from benchmarks/h200/seed/variants-data.tar.gz (that folder's README), built by
-# this script's first run: without it the data stage took 9 min 9 s of that run (data
+# The data comes from .seed/variants-data.tar.gz (git-ignored; benchmarks/h200/seed/README.md
+# says how to restore it from git's history), built by this script's first run: without it the data stage took 9 min 9 s of that run (data
 # server start, synthesize, generate). SPECBUILD_SEED= (empty) builds the data instead,
 # through one data server. The arm's tables and logs come back in $OUT/arm-fp8. The device's
 # calls, each right after the last:
 #   carry [.ship1]: bash .ship1/stage.sh .ship1
 #   carry [.ship2]: bash .ship2/stage.sh .ship2 && bash .ship2/setup_site.sh
 #   carry [.ship3]: bash .ship3/stage.sh .ship3 && bash .ship3/model.sh /tmp/smol
-#   carry [.whl]: SPECBUILD_BUDGET_S=540 bash benchmarks/h200/variants_fp8.sh
+#   carry [.whl, .seed]: SPECBUILD_BUDGET_S=540 bash benchmarks/h200/variants_fp8.sh
 #   no carry: SPECBUILD_BUDGET_S=<device budget left - 40> bash benchmarks/h200/variants_fp8.sh
 #     again until it prints "specbuild: done" (a call the device stops returns no files).
 # SPECBUILD_PAIR=1: the fp8 pair alone (BENCHMARKS.md, "hidden: fp8 against bf16"; the variants
@@ -41,7 +41,7 @@ if [ -n "${SPECBUILD_PAIR:-}" ]; then
   MAIN_SET="$COMMON train.epochs=4 bench.baseline=false"
   FIRST=base
 fi
-SEED=${SPECBUILD_SEED-benchmarks/h200/seed/variants-data.tar.gz}
+SEED=${SPECBUILD_SEED-.seed/variants-data.tar.gz}
 ready() {  # the arm copies the main run's data: once unpacked and marked, or once generated
   if [ -n "$SEED" ]; then [ -f /tmp/specbuild-run/seeded ]; return; fi
   for f in gsm8k/00000 chat/00000; do [ -f "results/generated/$f.jsonl" ] || return 1; done

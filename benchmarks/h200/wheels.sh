@@ -3,7 +3,7 @@
 # snakemake and its dependencies (cp312 where compiled), into .whl (~8 MB; git-ignored);
 # pygments for `snakemake --report`; py-spy for benchmarks/h200/extract.sh pyspy.
 # The host already has numpy, pandas, seaborn, matplotlib, safetensors, pyyaml, requests,
-# jinja2, psutil, tabulate, wrapt, accelerate (KINDS.md); the kit's /tmp/site has
+# jinja2, psutil, tabulate, wrapt, accelerate (not installed on the GPU machine); the staged /tmp/site has
 # transformers 5.12.1, jsonschema, pydantic, traitlets, orjson.
 # pulp is left out on purpose (16 MB of CBC binaries): run.sh uses --scheduler greedy.
 set -euo pipefail

@@ -1,6 +1,6 @@
 """A data seed: one build's samples and generated shards, carried to another machine or
 checkout so that its build starts at tokenize. Writing prompts and answering them is the
-costly half of the data stage on a GPU (~9 of the device's 30 minutes, BENCHMARKS.md);
+costly half of the data stage on a GPU (~9 minutes of the SmolLM2 H200 example, BENCHMARKS.md);
 everything after it is cheap to rebuild.
 
 `pack` writes the shards (with their counts, rejects and reject checks) as one tar.gz.

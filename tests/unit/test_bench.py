@@ -379,7 +379,7 @@ def _sglang_available() -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (device machine, the kit)")
+@pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (a GPU machine with SGLang 0.5.17)")
 @pytest.mark.parametrize("layout", ["deepseek_target", "kimi_target"])
 def test_a_drafter_for_a_deepseek_target_serves_with_eagle3_on_mla(
     tmp_path, layout, request, random_drafter, tokenizer, sglang_test_options

@@ -142,8 +142,16 @@ def test_held_out_split_stays_put_when_shards_are_appended():
     _, held = split_samples(keys[:100], 0.1)
     _, held_more = split_samples(keys, 0.1)
     assert held and set(held) <= set(held_more)
-    with pytest.raises(ValueError, match="both must be non-empty"):
-        split_samples(keys[:2], 0.001)
+
+
+def test_a_set_too_small_for_the_fraction_holds_out_one_sample(caplog):
+    keys = ["mine/00000:0", "mine/00000:1", "mine/00000:2"]  # README's quick start
+    train, held = split_samples(keys, 0.05)
+    assert len(held) == 1 and sorted(train + held) == [0, 1, 2]
+    assert "holding out the one lowest-hashing sample" in caplog.text
+    assert split_samples(keys, 0.05) == (train, held)  # the same sample every run
+    with pytest.raises(ValueError, match="at least 2"):
+        split_samples(keys[:1], 0.05)
 
 
 def test_shards_from_different_extractions_fail_listing_each_fault(ws, tmp_path):

@@ -1,4 +1,4 @@
-"""The seeds' architecture on the CPU: a random-weight DeepSeek-V3 target (MLA + MoE, the
+"""Kimi-K2.5's architecture on the CPU: a random-weight DeepSeek-V3 target (MLA + MoE, the
 narrow test widths of benchmarks/h200/random_deepseek.py) through every stage with the PyTorch
 engines, as the real Snakefile runs them: the checkpoint names, the layer-id rule SGLang
 applies to it, a drafter of its shapes, and the bench with its break-even column."""

@@ -361,8 +361,8 @@ class SGLangServer:
             log.info("starting %s: %s", self.name, note)
             # Its own process group (not a new session) lets stop() reach the scheduler and
             # detokenizer processes SGLang spawns, while a server orphaned by a SIGKILLed job
-            # still belongs to the caller's session, which the device tool and terminals clean
-            # up.
+            # still belongs to the caller's session, which batch systems and terminals
+            # clean up.
             self._pools_sized = 0
             self.proc = subprocess.Popen(
                 cmd,

@@ -102,7 +102,7 @@ def crop_cache(cache, length: int) -> None:
 def cache_kwarg(model) -> str:
     """The keyword `model.forward` takes its KV cache under: `cache` (transformers 5.2x, which
     still accepts the deprecated `past_key_values`) or `past_key_values` (older releases, e.g.
-    5.12 in the SGLang GPU kit)."""
+    5.12, installed beside SGLang 0.5.17)."""
     return _cache_kwarg_of(type(model))
 
 
@@ -124,7 +124,7 @@ def cached_forward(model, cache, input_ids: torch.Tensor, **kwargs):
     Why: transformers' forward swallows unknown keywords (`**kwargs`), so a cache passed under
     the other release's name is dropped without a word; every forward then sees only its new
     tokens at positions 0.., the output is no longer the target's greedy decode and no draft
-    is ever accepted (acceptance exactly 1.00 on the GPU kit's transformers 5.12).
+    is ever accepted (acceptance exactly 1.00 with transformers 5.12).
     """
     before = cache.get_seq_length()
     out = model(input_ids=input_ids, use_cache=True, **{cache_kwarg(model): cache}, **kwargs)

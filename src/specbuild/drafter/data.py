@@ -333,18 +333,29 @@ def split_samples(keys: Sequence[str], eval_fraction: float) -> tuple[list[int],
 
     A hash, not a permutation, so adding shards never moves an old sample across the split.
     With eval_fraction 0 the training samples double as the eval set (an overfit check).
+    A set too small for the fraction to pick anyone (a handful of samples) holds out its one
+    lowest-hashing sample, so that a first run on a few records trains and evaluates.
     """
-    train, held = [], []
-    for i, key in enumerate(keys):
-        h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
-        (held if h < eval_fraction else train).append(i)
+    scores = [int.from_bytes(hashlib.sha256(k.encode()).digest()[:8], "big") / 2**64 for k in keys]
+    train = [i for i, h in enumerate(scores) if h >= eval_fraction]
+    held = [i for i, h in enumerate(scores) if h < eval_fraction]
     if eval_fraction == 0:
         return train, list(train)
-    if not train or not held:
+    if len(keys) < 2:
         raise ValueError(
-            f"eval_fraction {eval_fraction} leaves {len(train)} training and {len(held)} held-out "
-            f"samples of {len(keys)}; both must be non-empty (change train.eval_fraction)"
+            f"{len(keys)} sample(s) to train on: a held-out split needs at least 2 (add data, "
+            "or set train.eval_fraction: 0 to evaluate on the training samples)"
         )
+    if not held or not train:
+        lowest = min(range(len(keys)), key=scores.__getitem__)
+        log.warning(
+            "train.eval_fraction %s picks %d of %d samples by hash; holding out the one "
+            "lowest-hashing sample instead",
+            eval_fraction,
+            len(held),
+            len(keys),
+        )
+        train, held = [i for i in range(len(keys)) if i != lowest], [lowest]
     return train, held
 
 
