@@ -6,7 +6,8 @@ from specbuild.registry import lazy_class
 
 
 def test_a_name_outside_the_table_is_refused_with_its_key_and_the_choices():
-    with pytest.raises(ValueError, match=r"hidden.backend 'vllm': choose one of \['hf', 'sglang'\]"):
+    choices = r"hidden.backend 'vllm': choose one of \['hf', 'sglang'\]"
+    with pytest.raises(ValueError, match=choices):
         lazy_class(FEATURE_BACKENDS, "vllm", key="hidden.backend")
     with pytest.raises(ValueError, match="backend 'nope'"):
         make_backend("nope")
