@@ -340,6 +340,27 @@ def test_the_docs_speak_of_the_project_only(page: Path):
     assert MEANINGLESS.findall(page.read_text(encoding="utf-8")) == []
 
 
+# in code, configs and scripts too: tracker numbers, and names of the place work was done that a
+# reader cannot look up ("session" stays legal there: a process session is code)
+LAB_WORDS = re.compile(r"\b(issues? #?\d+|the kit\b|device tool|seeds')", re.I)
+TEXT_SUFFIXES = {".py", ".smk", ".yaml", ".yml", ".md", ".sh", ".rst", ".toml", ""}
+
+
+def test_the_tree_speaks_of_the_project_only():
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    hits = []
+    for name in tracked:
+        path = REPO / name
+        skip = name.startswith("resources/") or path.name == "test_docs.py"
+        if skip or path.suffix not in TEXT_SUFFIXES or not path.is_file():
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            hits += [f"{name}:{n}: {m.group(0)}" for m in LAB_WORDS.finditer(line)]
+    assert hits == []
+
+
 def test_the_readme_quick_start_has_its_config_and_its_commands():
     text = (REPO / "README.md").read_text(encoding="utf-8")
     languages = [language for language, _, _ in blocks(text)]
