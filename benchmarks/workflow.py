@@ -293,7 +293,7 @@ def bare_snakefile(shape: Shape, *, matched: bool = False) -> str:
     if matched:
         rules += [
             _rule(
-                "check_rejects",
+                "rejects_check",
                 ['"results/checks/{stage}/{dataset}/{shard}.json"'],
                 input=['counts="results/{stage}/{dataset}/{shard}.counts.json"'],
                 log='"logs/checks/{stage}/{dataset}/{shard}.log"',
@@ -314,7 +314,7 @@ def bare_snakefile(shape: Shape, *, matched: bool = False) -> str:
                 log='"logs/align/align.log"',
             ),
             _rule(
-                "pipeline_report",
+                "report_pipeline",
                 ['"results/tables/data.md"'],
                 input=[
                     "samples=" + each("results/samples/d/{shard}.counts.json"),

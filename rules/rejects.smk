@@ -11,7 +11,7 @@
 # naming each shard over its limit.
 
 
-rule check_rejects:
+rule rejects_check:
     """Gate one shard on its rejected share; the next stage waits for it."""
     input:
         counts="results/{stage}/{dataset}/{shard}.counts.json",
@@ -22,7 +22,7 @@ rule check_rejects:
     wildcard_constraints:
         stage="|".join(rejects.REJECT_STAGES),
     # it holds a core slot for an instant and gates the next stage: first (PRIORITY in specbuild/workflow/scheduling.py)
-    priority: PRIORITY["check_rejects"]
+    priority: PRIORITY["rejects_check"]
     # in the main process: a JSON read, no job of its own on a cluster
     localrule: True
     run:

@@ -4,7 +4,7 @@
 # (specbuild/workflow/report_plan.py).
 
 
-rule bench_report:
+rule report_bench:
     """Bench tables (acceptance, positions, latency, sweep, training's estimate) and plots."""
     input:
         unpack(job(report_plan.bench_report_inputs, config, VARIANTS)),
@@ -18,10 +18,10 @@ rule bench_report:
         sets=list(config["bench"]["sets"]),
         train_drafter=report_plan.train_metrics_variant(config, VARIANTS),
     script:
-        "../scripts/bench_report.py"
+        "../scripts/report_bench.py"
 
 
-rule pipeline_report:
+rule report_pipeline:
     """Data kept and rejected, token counts, vocabulary coverage, alignment, disk use, curves."""
     input:
         unpack(job(report_plan.pipeline_report_inputs, config, SHARDS)),
@@ -35,10 +35,10 @@ rule pipeline_report:
         datasets=list(config["datasets"]),
         curves=report_plan.train_curves_dir(config),
     script:
-        "../scripts/pipeline_report.py"
+        "../scripts/report_pipeline.py"
 
 
-rule tuning_report:
+rule report_tuning:
     """The tuning table (one row per point, with its status) and plot."""
     input:
         expand("results/tuning/{point}.json", point=tuning_plan.tuning_points(config)),
@@ -49,7 +49,7 @@ rule tuning_report:
     conda:
         "../envs/specbuild.yaml"
     script:
-        "../scripts/tuning_report.py"
+        "../scripts/report_tuning.py"
 
 
 rule report:

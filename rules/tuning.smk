@@ -3,7 +3,7 @@
 # two servers never share GPUs by accident. Its table and plot: rules/report.smk.
 
 
-rule sglang_help:
+rule tuning_help:
     """The server's --help, once per sweep: every point's flags are checked against it."""
     output:
         tuning_plan.HELP_FILE,
@@ -14,7 +14,7 @@ rule sglang_help:
     params:
         launcher=config["sglang"]["launcher"],
     script:
-        "../scripts/sglang_help.py"
+        "../scripts/tuning_help.py"
 
 
 rule tuning:

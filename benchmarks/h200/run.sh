@@ -17,7 +17,7 @@
 # (the device's limit is 600 s per command); each later call waits on the same run, so no job
 # is stopped at a call's end. A call after the run ended starts a new one (a no-op when nothing
 # changed; with more variants named, only theirs). Extra arguments go to
-# snakemake (targets such as `align`, `bench_report`, `tuning_report`, `variants`,
+# snakemake (targets such as `align`, `report_bench`, `report_tuning`, `variants`,
 # `results/bench/sglang/base/3-1-4.jsonl` (engine/drafter/chain; the baseline is
 # none/baseline.jsonl), or flags); a run that finishes also writes results/report.html (every
 # table and plot of the example, the variants table among them).

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "AUX_LAYERS",
     "SHIFT_IF_FIRST_IS_ONE",
     "architecture_of",
     "candidate_eagle_ids",
@@ -34,6 +35,8 @@ __all__ = [
     "eagle_layer_ids",
     "output_layer_ids",
 ]
+
+AUX_LAYERS = 3  # EAGLE-3 fuses the low, mid and high layer outputs of the target
 
 # SGLang 0.5.17 classes whose set_eagle3_layers_to_capture shifts only when ids[0] == 1
 # (deepseek_v2.py, glm4_moe_lite.py; Kimi-K2.5 delegates to its DeepSeek-V3 text model).

@@ -11,20 +11,27 @@ left behind changes nothing Snakemake decides.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 __all__ = ["keep_linked_output_folders"]
+
+log = logging.getLogger("specbuild")
 
 
 def keep_linked_output_folders() -> bool:
     """Let Snakemake's empty-folder cleanup end at a symlinked folder (idempotent).
 
-    Returns True when in place; False when this Snakemake has no such cleanup.
+    Returns True when in place; False, with a warning, when this Snakemake has no such cleanup.
     """
     from snakemake.dag import DAG
 
     cleanup = getattr(DAG, "cleanup_workdir", None)
     if cleanup is None:
+        log.warning(
+            "this Snakemake has no DAG.cleanup_workdir to guard: with results/ a symlink, a run "
+            "with a failed job may end with NotADirectoryError instead of the job's error"
+        )
         return False
     if getattr(cleanup, "keeps_linked_folders", False):
         return True

@@ -153,7 +153,7 @@ def run_tuning_point(
 ) -> dict:
     """Check, start and measure one point (the shared `server` options plus its own flags and
     env); write its row as JSON, also when it fails. `help_text` is the server's `--help`
-    (rule sglang_help writes it once per sweep)."""
+    (rule tuning_help writes it once per sweep)."""
     from specbuild.target import load_tokenizer
 
     chain_args = (

@@ -7,7 +7,8 @@ data) are run in a scratch copy of the repo, so later blocks and configs see the
 every other command is checked without running it: `make` targets through `make -n`,
 `snakemake` arguments through Snakemake's own parser (targets must be rules or outputs
 under results/), `python -m specbuild.*` and `benchmarks.*` modules must exist, and named files
-must be there.
+must be there. ```python blocks show code as it is: their lines, in order, are lines of a file
+of rules/, scripts/ or src/ (lines may be left out, none changed).
 That docs/configuration.md is the schema's is test_config_schema_doc.py's.
 """
 
@@ -110,6 +111,26 @@ def yaml_faults(body: str, workdir: Path) -> list[str]:
     except ConfigError as err:
         return [f for f in err.faults if not READERS_FOLDER.match(f)]
     return []
+
+
+CODE_FILES = [
+    *sorted((REPO / "rules").glob("*.smk")),
+    *sorted((REPO / "scripts").glob("*.py")),
+    *sorted((REPO / "src").rglob("*.py")),
+]
+
+
+def in_order(lines: list[str], within: list[str]) -> bool:
+    rest = iter(within)
+    return all(line in rest for line in lines)
+
+
+def python_faults(body: str) -> list[str]:
+    lines = [ln.rstrip() for ln in body.splitlines() if ln.strip()]
+    for path in CODE_FILES:
+        if in_order(lines, path.read_text(encoding="utf-8").splitlines()):
+            return []
+    return ["not code of rules/, scripts/ or src/ as it is (a line changed, or out of order)"]
 
 
 def commands(body: str, language: str) -> list[str]:
@@ -246,6 +267,8 @@ def page_faults(text: str, workdir: Path) -> list[str]:
             faults.append(f"{where}: fenced block without a known language ({language!r})")
         elif language == "yaml":
             faults += [f"{where}: {f}" for f in yaml_faults(body, workdir)]
+        elif language == "python":
+            faults += [f"{where}: {f}" for f in python_faults(body)]
         elif language in SHELL:
             lines = commands(body, language)
             argvs = [argv for ln in lines for argv in simple_commands(ln)]
@@ -315,6 +338,27 @@ def test_every_code_block_is_fenced_so_it_is_tested(page: Path):
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_the_docs_speak_of_the_project_only(page: Path):
     assert MEANINGLESS.findall(page.read_text(encoding="utf-8")) == []
+
+
+# in code, configs and scripts too: tracker numbers, and names of the place work was done that a
+# reader cannot look up ("session" stays legal there: a process session is code)
+LAB_WORDS = re.compile(r"\b(issues? #?\d+|the kit\b|device tool|seeds')", re.I)
+TEXT_SUFFIXES = {".py", ".smk", ".yaml", ".yml", ".md", ".sh", ".rst", ".toml", ""}
+
+
+def test_the_tree_speaks_of_the_project_only():
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    hits = []
+    for name in tracked:
+        path = REPO / name
+        skip = name.startswith("resources/") or path.name == "test_docs.py"
+        if skip or path.suffix not in TEXT_SUFFIXES or not path.is_file():
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            hits += [f"{name}:{n}: {m.group(0)}" for m in LAB_WORDS.finditer(line)]
+    assert hits == []
 
 
 def test_the_readme_quick_start_has_its_config_and_its_commands():
@@ -395,3 +439,15 @@ def test_an_indented_block_is_found():
 )
 def test_the_project_only_check_tells_work_notes_from_plain_words(text: str, found: bool):
     assert bool(MEANINGLESS.findall(text)) is found
+
+
+def test_a_python_snippet_must_be_code_as_it_is(scratch: Path):
+    rule = "```python\nrule vocab:\n    output:\n"
+    rule += '        vocab="results/vocab/vocab.safetensors",\n```\n'
+    assert page_faults(rule, scratch) == []
+    changed = rule.replace("vocab.safetensors", "draft.safetensors")
+    assert "not code of rules/" in page_faults(changed, scratch)[0]
+    swapped = (
+        '```python\nrule vocab:\n    log:\n        "logs/vocab/vocab.log",\n    output:\n```\n'
+    )
+    assert "not code of rules/" in page_faults(swapped, scratch)[0]

@@ -30,6 +30,6 @@ def test_a_set_added_by_config_alone_gets_bench_jobs_and_reaches_the_tables(tmp_
         for chain in ["baseline", *config["bench"]["chains"]]:
             drafter = "none" if chain == "baseline" else "base"
             assert ("bench", f"engine={engine}, drafter={drafter}, chain={chain}") in jobs
-    assert ("bench_report", "") in jobs
+    assert ("report_bench", "") in jobs
     proc = snakemake(workdir, "--dry-run", "--cores", "1", "--printshellcmds", "report")
     assert "my_prompts.jsonl" in proc.stdout  # the set's file is an input of every bench job

@@ -10,10 +10,10 @@ What the stages after the shards read (so what a change must rerun):
   train    its variant's datasets' hidden shards, vocab, align   export  train (per variant)
   bench    a drafter chain: its variant's export; baseline: only the target and the prompts
   variants every variant's train metrics and its bench rows
-  bench_report      every bench row file and train's metrics
-  pipeline_report   every samples, generated, tokenized and hidden shard, vocab, align, train
-  check_rejects  one shard's counts (the next stage waits for it)
-  rejects        every shard's counts and every max_rejected_fraction (read by `all` only)
+  report_bench     every bench row file and train's metrics
+  report_pipeline  every samples, generated, tokenized and hidden shard, vocab, align, train
+  rejects_check    one shard's counts (the next stage waits for it)
+  rejects          every shard's counts and every max_rejected_fraction (read by `all` only)
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ SHARD_STAGES = {
 # Stages whose shards pass a rejected-row check (rules/rejects.smk), and its `stage` wildcard.
 CHECKED = {"samples": "samples", "generate": "generated", "tokenize": "tokenized"}
 # Jobs about rejected rows: a check per checked shard, and the one reject table over them all.
-REJECT_RULES = {"check_rejects", "rejects"}
+REJECT_RULES = {"rejects_check", "rejects"}
 SHARDS = [f"{i:05d}" for i in range(-(-N_RECORDS // SHARD_SIZE))]
 
 
@@ -60,13 +60,13 @@ def is_drafter_dependent(job: tuple[str, str]) -> bool:
     rule, wildcards = job
     if rule == "bench":
         return "chain=baseline" not in wildcards
-    return rule in {"train", "export", "variants", "bench_report", "pipeline_report", "serve"}
+    return rule in {"train", "export", "variants", "report_bench", "report_pipeline", "serve"}
 
 
 def is_benchmarking(job: tuple[str, str]) -> bool:
     """The bench jobs and the tables of their rows (the variants table shows the measured
     acceptance of each variant)."""
-    return job[0] in {"bench", "bench_report", "variants"}
+    return job[0] in {"bench", "report_bench", "variants"}
 
 
 def reads_tokens(job: tuple[str, str]) -> bool:
@@ -88,7 +88,7 @@ def check_jobs(stages, shards, dataset: str = DATASET) -> list[tuple[str, str]]:
     """The rejected-row checks of these stages' shards, and the reject table when there are any
     (it reads every shard's counts)."""
     jobs = [
-        ("check_rejects", f"stage={CHECKED[stage]}, dataset={dataset}, shard={shard}")
+        ("rejects_check", f"stage={CHECKED[stage]}, dataset={dataset}, shard={shard}")
         for stage in stages
         if stage in CHECKED
         for shard in shards
@@ -307,8 +307,8 @@ def test_a_shard_over_its_limit_stops_before_generate_and_a_raised_limit_reruns_
     assert then == sorted(
         shard_jobs(["generate", "tokenize"], ["00001"])
         + [
-            ("check_rejects", f"stage=samples, dataset={DATASET}, shard=00001"),
-            ("check_rejects", f"stage=generated, dataset={DATASET}, shard=00001"),
+            ("rejects_check", f"stage=samples, dataset={DATASET}, shard=00001"),
+            ("rejects_check", f"stage=generated, dataset={DATASET}, shard=00001"),
         ]
     )
     snakemake(workdir, target, "--cores", "2", "--configfile", str(raised))
@@ -324,7 +324,7 @@ def test_adding_a_variant_runs_only_its_training_export_and_benches_and_removing
     jobs = dry_run_with(built_workflow, tmp_path, train=long)
     assert jobs == [
         ("bench", "engine=hf, drafter=long, chain=2-1-3"),
-        ("bench_report", ""),
+        ("report_bench", ""),
         ("export", "variant=long"),
         ("train", "variant=long"),
         ("variants", ""),
@@ -350,7 +350,7 @@ def test_adding_a_variant_runs_only_its_training_export_and_benches_and_removing
     assert bench_table.startswith("| engine | set | chain | drafter | device |")
     assert "| hf | gsm8k | 2-1-3 | long |" in bench_table
     # back to the built config: only the tables are rewritten, without the removed variant
-    assert planned_jobs(workdir) == [("bench_report", ""), ("variants", "")]
+    assert planned_jobs(workdir) == [("report_bench", ""), ("variants", "")]
 
 
 def test_a_variant_left_out_of_bench_variants_is_trained_and_tabled_but_never_benched(
@@ -391,11 +391,11 @@ def test_a_variant_training_on_one_more_dataset_adds_its_shards_and_reruns_nothi
     extra_shard = "dataset=extra, shard=00000"
     assert jobs == sorted(
         [(stage, extra_shard) for stage in SHARD_STAGES]
-        + [("check_rejects", f"stage={stage}, {extra_shard}") for stage in CHECKED.values()]
-        + [("rejects", ""), ("pipeline_report", "")]
+        + [("rejects_check", f"stage={stage}, {extra_shard}") for stage in CHECKED.values()]
+        + [("rejects", ""), ("report_pipeline", "")]
         + [("train", "variant=more"), ("export", "variant=more")]
         + [("bench", "engine=hf, drafter=more, chain=2-1-3")]
-        + [("bench_report", ""), ("variants", "")]
+        + [("report_bench", ""), ("variants", "")]
     )
     snakemake(workdir, "variants", "--cores", "2", "--configfile", str(changed))
     trained = {
@@ -414,4 +414,4 @@ def test_a_drafter_built_elsewhere_is_benched_beside_ours_and_rewrites_only_the_
     jobs = dry_run_with(
         built_workflow, tmp_path, bench={"drafters": {"theirs": "results/drafter/base/"}}
     )
-    assert jobs == [("bench", "engine=hf, drafter=theirs, chain=2-1-3"), ("bench_report", "")]
+    assert jobs == [("bench", "engine=hf, drafter=theirs, chain=2-1-3"), ("report_bench", "")]

@@ -241,14 +241,14 @@ def test_a_served_bench_that_sweeps_nothing_declares_no_sweep_table(
         tmp_path, target_dir, random_drafter, ["theirs"], baseline=False, sweep_drafters=[]
     )
     write_config(wd, config)
-    assert ("bench_report", "") in planned_jobs(wd, "results/tables/bench.md")
+    assert ("report_bench", "") in planned_jobs(wd, "results/tables/bench.md")
     missing = snakemake(wd, "--dry-run", "results/tables/sweep.md", check=False)
     assert missing.returncode != 0
     assert "MissingRuleException" in missing.stdout + missing.stderr, missing.stdout[-2000:]
 
     config["bench"]["sweep_drafters"] = None  # all: now `theirs` sweeps
     write_config(wd, config)
-    assert ("bench_report", "") in planned_jobs(wd, "results/tables/sweep.md")
+    assert ("report_bench", "") in planned_jobs(wd, "results/tables/sweep.md")
 
 
 def test_engine_memory_reaches_feature_jobs_as_a_resource_not_a_param(tmp_path, target_dir):

@@ -33,7 +33,7 @@ SLURM_TOOLS = ("sbatch", "squeue", "srun", "sinfo", "slurmctld", "slurmd", "mung
 _SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (.+?)\)")
 # Rules with `localrule: True` beside `all`: the rejected-row checks (a JSON read each) run in
 # Snakemake's own process on the login node, never as SLURM jobs.
-LOCAL_RULES = {"check_rejects", "rejects"}
+LOCAL_RULES = {"rejects_check", "rejects"}
 
 
 @pytest.fixture(scope="module")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from importlib import import_module
-
 from specbuild.backends.base import (
     Generation,
     GenerationBackend,
     GenerationRequest,
     SamplingParams,
 )
+from specbuild.registry import lazy_class
 
 __all__ = [
     "BACKENDS",
@@ -20,7 +19,7 @@ __all__ = [
     "make_backend",
 ]
 
-# name -> "module:Class"; imported lazily so CPU-only installs never import server code.
+# name -> "module:Class" (specbuild.registry)
 BACKENDS = {
     "hf": "specbuild.backends.hf:HFBackend",
     "sglang": "specbuild.backends.sglang:SGLangBackend",
@@ -30,8 +29,4 @@ BACKENDS = {
 
 def make_backend(name: str, **kwargs) -> GenerationBackend:
     """Construct the backend `name` with its own keyword arguments."""
-    try:
-        module, cls = BACKENDS[name].split(":")
-    except KeyError:
-        raise ValueError(f"unknown backend {name!r}; choose one of {sorted(BACKENDS)}") from None
-    return getattr(import_module(module), cls)(**kwargs)
+    return lazy_class(BACKENDS, name, key="backend")(**kwargs)

@@ -9,22 +9,14 @@ from collections.abc import Sequence
 import torch
 
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
+from specbuild.devices import resolve_device
 from specbuild.drafter.config import cpu_bf16_supported
 from specbuild.target import load_target_model, load_tokenizer
 
-__all__ = ["HFBackend", "compute_dtype", "resolve_device", "split_reasoning"]
+__all__ = ["HFBackend", "compute_dtype", "split_reasoning"]
 
 log = logging.getLogger("specbuild")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-def resolve_device(device: str) -> str:
-    """`auto` means CUDA when present; asking for CUDA without one is an error, not a fallback."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} asked for, but torch sees no CUDA GPU")
-    return device
 
 
 def compute_dtype(dtype: str, device: str) -> str:

@@ -302,7 +302,7 @@ def open_engine(
     `options` (config `bench.hf`): dtype, device ("auto" takes CUDA when present), threads
     (`workers` is run_bench's: that many of these engines, in as many processes).
     """
-    from specbuild.backends.hf import resolve_device
+    from specbuild.devices import resolve_device
     from specbuild.target import load_target_model, load_tokenizer
 
     device = resolve_device(options["device"])

@@ -13,11 +13,11 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import Tensor
 
+from specbuild.devices import wants_cuda
 from specbuild.text_model import text_config
 
 __all__ = [
     "ATTENTION",
-    "AUX_LAYERS",
     "LOSS",
     "DrafterConfig",
     "TrainConfig",
@@ -25,7 +25,6 @@ __all__ = [
     "rope_inv_freq",
 ]
 
-AUX_LAYERS = 3  # EAGLE-3 fuses the low, mid and high layer outputs of the target
 ROPE_TYPES = ("default", "linear", "llama3")
 INITS = ("random", "target_last_layer")  # train.init
 # training-time-test attention, one attention two ways (`Eagle3Drafter.unroll`): reference,
@@ -249,7 +248,7 @@ class TrainConfig:
             )
         if self.precision not in ("auto", "float32", "bfloat16"):
             faults.append(f"precision {self.precision!r}: choose auto, float32 or bfloat16")
-        cuda = self.device == "cuda" or (self.device == "auto" and torch.cuda.is_available())
+        cuda = wants_cuda(self.device)
         if self.device == "cuda" and not torch.cuda.is_available():
             faults.append("device cuda, but no CUDA GPU is visible")
         if cuda and self.nproc > torch.cuda.device_count():

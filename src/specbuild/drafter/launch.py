@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from specbuild.backends.server import release_idle_servers
+from specbuild.devices import wants_cuda
 from specbuild.drafter.config import TrainConfig
 
 __all__ = ["Ranks", "data_parallel", "launch_torchrun", "needs_launch", "setup_ranks"]
@@ -62,7 +63,7 @@ def needs_launch(cfg: TrainConfig) -> bool:
 
 def setup_ranks(cfg: TrainConfig) -> Ranks:
     """Join the process group (under torchrun) and pick this rank's device."""
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    cuda = wants_cuda(cfg.device)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo")

@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from specbuild.drafter.config import ATTENTION, AUX_LAYERS, DrafterConfig, rope_inv_freq
+from specbuild.drafter.config import ATTENTION, DrafterConfig, rope_inv_freq
 from specbuild.drafter.fused_attention import fused_ttt_attention
+from specbuild.eagle_layers import AUX_LAYERS
 
 __all__ = ["ATTENTION", "DrafterConfig", "DrafterCache", "Eagle3Drafter", "ttt_attention"]
 

@@ -19,7 +19,6 @@ only the forward pass; batching, storage, copies, checks and writing are written
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
@@ -34,11 +33,10 @@ from torch import Tensor
 
 import specbuild
 from specbuild.disk import ensure_free_space
-from specbuild.eagle_layers import default_layer_ids
+from specbuild.eagle_layers import AUX_LAYERS, default_layer_ids
 from specbuild.hidden.fp8 import parse_storage, quantize_fp8, scale_groups
 from specbuild.hidden.hostcopy import HostCopier, Landed
 from specbuild.hidden.shards import (
-    AUX_LAYERS,
     FP8_SCALES,
     LAYERS,
     STORAGE_DTYPES,
@@ -49,6 +47,7 @@ from specbuild.hidden.shards import (
 )
 from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
 from specbuild.hidden.writer import shard_writer
+from specbuild.registry import lazy_class
 from specbuild.target import read_target_info
 
 __all__ = [
@@ -69,7 +68,7 @@ log = logging.getLogger("specbuild")
 
 # name -> "module:Class"; each class has `from_folder(folder, *, layer_ids, dtype, device,
 # **options)`, options being engine settings (server flags for sglang; none for hf).
-# Imported lazily so the CPU default never imports an engine it does not use.
+# Imported when chosen (specbuild.registry).
 BACKENDS = {
     "hf": "specbuild.hidden.hf:HFFeatureBackend",
     "sglang": "specbuild.hidden.sglang:SGLangFeatureBackend",
@@ -196,16 +195,7 @@ def open_backend(
     options: Mapping[str, Any] | None = None,
 ) -> FeatureBackend:
     """Construct the named backend over the target HF folder."""
-    if name not in BACKENDS:
-        raise ValueError(f"hidden.backend {name!r}: choose one of {sorted(BACKENDS)}")
-    module_name, cls_name = BACKENDS[name].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        raise RuntimeError(
-            f"hidden.backend {name!r} is not available here ({err}); use `hf` or install it"
-        ) from err
-    cls = getattr(module, cls_name)
+    cls = lazy_class(BACKENDS, name, key="hidden.backend")
     return cls.from_folder(
         folder, layer_ids=layer_ids, dtype=dtype, device=device, **(options or {})
     )

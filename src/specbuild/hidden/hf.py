@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from specbuild.backends.hf import resolve_device
+from specbuild.devices import resolve_device
 from specbuild.eagle_layers import architecture_of, eagle_layer_ids
 from specbuild.hidden.extract import Features
 from specbuild.io import read_json

@@ -38,6 +38,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
+from specbuild.eagle_layers import AUX_LAYERS
 from specbuild.hidden.fp8 import FP8_DTYPE, dequantize_fp8, scale_groups
 from specbuild.hidden.integrity import (
     CHECKSUM_KEY,
@@ -53,7 +54,6 @@ from specbuild.hidden.tokens import TokenShard
 from specbuild.hidden.writer import Layout, shard_writer
 
 __all__ = [
-    "AUX_LAYERS",
     "META_KEYS",
     "SHARD_KEYS",
     "STORAGE_DTYPES",
@@ -83,7 +83,6 @@ META_KEYS = (
     "specbuild_version",
 )
 STORAGE_DTYPES = {"bf16": torch.bfloat16, "fp8": FP8_DTYPE}
-AUX_LAYERS = 3  # EAGLE-3 fuses low, mid and high layer outputs
 FP8_SCALES = {"aux": "aux_scale", "last": "last_scale"}  # an fp8 state -> its scales
 LAYERS = {"aux": AUX_LAYERS, "last": 1}  # layers side by side in each state
 FIXED_DTYPES = {

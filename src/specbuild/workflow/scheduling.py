@@ -29,7 +29,7 @@ __all__ = [
 # then hidden (largest input first: the longest shards, so the last ones end together) and
 # the rest (0). Without it the baseline (the largest inputs) started first and the first
 # self-written shard 185 s late (BENCHMARKS.md, "CPU pipeline").
-PRIORITY = {"check_rejects": 5, "synthesize": 4, "decode": 3, "tokenize": 2, "bench": 1}
+PRIORITY = {"rejects_check": 5, "synthesize": 4, "decode": 3, "tokenize": 2, "bench": 1}
 
 
 def device_gpus(device: str) -> int:
