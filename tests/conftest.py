@@ -63,10 +63,11 @@ def tokenizer(target_dir):
 
 @pytest.fixture(scope="session")
 def sglang_test_options() -> dict:
-    """SGLang engine options of the GPU tests: triton attention (the offline SGLang 0.5.17 install has no FA3), and a
-    bounded KV pool under a high memory share, so that a test's engine also starts beside
-    another GPU job on the same device (SGLang needs 1 - mem_fraction_static of the GPU free
-    after its weights) and then holds only its weights and that pool."""
+    """SGLang engine options of the GPU tests: triton attention (the offline SGLang 0.5.17
+    install has no FA3), and a bounded KV pool under a high memory share, so that a test's
+    engine also starts beside another GPU job on the same device (SGLang needs
+    1 - mem_fraction_static of the GPU free after its weights) and then holds only its weights
+    and that pool."""
     args = {"attention_backend": "triton", "sampling_backend": "pytorch", "max_total_tokens": 65536}
     return {"server_args": args, "mem_fraction_static": 0.85}
 

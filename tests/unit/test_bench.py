@@ -1,19 +1,19 @@
-"""Bench stage: the chain type, every metric on hand-checkable numbers, and the served engines
-(sglang, openai) and the tuning sweep against the loopback stub (a real subprocess on
-127.0.0.1). The stub commits SGLANG_STUB_ACCEPT tokens per verify step with a drafter loaded,
-so acceptance numbers here are known in advance; timings are never asserted. The PyTorch
-engine's losslessness: test_bench_hf.py."""
+"""Bench stage: every metric on hand-checkable numbers, and the served engines (sglang, openai)
+against the loopback stub (a real subprocess on 127.0.0.1). The stub commits SGLANG_STUB_ACCEPT
+tokens per verify step with a drafter loaded, so acceptance numbers here are known in advance;
+timings are never asserted. The PyTorch engine's losslessness: test_bench_hf.py. The chain
+type: test_chain.py; the tuning sweep: test_tuning.py."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
+from bench_cases import LAUNCHER, MT_BENCH
 
 from specbuild.backends.server import ServerOptions, ServerSpec, SGLangServer
 from specbuild.bench.metrics import (
@@ -29,18 +29,9 @@ from specbuild.bench.metrics import (
 from specbuild.bench.rows import ROW_KEYS
 from specbuild.bench.run import run_bench
 from specbuild.bench.served import sglang_engine, stream_generate
-from specbuild.chain import BASELINE, Chain, chain_order
+from specbuild.chain import BASELINE, Chain
 from specbuild.io import read_json, read_jsonl
-from specbuild.tuning import TUNING_KEYS, env_faults, ignored_flags, run_tuning_point
 
-STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
-LAUNCHER = (sys.executable, str(STUB))
-REPO = Path(__file__).resolve().parents[2]
-MT_BENCH = {
-    "path": str(REPO / "resources/bench/mt_bench.jsonl"),
-    "format": "turns",
-    "id_key": "question_id",
-}
 STUB_SERVER = ServerOptions(launcher=LAUNCHER, startup_timeout_s=60)
 
 
@@ -48,43 +39,6 @@ STUB_SERVER = ServerOptions(launcher=LAUNCHER, startup_timeout_s=60)
 def drafter(tmp_path_factory, target_dir, random_drafter) -> Path:
     cfg = json.loads((target_dir / "config.json").read_text())
     return random_drafter(tmp_path_factory.mktemp("drafter"), cfg, [1, 14, 26])
-
-
-# --- the chain type --------------------------------------------------------------------------
-
-
-def test_a_chain_parses_and_renders_sglangs_flags(tmp_path):
-    chain = Chain.parse("7-1-8")
-    assert (chain.steps, chain.topk, chain.draft_tokens, chain.name) == (7, 1, 8, "7-1-8")
-    assert chain.server_args(str(tmp_path)) == {
-        "speculative_algorithm": "EAGLE3",
-        "speculative_draft_model_path": str(tmp_path),
-        "speculative_num_steps": 7,
-        "speculative_eagle_topk": 1,
-        "speculative_num_draft_tokens": 8,
-    }
-    assert Chain.parse("3-4-8").is_chain is False  # a tree: SGLang only
-    # the draft's attention backend only where one is named (sglang.draft_attention_backend)
-    named = chain.server_args(str(tmp_path), draft_attention_backend="triton")
-    assert named["speculative_draft_attention_backend"] == "triton"
-
-
-@pytest.mark.parametrize(
-    ("name", "match"),
-    [("3-1-5", "steps \\+ 1 = 4"), ("0-1-1", "steps must be >= 1"), ("3x1", "expected")],
-)
-def test_a_bad_chain_is_refused_naming_the_fault(name, match):
-    with pytest.raises(ValueError, match=match):
-        Chain.parse(name)
-
-
-def test_chains_are_shown_baseline_first_then_by_size():
-    assert chain_order(["7-1-8", BASELINE, "3-1-4", "3-4-8"]) == [
-        BASELINE,
-        "3-1-4",
-        "3-4-8",
-        "7-1-8",
-    ]
 
 
 # --- metrics ---------------------------------------------------------------------------------
@@ -276,97 +230,6 @@ def test_the_openai_stream_counts_tokens_from_the_usage_chunk(target_dir):
     assert len(c.text.split()) == c.completion_tokens
 
 
-# --- tuning ----------------------------------------------------------------------------------
-
-
-def test_env_faults_name_bad_nccl_values_and_refuse_nvlink_multicast():
-    ok = {
-        "NCCL_PROTO": "LL",
-        "NCCL_ALGO": "Ring",
-        "NCCL_P2P_LEVEL": "SYS",
-        "NCCL_MAX_NCHANNELS": "16",
-        "NCCL_BUFFSIZE": "16777216",
-        "NCCL_NTHREADS": "512",
-    }
-    assert env_faults(ok) == []
-    faults = env_faults({"NCCL_PROTO": "LL256", "NCCL_NTHREADS": "100", "NCCL_NVLS_ENABLE": "1"})
-    assert len(faults) == 3
-    assert faults[0].startswith("NCCL_PROTO=LL256") and "multiple of 64" in faults[1]
-    assert "NVLink multicast" in faults[2]
-
-
-def test_ignored_flags_reports_values_the_server_overrode():
-    info = {"attention_backend": "flashinfer", "cuda_graph_max_bs": 8, "tp_size": 1}
-    asked = {"attention_backend": "triton", "cuda_graph_max_bs": 8, "not_reported": 1}
-    assert ignored_flags(asked, info) == [
-        "attention_backend: asked 'triton', server runs 'flashinfer'"
-    ]
-
-
-@pytest.fixture(scope="module")
-def stub_help() -> str:
-    from specbuild.backends.server import launcher_help
-
-    return launcher_help(LAUNCHER)
-
-
-def _point(tmp_path, target_dir, help_text, name, args=None, env=None):
-    server = ServerOptions(
-        launcher=LAUNCHER, server_args={"disable_radix_cache": True}, startup_timeout_s=20
-    )
-    return run_tuning_point(
-        target_dir=target_dir,
-        point=name,
-        point_args=args or {},
-        point_env=env or {},
-        server=server,
-        out=tmp_path / f"{name}.json",
-        prompt_set=MT_BENCH,
-        help_text=help_text,
-        prompts=2,
-        max_new_tokens=8,
-        concurrency=[1, 2],
-        sweep_min_requests=2,
-    )
-
-
-def test_tuning_point_with_an_unknown_flag_is_rejected_and_never_started(
-    tmp_path, target_dir, stub_help
-):
-    row = _point(tmp_path, target_dir, stub_help, "typo", args={"cuda_graph_max_bz": 8})
-    assert row["status"] == "rejected" and list(row) == list(TUNING_KEYS)
-    assert "--cuda-graph-max-bz" in row["detail"] and row["peak_output_tokens_per_s"] is None
-
-
-def test_tuning_point_whose_server_dies_is_recorded_as_start_failed(
-    tmp_path, target_dir, stub_help
-):
-    row = _point(tmp_path, target_dir, stub_help, "dies", env={"SGLANG_STUB_EXIT": "7"})
-    assert row["status"] == "start_failed" and "code 7" in row["detail"]
-    assert read_json(tmp_path / "dies.json") == row
-
-
-def test_tuning_point_measures_and_notes_nccl_without_collectives(
-    tmp_path, target_dir, stub_help, caplog
-):
-    with caplog.at_level(logging.INFO, logger="specbuild"):
-        row = _point(
-            tmp_path,
-            target_dir,
-            stub_help,
-            "nccl",
-            args={"cuda_graph_max_bs": 8},
-            env={"NCCL_PROTO": "LL"},
-        )
-    assert row["status"] == "ok", row["detail"]
-    # measured through a server that answers 401 without its key: the sweep sent it
-    assert "--api-key ***" in caplog.text and "NCCL_PROTO=LL" in caplog.text
-    assert row["single_stream_tokens_per_s"] > 0 and row["peak_concurrency"] in (1, 2)
-    assert row["accept_length"] == 1.0 and row["itl_s_p99"] >= row["itl_s_p50"] > 0
-    assert "NCCL_PROTO has no effect at tp_size 1" in row["notes"]
-    assert json.loads(row["env"]) == {"NCCL_PROTO": "LL"}
-
-
 # --- the real SGLang (device machine) --------------------------------------------------------
 
 
@@ -379,7 +242,9 @@ def _sglang_available() -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (a GPU machine with SGLang 0.5.17)")
+@pytest.mark.skipif(
+    not _sglang_available(), reason="needs SGLang (a GPU machine with SGLang 0.5.17)"
+)
 @pytest.mark.parametrize("layout", ["deepseek_target", "kimi_target"])
 def test_a_drafter_for_a_deepseek_target_serves_with_eagle3_on_mla(
     tmp_path, layout, request, random_drafter, tokenizer, sglang_test_options

@@ -389,7 +389,9 @@ def _layer_cosines(a: Path, b: Path) -> dict[str, float]:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (a GPU machine with SGLang 0.5.17)")
+@pytest.mark.skipif(
+    not _sglang_available(), reason="needs SGLang (a GPU machine with SGLang 0.5.17)"
+)
 def test_in_process_sglang_shards_agree_with_transformers_shards(
     tmp_path, target_dir, tokenizer, sglang_test_options
 ):
@@ -454,7 +456,9 @@ def test_tensor_parallel_2_shards_agree_with_tensor_parallel_1(
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (a GPU machine with SGLang 0.5.17)")
+@pytest.mark.skipif(
+    not _sglang_available(), reason="needs SGLang (a GPU machine with SGLang 0.5.17)"
+)
 def test_deepseek_v3_states_from_sglang_agree_with_transformers_at_the_layers_asked(
     tmp_path, deepseek_target, tokenizer, sglang_test_options
 ):
@@ -495,7 +499,9 @@ def test_deepseek_v3_states_from_sglang_agree_with_transformers_at_the_layers_as
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _sglang_available(), reason="needs SGLang (a GPU machine with SGLang 0.5.17)")
+@pytest.mark.skipif(
+    not _sglang_available(), reason="needs SGLang (a GPU machine with SGLang 0.5.17)"
+)
 def test_kimi_k25_layout_gives_the_states_of_the_same_deepseek_text_model(
     tmp_path, deepseek_target, kimi_target, tokenizer, sglang_test_options
 ):

@@ -1,0 +1,103 @@
+"""Server tuning points: NCCL environment checks, flags the server overrode, and whole points
+(rejected, failed to start, measured) against the loopback stub (a real subprocess on
+127.0.0.1). Timings are never asserted."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from bench_cases import LAUNCHER, MT_BENCH
+
+from specbuild.backends.server import ServerOptions
+from specbuild.io import read_json
+from specbuild.tuning import TUNING_KEYS, env_faults, ignored_flags, run_tuning_point
+
+
+def test_env_faults_name_bad_nccl_values_and_refuse_nvlink_multicast():
+    ok = {
+        "NCCL_PROTO": "LL",
+        "NCCL_ALGO": "Ring",
+        "NCCL_P2P_LEVEL": "SYS",
+        "NCCL_MAX_NCHANNELS": "16",
+        "NCCL_BUFFSIZE": "16777216",
+        "NCCL_NTHREADS": "512",
+    }
+    assert env_faults(ok) == []
+    faults = env_faults({"NCCL_PROTO": "LL256", "NCCL_NTHREADS": "100", "NCCL_NVLS_ENABLE": "1"})
+    assert len(faults) == 3
+    assert faults[0].startswith("NCCL_PROTO=LL256") and "multiple of 64" in faults[1]
+    assert "NVLink multicast" in faults[2]
+
+
+def test_ignored_flags_reports_values_the_server_overrode():
+    info = {"attention_backend": "flashinfer", "cuda_graph_max_bs": 8, "tp_size": 1}
+    asked = {"attention_backend": "triton", "cuda_graph_max_bs": 8, "not_reported": 1}
+    assert ignored_flags(asked, info) == [
+        "attention_backend: asked 'triton', server runs 'flashinfer'"
+    ]
+
+
+@pytest.fixture(scope="module")
+def stub_help() -> str:
+    from specbuild.backends.server import launcher_help
+
+    return launcher_help(LAUNCHER)
+
+
+def _point(tmp_path, target_dir, help_text, name, args=None, env=None):
+    server = ServerOptions(
+        launcher=LAUNCHER, server_args={"disable_radix_cache": True}, startup_timeout_s=20
+    )
+    return run_tuning_point(
+        target_dir=target_dir,
+        point=name,
+        point_args=args or {},
+        point_env=env or {},
+        server=server,
+        out=tmp_path / f"{name}.json",
+        prompt_set=MT_BENCH,
+        help_text=help_text,
+        prompts=2,
+        max_new_tokens=8,
+        concurrency=[1, 2],
+        sweep_min_requests=2,
+    )
+
+
+def test_tuning_point_with_an_unknown_flag_is_rejected_and_never_started(
+    tmp_path, target_dir, stub_help
+):
+    row = _point(tmp_path, target_dir, stub_help, "typo", args={"cuda_graph_max_bz": 8})
+    assert row["status"] == "rejected" and list(row) == list(TUNING_KEYS)
+    assert "--cuda-graph-max-bz" in row["detail"] and row["peak_output_tokens_per_s"] is None
+
+
+def test_tuning_point_whose_server_dies_is_recorded_as_start_failed(
+    tmp_path, target_dir, stub_help
+):
+    row = _point(tmp_path, target_dir, stub_help, "dies", env={"SGLANG_STUB_EXIT": "7"})
+    assert row["status"] == "start_failed" and "code 7" in row["detail"]
+    assert read_json(tmp_path / "dies.json") == row
+
+
+def test_tuning_point_measures_and_notes_nccl_without_collectives(
+    tmp_path, target_dir, stub_help, caplog
+):
+    with caplog.at_level(logging.INFO, logger="specbuild"):
+        row = _point(
+            tmp_path,
+            target_dir,
+            stub_help,
+            "nccl",
+            args={"cuda_graph_max_bs": 8},
+            env={"NCCL_PROTO": "LL"},
+        )
+    assert row["status"] == "ok", row["detail"]
+    # measured through a server that answers 401 without its key: the sweep sent it
+    assert "--api-key ***" in caplog.text and "NCCL_PROTO=LL" in caplog.text
+    assert row["single_stream_tokens_per_s"] > 0 and row["peak_concurrency"] in (1, 2)
+    assert row["accept_length"] == 1.0 and row["itl_s_p99"] >= row["itl_s_p50"] > 0
+    assert "NCCL_PROTO has no effect at tp_size 1" in row["notes"]
+    assert json.loads(row["env"]) == {"NCCL_PROTO": "LL"}
