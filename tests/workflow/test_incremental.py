@@ -324,8 +324,8 @@ def test_adding_a_variant_runs_only_its_training_export_and_benches_and_removing
     jobs = dry_run_with(built_workflow, tmp_path, train=long)
     assert jobs == [
         ("bench", "engine=hf, drafter=long, chain=2-1-3"),
-        ("report_bench", ""),
         ("export", "variant=long"),
+        ("report_bench", ""),
         ("train", "variant=long"),
         ("variants", ""),
     ]

@@ -1,6 +1,6 @@
 """One SGLang server for every job of a run that starts the same one (`sglang.share_server`).
 
-Why: at the seeds' size a server start is the unit of cost (Kimi-K2.5: ~10 minutes to load its
+Why: at Kimi-K2.5's size a server start is the unit of cost (~10 minutes to load its
 weights and capture CUDA graphs), and a server per `generate`/`synthesize` shard pays it per
 shard. Here the first job that needs a server starts a keeper process that runs it; each job
 that asks for the same server (launcher, model, flags, environment, host and GPUs) while it runs
