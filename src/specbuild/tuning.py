@@ -5,7 +5,8 @@ single-stream decode speed and peak output throughput over a concurrency sweep. 
 silently accepted: a point is recorded with a status, never dropped:
 
   ok            started, measured; `notes` lists flags the server ignored (its /server_info
-                reports another value than asked) and env vars that cannot act (NCCL at TP 1)
+                reports another value than asked) and env vars that cannot act (NCCL at TP 1);
+                `server_start_s` what the point's server start cost
   rejected      not started: a flag absent from this SGLang's `launch_server --help`, or an env
                 value NCCL does not define (NCCL falls back to defaults with only a log line),
                 or a setting that is unsafe on shared hosts (NVLink multicast, NCCL_NVLS_ENABLE)
@@ -49,7 +50,7 @@ __all__ = [
 log = logging.getLogger("specbuild")
 
 TUNING_KEYS = (
-    ("point", "status", "detail", "notes", "server_args", "env", "device")
+    ("point", "status", "detail", "notes", "server_args", "env", "device", "server_start_s")
     + ("single_stream_tokens_per_s",)
     + ("ttft_s_p50", "ttft_s_p99", "itl_s_p50", "itl_s_p99")
     + ("peak_output_tokens_per_s", "peak_concurrency", "accept_length")
@@ -189,12 +190,13 @@ def run_tuning_point(
                     min_requests=sweep_min_requests,
                 )
                 info = srv.get_json("/server_info")
+                start_s = srv.start_s
         except ServerStartError as err:
             lines = [ln for ln in str(err).splitlines() if ln.strip()]
             detail = lines[0] + (" | " + lines[-1] if len(lines) > 1 else "")
             row = _row(point, "start_failed", detail, args, spec.env)
         else:
-            row = _row(point, "ok", "", args, spec.env, **metrics)
+            row = _row(point, "ok", "", args, spec.env, server_start_s=start_s, **metrics)
             notes = ignored_flags(point_args, info)
             if int(info.get("tp_size") or args.get("tp_size") or 1) == 1:
                 notes += [

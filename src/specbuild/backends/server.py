@@ -284,6 +284,8 @@ class SGLangServer:
         self._env = {**os.environ, **{k: str(v) for k, v in spec.env.items()}}
         self._secrets = _secret_values(self._env, spec.api_key)
         self._pools_sized = 0  # POOL_SIZED lines seen in this start's output
+        # seconds from start() to healthy, waits for another start on the GPUs included
+        self.start_s: float | None = None
 
     @property
     def base_url(self) -> str:
@@ -409,11 +411,10 @@ class SGLangServer:
             try:
                 with urllib.request.urlopen(_get(url, self.api_key), timeout=10) as r:
                     if r.status == 200:
+                        # what this start cost, for the rows that compare starts (tuning)
+                        self.start_s = round(time.monotonic() - t0, 2)
                         log.info(
-                            "%s healthy at %s after %.1f s",
-                            self.name,
-                            self.base_url,
-                            time.monotonic() - t0,
+                            "%s healthy at %s after %.1f s", self.name, self.base_url, self.start_s
                         )
                         return True
             except (urllib.error.URLError, OSError, TimeoutError):
