@@ -9,7 +9,6 @@ produced by exactly the weights, tokenizer and chat template the fingerprint nam
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any
