@@ -146,10 +146,17 @@ def _wait(folder: Path, tag: str, tokens: str | os.PathLike) -> ExtractStats:
         time.sleep(keepers.POLL_S / 5)
 
 
+def _arrival(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:  # its job gave up since the listing; skipped below
+        return 0.0
+
+
 def _serve(folder: Path, engine: FeatureBackend, spec: EngineSpec) -> None:
     """Run every waiting request, oldest first."""
     requests = folder / "requests"
-    for path in sorted(requests.glob("*.json"), key=lambda p: p.stat().st_mtime):
+    for path in sorted(requests.glob("*.json"), key=_arrival):
         tag = path.stem
         try:
             request = read_json(path)
