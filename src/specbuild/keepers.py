@@ -261,12 +261,17 @@ def _ask_stop(folders: list[Path], why: str) -> None:
     """Ask these keepers to stop once no lease is held, and wait until they have."""
     waiting = []
     for folder in folders:
-        if keeper_running(folder):
+        try:
+            pid = int((folder / "keeper.pid").read_text())
+        except (OSError, ValueError):
+            continue  # stopped, or never started
+        if process_running(pid):
             write_text(folder / "stop", why)
-            waiting.append(folder)
+            waiting.append(pid)
+    # by pid, not keeper.pid: the keeper removes that before it stops its engine and exits
     deadline = time.monotonic() + STOP_WAIT_S
-    for folder in waiting:
-        while keeper_running(folder) and time.monotonic() < deadline:
+    for pid in waiting:
+        while process_running(pid) and time.monotonic() < deadline:
             time.sleep(POLL_S / 5)
 
 
