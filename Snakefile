@@ -36,13 +36,14 @@ if not workflow.overwrite_configfiles:
 report: "report/workflow.rst"
 
 
-# The generation servers the run's jobs shared (sglang.share_idle_s) stop with the run.
+# The engines the run's jobs shared (sglang.share_idle_s, hidden.share_idle_s) stop with the
+# run: every keeper (specbuild/keepers.py), and the run ends once they have exited.
 onsuccess:
-    stop_shared_servers()
+    stop_keepers()
 
 
 onerror:
-    stop_shared_servers()
+    stop_keepers()
 
 
 include: "rules/common.smk"

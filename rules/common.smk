@@ -6,7 +6,7 @@ import inspect
 import os
 import sys
 
-from specbuild.backends.shared_server import stop_all as stop_shared_servers
+from specbuild.keepers import stop_all as stop_keepers
 from specbuild.chain import CHAIN_PATTERN
 from specbuild.config import ConfigError, check_config
 from specbuild.config import train_datasets, train_variants

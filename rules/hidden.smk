@@ -21,6 +21,8 @@ rule hidden:
         mem_mb=6000,
         runtime=120,
         engine_memory=features.engine_memory(config, "hidden"),
+        # one engine for the run's hidden jobs (hidden.share_idle_s); changes no output
+        engine_sharing=features.engine_sharing(config),
     params:
         backend=config["hidden"]["backend"],
         backend_options=features.backend_options(config, "hidden"),

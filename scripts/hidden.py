@@ -1,4 +1,4 @@
-from specbuild.engine_memory import with_memory
+from specbuild.engine_memory import sharing_seconds, with_memory
 from specbuild.gpus import pin_gpus
 from specbuild.hidden.extract import extract_shard
 from specbuild.joblog import start_job_log
@@ -20,4 +20,5 @@ extract_shard(
         snakemake.params.backend_options, snakemake.resources.engine_memory
     ),
     threads=snakemake.threads,
+    share_idle_s=sharing_seconds(snakemake.resources.engine_sharing),
 )

@@ -1,5 +1,6 @@
 """Engine settings that change no output: the memory of an in-process SGLang engine (stages
-hidden and align) and whether generation jobs share one server (generate, synthesize).
+hidden and align), whether generation jobs share one server (generate, synthesize) and
+whether hidden jobs share one feature engine.
 
 The rules hand them to jobs as Snakemake resources, not params: a job made to fit beside others
 on a GPU (`sglang.hidden.mem_fraction_static` beside a data server on one H200), or sharing a
@@ -11,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MEMORY_SERVER_ARGS", "with_memory", "with_sharing", "without_memory"]
+__all__ = [
+    "MEMORY_SERVER_ARGS",
+    "sharing_seconds",
+    "with_memory",
+    "with_sharing",
+    "without_memory",
+]
 
 # server flags of that kind; the in-process runner takes its own fraction
 MEMORY_SERVER_ARGS = ("mem_fraction_static",)
@@ -36,3 +43,8 @@ def with_sharing(backend_args: Mapping[str, Any], share_idle_s: str) -> dict[str
     if not share_idle_s:
         return dict(backend_args)
     return {**backend_args, "share_idle_s": float(share_idle_s)}
+
+
+def sharing_seconds(share_idle_s: str) -> float:
+    """A job's sharing resource as the idle seconds its shared engine waits (0: not shared)."""
+    return float(share_idle_s) if share_idle_s else 0.0

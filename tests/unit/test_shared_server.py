@@ -13,7 +13,8 @@ import pytest
 
 from specbuild.backends import GenerationRequest, SamplingParams, make_backend
 from specbuild.backends.server import ServerStartError
-from specbuild.backends.shared_server import REGISTRY_ENV, release_idle, stop_all
+from specbuild.backends.shared_server import release_idle, stop_all
+from specbuild.keepers import REGISTRY_ENV
 
 STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
 ASK = [GenerationRequest(id="q", messages=[{"role": "user", "content": "Name a colour."}])]
@@ -72,7 +73,7 @@ def test_jobs_that_start_the_same_server_share_one_which_stops_once_idle(registr
         one.close()
         two.close()
     folder = _keeper(registry)
-    log = (folder / "server.log").read_text()
+    log = (folder / "keeper.log").read_text()
     assert log.count("starting sglang-shared-") == 1  # one server for both
     assert (folder / "spec.json").stat().st_mode & 0o077 == 0  # its API key: owner only
     assert _gone(folder), log[-2000:]  # no lease for idle_s: stopped
@@ -82,7 +83,7 @@ def test_jobs_that_start_the_same_server_share_one_which_stops_once_idle(registr
         assert three.generate(ASK, GREEDY)[0].content
     finally:
         three.close()
-    assert (folder / "server.log").read_text().count("starting sglang-shared-") == 2
+    assert (folder / "keeper.log").read_text().count("starting sglang-shared-") == 2
 
 
 def test_another_jobs_engine_releases_an_idle_server_and_the_run_end_stops_a_busy_one(

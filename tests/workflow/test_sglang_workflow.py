@@ -162,10 +162,10 @@ def test_gpu_jobs_pin_distinct_devices_and_their_servers_see_only_those(
         pinned = re.search(r"pinned to GPU\(s\) (\S+) \(of the 2 here: 5,6\)", text)
         assert pinned and pinned.group(1) in ("5", "6"), text[-2000:]
         # the server it shares (sglang.share_idle_s) was started on its GPU and inherited it
-        folder = re.search(r"server, kept in (\S+)|the server kept in (\S+)", text)
+        folder = re.search(r"engine, kept in (\S+)|the engine kept in (\S+)", text)
         assert folder, text[-2000:]
         kept.add(folder.group(1) or folder.group(2))
-        server_log = Path(folder.group(1) or folder.group(2), "server.log").read_text()
+        server_log = Path(folder.group(1) or folder.group(2), "keeper.log").read_text()
         assert f"(CUDA_VISIBLE_DEVICES={pinned.group(1)})" in server_log
     assert len(kept) == len(shards)  # one server a GPU: jobs on other GPUs share none
 
@@ -281,8 +281,8 @@ def test_the_generate_jobs_of_a_run_share_one_server_stopped_with_the_run(tmp_pa
     targets = [f"results/generated/tiny/{s}.jsonl" for s in ("00000", "00001")]
     snakemake(wd, *targets, "--cores", "2")
 
-    (folder,) = (wd / ".specbuild" / "shared-servers").iterdir()
-    assert (folder / "server.log").read_text().count("starting sglang-shared-") == 1
+    (folder,) = (wd / ".specbuild" / "keepers").iterdir()
+    assert (folder / "keeper.log").read_text().count("starting sglang-shared-") == 1
     for shard in ("00000", "00001"):
         assert str(folder) in (wd / "logs" / "generate" / "tiny" / f"{shard}.log").read_text()
     assert not (folder / "keeper.pid").exists()  # the run's end stopped it

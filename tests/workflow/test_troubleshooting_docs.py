@@ -58,7 +58,7 @@ def _make_what_it_names(wd: Path, snippet: dict, target_config: dict) -> None:
 
 
 def test_the_docs_have_snippets_of_each_kind():
-    assert len(_blocks("yaml")) == 2 and len(_blocks("sh")) == 3
+    assert len(_blocks("yaml")) == 2 and len(_blocks("sh")) == 4
 
 
 @pytest.mark.parametrize("index", range(2))

@@ -9,7 +9,6 @@ produced by exactly the weights, tokenizer and chat template the fingerprint nam
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from typing import Any
@@ -23,6 +22,7 @@ from specbuild.backends.server import (
     SGLangServer,
 )
 from specbuild.backends.shared_server import failure, shared_server
+from specbuild.keepers import sharing_allowed
 
 __all__ = ["SGLangBackend"]
 
@@ -55,7 +55,7 @@ class SGLangBackend:
         )
         self.spec = options.spec(target_dir)
         # share_idle_s > 0: one server for every job that starts the same one (shared_server)
-        self.shared = share_idle_s > 0 and not os.environ.get("SLURM_JOB_ID")
+        self.shared = sharing_allowed(share_idle_s)
         self._stack = ExitStack()
         try:
             if self.shared:  # an Endpoint of the shared server

@@ -47,8 +47,9 @@ from specbuild.hidden.shards import (
 )
 from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
 from specbuild.hidden.writer import shard_writer
+from specbuild.keepers import sharing_allowed
 from specbuild.registry import lazy_class
-from specbuild.target import read_target_info
+from specbuild.target import TargetInfo, read_target_info
 
 __all__ = [
     "FeatureBackend",
@@ -62,6 +63,10 @@ __all__ = [
     "extract_features",
     "write_features",
     "extract_shard",
+    "EngineSpec",
+    "ShardInputs",
+    "read_shard_inputs",
+    "extract_with",
 ]
 
 log = logging.getLogger("specbuild")
@@ -330,29 +335,33 @@ def write_features(
     return done._replace(seal_s=seal_s)
 
 
-def extract_shard(
+@dataclass(frozen=True)
+class ShardInputs:
+    """A shard's checked inputs: what `extract_with` needs beside the engine."""
+
+    target: TargetInfo
+    layer_ids: list[int]  # resolved against the target
+    tokens: TokenShard
+    storage: str  # bf16 or fp8
+    fp8_group_size: int
+
+
+def read_shard_inputs(
     *,
     tokens: str | os.PathLike,
     meta: str | os.PathLike,
     fingerprint: str | os.PathLike,
     out: str | os.PathLike,
-    backend: str = "hf",
     layer_ids: list[int] | None = None,
     storage: str = "bf16",
-    dtype: str = "float32",
-    batch_tokens: int = 2048,
-    device: str = "auto",
-    backend_options: Mapping[str, Any] | None = None,
-    threads: int | None = None,
-) -> ExtractStats:
-    """Extract, verify and publish `out` for the tokenized shard `tokens` (see module doc)."""
-    if threads:
-        torch.set_num_threads(threads)  # the job's Snakemake `threads:`, not every core
+) -> ShardInputs:
+    """Read and check everything a shard is made from, and that its file fits on disk at
+    `out`: all of it before any model loads."""
     storage, fp8_group_size = parse_storage(storage)
     target = read_target_info(fingerprint)
     ids = resolve_layer_ids(layer_ids or [], target.num_hidden_layers)
     shard = read_token_shard(tokens, vocab_size=target.vocab_size)
-    check_token_meta(meta, target, rows=len(shard))  # fail before loading any model
+    check_token_meta(meta, target, rows=len(shard))
     nbytes = shard_nbytes(
         tokens=shard.num_tokens,
         samples=len(shard),
@@ -371,55 +380,148 @@ def extract_shard(
         ),
     )
     log.info(
-        "%s: %d samples, %d tokens; backend %s, layer ids %s, storage %s (~%.2f GB on disk), "
-        "hf compute dtype %s",
+        "%s: %d samples, %d tokens; layer ids %s, storage %s (~%.2f GB on disk)",
         tokens,
         len(shard),
         shard.num_tokens,
-        backend,
         ids,
         storage,
         nbytes / 1e9,
-        dtype,
     )
-    engine = open_backend(
-        backend,
-        folder=Path(fingerprint).parent,
-        layer_ids=ids,
+    return ShardInputs(target, ids, shard, storage, fp8_group_size)
+
+
+def extract_shard(
+    *,
+    tokens: str | os.PathLike,
+    meta: str | os.PathLike,
+    fingerprint: str | os.PathLike,
+    out: str | os.PathLike,
+    backend: str = "hf",
+    layer_ids: list[int] | None = None,
+    storage: str = "bf16",
+    dtype: str = "float32",
+    batch_tokens: int = 2048,
+    device: str = "auto",
+    backend_options: Mapping[str, Any] | None = None,
+    threads: int | None = None,
+    share_idle_s: float = 0.0,
+) -> ExtractStats:
+    """Extract, verify and publish `out` for the tokenized shard `tokens` (see module doc).
+
+    `share_idle_s` > 0: the engine is the one a keeper holds for every job that opens the
+    same (hidden.shared), kept for that many idle seconds; 0 opens one for this shard alone.
+    The shard's bytes are the same either way.
+    """
+    if threads:
+        torch.set_num_threads(threads)  # the job's Snakemake `threads:`, not every core
+    inputs = read_shard_inputs(
+        tokens=tokens,
+        meta=meta,
+        fingerprint=fingerprint,
+        out=out,
+        layer_ids=layer_ids,
+        storage=storage,
+    )
+    spec = EngineSpec(
+        backend=backend,
+        folder=str(Path(fingerprint).parent.resolve()),
+        layer_ids=inputs.layer_ids,
         dtype=dtype,
         device=device,
-        options=backend_options,
+        options=dict(backend_options or {}),
     )
+    if sharing_allowed(share_idle_s):
+        from specbuild.hidden.shared import extract_shared  # it builds on this module
+
+        return extract_shared(
+            spec,
+            tokens=tokens,
+            meta=meta,
+            fingerprint=fingerprint,
+            out=out,
+            layer_ids=layer_ids,
+            storage=storage,
+            batch_tokens=batch_tokens,
+            threads=threads,
+            idle_s=share_idle_s,
+            target_fingerprint=inputs.target.fingerprint,
+        )
+    engine = spec.open()
+    try:
+        return extract_with(engine, inputs, out=out, batch_tokens=batch_tokens)
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything `open_backend` loads an engine from: one engine serves every shard that
+    names the same (and runs on the same GPUs)."""
+
+    backend: str
+    folder: str  # the target's HF folder, absolute
+    layer_ids: list[int]
+    dtype: str
+    device: str
+    options: dict[str, Any]
+
+    def open(self) -> FeatureBackend:
+        start = time.perf_counter()
+        engine = open_backend(
+            self.backend,
+            folder=self.folder,
+            layer_ids=self.layer_ids,
+            dtype=self.dtype,
+            device=self.device,
+            options=self.options,
+        )
+        log.info(
+            "loaded feature backend %s (device %s, compute dtype %s) from %s in %.1f s",
+            self.backend,
+            self.device,
+            self.dtype,
+            self.folder,
+            time.perf_counter() - start,
+        )
+        return engine
+
+
+def extract_with(
+    engine: FeatureBackend,
+    inputs: ShardInputs,
+    *,
+    out: str | os.PathLike,
+    batch_tokens: int = 2048,
+) -> ExtractStats:
+    """Extract, verify and publish `out` with an open `engine`: the shard code of both the
+    job's own engine and a shared one."""
+    target, shard = inputs.target, inputs.tokens
     shard_meta = {
-        "layer_ids": json.dumps(ids),
+        "layer_ids": json.dumps(inputs.layer_ids),
         "eagle_layer_ids": json.dumps(engine.eagle_layer_ids),
         "backend": engine.name,
         "target_fingerprint": target.fingerprint,
         "tokenizer_fingerprint": target.tokenizer_fingerprint,
         "chat_template_sha256": target.chat_template_sha256,
-        "dtype": storage,
+        "dtype": inputs.storage,
         "compute_dtype": engine.dtype,
         "specbuild_version": specbuild.__version__,
     }
     start = time.perf_counter()
-    try:
-        written = write_features(
-            out,
-            shard,
-            engine,
-            shard_meta,
-            hidden_size=target.hidden_size,
-            storage=storage,
-            fp8_group_size=fp8_group_size,
-            batch_tokens=batch_tokens,
-            expected_meta={
-                k: shard_meta[k] for k in ("target_fingerprint", "tokenizer_fingerprint")
-            },
-        )
-    finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
+    written = write_features(
+        out,
+        shard,
+        engine,
+        shard_meta,
+        hidden_size=target.hidden_size,
+        storage=inputs.storage,
+        fp8_group_size=inputs.fp8_group_size,
+        batch_tokens=batch_tokens,
+        expected_meta={k: shard_meta[k] for k in ("target_fingerprint", "tokenizer_fingerprint")},
+    )
     seconds = time.perf_counter() - start
     stats = ExtractStats(
         samples=len(shard),
@@ -444,7 +546,7 @@ def extract_shard(
         written.wait_s,
         written.seal_s,
         stats.bytes_per_token,
-        state_nbytes_per_token(target.hidden_size, storage, fp8_group_size),
+        state_nbytes_per_token(target.hidden_size, inputs.storage, inputs.fp8_group_size),
         8 * target.hidden_size,
     )
     return stats

@@ -12,7 +12,13 @@ from specbuild.workflow.paths import HIDDEN_SHARD
 from specbuild.workflow.shards import ShardIndex
 from specbuild.workflow.training import vocab_datasets
 
-__all__ = ["align_shards", "aux_layer_ids", "backend_options", "engine_memory"]
+__all__ = [
+    "align_shards",
+    "aux_layer_ids",
+    "backend_options",
+    "engine_memory",
+    "engine_sharing",
+]
 
 
 def aux_layer_ids(config: Mapping) -> list[int]:
@@ -45,6 +51,12 @@ def engine_memory(config: Mapping, stage: str) -> str:
     if config[stage]["backend"] != "sglang":
         return ""
     return str(config["sglang"]["hidden"]["mem_fraction_static"])
+
+
+def engine_sharing(config: Mapping) -> str:
+    """hidden.share_idle_s as a resource of a hidden job: whether jobs share one engine
+    changes no output, so a change must not rerun finished shards."""
+    return str(config["hidden"]["share_idle_s"])
 
 
 def align_shards(config: Mapping, shards: ShardIndex, variants: Mapping[str, Mapping]) -> list[str]:

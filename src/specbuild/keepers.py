@@ -1,0 +1,314 @@
+"""Keepers: one engine for every job of a run that asks for the same one.
+
+Why: at Kimi-K2.5's size loading an engine is the unit of cost (~10 minutes to load its
+weights), and an engine per shard pays it per shard. Here the first job that needs an engine
+starts a keeper process that loads it; each job that asks for the same engine while it runs
+takes a lease and uses it. Every shard stays its own job, file and rerun decision. Two kinds
+build on this module: `server` (an SGLang server for generation, backends.shared_server) and
+`features` (a feature backend for the hidden stage, hidden.shared).
+
+A keeper stops its engine when no lease has been held for `idle_s`, when another engine is
+about to start on its GPUs or a training claims them (`release_idle`: the memory is theirs
+now), and at the end of the run (`stop_all`, from the Snakefile's onsuccess/onerror). Inside a
+SLURM job nothing is shared (callers check `sharing_allowed`): the allocation, and every
+process in it, ends with the job.
+
+Why not Snakemake's service jobs: a service runs in one group with all its consumers at once,
+so every shard of the stage would be in flight together in one cluster job, and the per-shard
+resource accounting and rerun decisions would be lost.
+
+    <registry>/<kind>-<hash>/  lock        flock: leases and the keeper's stop exclude each other
+                               spec.json   what the keeper runs, and on which GPUs (0600)
+                               keeper.pid  the keeper process; absent once it has stopped
+                               failed.txt  why the engine did not start, or died
+                               stop        asks the keeper to stop once no lease is held
+                               leases/<pid>-<hex>  one per job using it, flock'ed meanwhile
+                               keeper.log  the keeper's and its engine's output
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specbuild.io import atomic_open
+
+__all__ = [
+    "KEEPER_LOG",
+    "POLL_S",
+    "REGISTRY_ENV",
+    "Lease",
+    "keeper_running",
+    "fail",
+    "keeper_key",
+    "lease",
+    "lease_held",
+    "log_tail",
+    "process_running",
+    "registry",
+    "release_idle",
+    "serve_until_idle",
+    "sharing_allowed",
+    "stop_all",
+    "write_text",
+]
+
+log = logging.getLogger("specbuild")
+
+REGISTRY_ENV = "SPECBUILD_KEEPERS"  # where the keepers live; default below the cwd
+DEFAULT_REGISTRY = ".specbuild/keepers"
+KEEPER_LOG = "keeper.log"
+POLL_S = 0.5
+STOP_WAIT_S = 120.0  # stop_all/release_idle: how long to wait for keepers to exit
+
+
+def registry() -> Path:
+    return Path(os.environ.get(REGISTRY_ENV) or DEFAULT_REGISTRY).resolve()
+
+
+def sharing_allowed(idle_s: float) -> bool:
+    """Whether a job shares an engine: asked to (idle_s > 0), and not inside a SLURM job,
+    whose allocation ends with it, keeper included."""
+    return idle_s > 0 and not os.environ.get("SLURM_JOB_ID")
+
+
+def keeper_key(kind: str, ident: Mapping[str, Any]) -> str:
+    """`<kind>-<hash>`: the folder of the keeper whose engine `ident` determines, on this
+    process's GPUs."""
+    whole = {**ident, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    digest = hashlib.sha256(json.dumps(whole, sort_keys=True).encode()).hexdigest()[:16]
+    return f"{kind}-{digest}"
+
+
+def process_running(pid: int) -> bool:
+    """Whether process `pid` still runs. A zombie does not: an exited child of ours is reaped
+    here, and one whose parent is gone may wait for an init that never reaps it."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False  # our child, exited, reaped now
+    except ChildProcessError:
+        pass  # not our child
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: the signal said it exists
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def keeper_running(folder: Path) -> bool:
+    """Whether the keeper of `folder` runs (False: it has stopped, or never started)."""
+    try:
+        return process_running(int((folder / "keeper.pid").read_text()))
+    except (OSError, ValueError):
+        return False
+
+
+def write_text(path: Path, text: str) -> None:
+    # whole or absent: jobs poll for these files and read them at once
+    with atomic_open(path) as fh:
+        fh.write(text)
+
+
+def log_tail(folder: Path, lines: int = 20) -> str:
+    """The last lines of the keeper's log, for an error message."""
+    try:
+        text = (folder / KEEPER_LOG).read_text(errors="replace")
+    except OSError:
+        return "(no keeper.log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    fd = os.open(folder / "lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def lease_held(path: Path) -> bool:
+    """Whether the holder of lease file `path` still holds it (False: no file, or a dead
+    holder's, which is removed)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        path.unlink(missing_ok=True)  # its holder died without removing it
+        return False
+    finally:
+        os.close(fd)
+
+
+def _live_leases(folder: Path) -> int:
+    """Leases whose holder still runs; those of dead holders are removed."""
+    return sum(lease_held(path) for path in (folder / "leases").glob("*"))
+
+
+def _start_keeper(
+    folder: Path, spec: Mapping[str, Any], module: str, idle_s: float, stale: tuple[str, ...]
+) -> None:
+    for stale_file in ("failed.txt", "stop", *stale):
+        (folder / stale_file).unlink(missing_ok=True)
+    fd = os.open(folder / "spec.json", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({**spec, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}, fh)
+    with open(folder / KEEPER_LOG, "a") as out:
+        # its own process group: it outlives the job that started it (Snakemake ends a job's
+        # group), and stays in the run's session, which a terminal or batch system cleans up
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, str(folder), str(idle_s)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )
+    write_text(folder / "keeper.pid", str(proc.pid))
+
+
+@dataclass(frozen=True)
+class Lease:
+    folder: Path  # the keeper's
+    tag: str  # this lease's name under leases/, unique to the job
+
+
+@contextmanager
+def lease(
+    key: str,
+    *,
+    spec: Mapping[str, Any],
+    module: str,
+    idle_s: float,
+    name: str,
+    stale: tuple[str, ...] = (),
+) -> Iterator[Lease]:
+    """A lease on the keeper `key`, started as `python -m module <folder> <idle_s>` over
+    `spec` (spec.json) if none runs; held until the block ends. `stale`: files of the kind's
+    own that a dead keeper may have left, removed before a new one starts."""
+    folder = registry() / key
+    (folder / "leases").mkdir(parents=True, exist_ok=True)
+    tag = f"{os.getpid()}-{secrets.token_hex(4)}"
+    path = folder / "leases" / tag
+    # locked before it is in leases/: a lease seen there unlocked is a dead holder's
+    fd = os.open(folder / f".lease-{tag}", os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(folder / f".lease-{tag}", path)
+    try:
+        with _locked(folder):
+            if keeper_running(folder) and not (folder / "failed.txt").exists():
+                log.info("%s: sharing the engine kept in %s", name, folder)
+            else:
+                log.info("%s: starting a shared engine, kept in %s", name, folder)
+                _start_keeper(folder, spec, module, idle_s, stale)
+        yield Lease(folder, tag)
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+
+
+def serve_until_idle(
+    folder: Path, idle_s: float, *, tick: Callable[[], None], stop: Callable[[], None]
+) -> None:
+    """The keeper's loop: call `tick` every POLL_S (serve, check the engine; it raises if the
+    engine died) until no lease has been held for `idle_s` or a stop was asked, then call
+    `stop`, under the lock: a job arriving meanwhile waits, then starts a new keeper."""
+    idle_since = None
+    while True:
+        tick()
+        with _locked(folder):
+            if _live_leases(folder):
+                idle_since = None
+            else:
+                idle_since = idle_since or time.monotonic()
+                if (folder / "stop").exists() or time.monotonic() - idle_since >= idle_s:
+                    (folder / "keeper.pid").unlink(missing_ok=True)
+                    stop()
+                    return
+        time.sleep(POLL_S)
+
+
+def fail(folder: Path, why: str) -> None:
+    """Record why the keeper's engine stopped serving; jobs read it (failed.txt)."""
+    write_text(folder / "failed.txt", why)
+    log.error("%s", why)
+
+
+def _ask_stop(folders: list[Path], why: str) -> None:
+    """Ask these keepers to stop once no lease is held, and wait until they have."""
+    waiting = []
+    for folder in folders:
+        try:
+            pid = int((folder / "keeper.pid").read_text())
+        except (OSError, ValueError):
+            continue  # stopped, or never started
+        if process_running(pid):
+            write_text(folder / "stop", why)
+            waiting.append(pid)
+    # by pid, not keeper.pid: the keeper removes that before it stops its engine and exits
+    deadline = time.monotonic() + STOP_WAIT_S
+    for pid in waiting:
+        while process_running(pid) and time.monotonic() < deadline:
+            time.sleep(POLL_S / 5)
+
+
+def _own(folder: Path) -> bool:
+    """Whether `folder` is kept by this process (a keeper starting its engine)."""
+    try:
+        return int((folder / "keeper.pid").read_text()) == os.getpid()
+    except (OSError, ValueError):
+        return False
+
+
+def release_idle(gpus: str | None = None, *, keep: str | None = None) -> None:
+    """Stop the keepers, of every kind, on GPUs `gpus` (CUDA_VISIBLE_DEVICES ids; None: this
+    process's) that no job is using, except the one of key `keep`: another engine or a
+    training is about to need their memory."""
+    root = registry()
+    if not root.is_dir():
+        return
+    mine = set(filter(None, (gpus or os.environ.get("CUDA_VISIBLE_DEVICES", "")).split(",")))
+    idle = []
+    for folder in root.iterdir():
+        spec = folder / "spec.json"
+        if folder.name == keep or _own(folder) or not spec.is_file():
+            continue
+        if not keeper_running(folder):
+            continue
+        theirs = set(filter(None, json.loads(spec.read_text()).get("gpus", "").split(",")))
+        if (not mine or not theirs or mine & theirs) and _live_leases(folder) == 0:
+            idle.append(folder)
+    if idle:
+        log.info("stopping %d idle shared engine(s) on these GPUs", len(idle))
+        _ask_stop(idle, "released for another job's engine")
+
+
+def stop_all() -> None:
+    """Stop every keeper of this working directory, of every kind (the end of a run), and
+    wait until they have exited."""
+    root = registry()
+    if root.is_dir():
+        _ask_stop(sorted(p for p in root.iterdir() if p.is_dir()), "the run ended")

@@ -1,0 +1,190 @@
+"""One feature engine for the hidden jobs of a run (specbuild.hidden.shared), with the real hf
+backend on the real SmolLM2 target: the shard it writes is byte for byte the job's own, two
+shards cost one load, and a keeper that dies or a request that cannot be read fails the job
+with the cause and leaves no output."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from specbuild.hidden.extract import EngineSpec
+from specbuild.hidden.shared import SharedEngineError, extract_shared
+from specbuild.keepers import REGISTRY_ENV, keeper_running, process_running, stop_all
+from specbuild.target import read_target_info
+from tests.unit.test_hidden import _extract, _write_tokenized, rows, tokenized  # noqa: F401
+
+LOADED = "loaded feature backend hf"
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "keepers"
+    monkeypatch.setenv(REGISTRY_ENV, str(root))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    yield root
+    stop_all()  # no keeper outlives its test
+
+
+@pytest.fixture(scope="module")
+def unshared(tmp_path_factory, tokenized, target_dir) -> Path:  # noqa: F811
+    out = tmp_path_factory.mktemp("unshared") / "00000.safetensors"
+    _extract(tokenized, target_dir, out)
+    return out
+
+
+def _keeper(registry: Path) -> Path:
+    (folder,) = registry.iterdir()
+    return folder
+
+
+def test_a_shard_from_the_shared_engine_is_byte_identical_to_the_jobs_own(
+    registry,
+    tmp_path,
+    tokenized,  # noqa: F811
+    target_dir,
+    unshared,
+):
+    out = tmp_path / "00000.safetensors"
+    _extract(tokenized, target_dir, out, share_idle_s=30.0)
+    assert out.read_bytes() == unshared.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["00000.safetensors", "keepers"]
+
+
+def test_two_shards_through_one_keeper_load_the_model_once_and_it_stops_when_idle(
+    registry,
+    tmp_path,
+    tokenized,  # noqa: F811
+    target_dir,
+    unshared,
+):
+    outs = [tmp_path / f"{i:05d}.safetensors" for i in range(2)]
+    jobs = [
+        threading.Thread(
+            target=_extract, args=(tokenized, target_dir, out), kwargs={"share_idle_s": 2.0}
+        )
+        for out in outs
+    ]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join()
+    assert all(out.read_bytes() == unshared.read_bytes() for out in outs)
+    folder = _keeper(registry)
+    assert folder.name.startswith("features-")
+    log = (folder / "keeper.log").read_text()
+    assert log.count(LOADED) == 1, log
+    assert log.count("request ") >= 2
+    deadline = time.monotonic() + 30
+    while keeper_running(folder) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not keeper_running(folder)  # idle for 2 s: stopped
+
+
+def _spec(target_dir: Path) -> EngineSpec:
+    return EngineSpec(
+        backend="hf",
+        folder=str(target_dir.resolve()),
+        layer_ids=[1, 14, 26],
+        dtype="float32",
+        device="cpu",
+        options={},
+    )
+
+
+def _shared(tokens: Path, target_dir: Path, out: Path, **kw):
+    fp = target_dir / "fingerprint.json"
+    return extract_shared(
+        _spec(target_dir),
+        tokens=tokens,
+        meta=tokens.with_name("00000.meta.json"),
+        fingerprint=fp,
+        out=out,
+        layer_ids=[],
+        storage="bf16",
+        batch_tokens=64,
+        threads=1,
+        idle_s=30.0,
+        target_fingerprint=read_target_info(fp).fingerprint,
+        **kw,
+    )
+
+
+def test_a_keeper_killed_mid_request_fails_the_job_with_its_log_and_leaves_no_output(
+    registry,
+    tmp_path,
+    tokenized,  # noqa: F811
+    target_dir,
+):
+    out = tmp_path / "00000.safetensors"
+
+    def kill_once_requested() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            folders = list(registry.glob("features-*"))
+            if folders and "request " in (folders[0] / "keeper.log").read_text():
+                os.kill(int((folders[0] / "keeper.pid").read_text()), signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_once_requested)
+    killer.start()
+    with pytest.raises(SharedEngineError, match="stopped before the shard was done") as err:
+        _shared(tokenized, target_dir, out)
+    killer.join()
+    assert "keeper.log" in str(err.value) and LOADED in str(err.value)  # its last lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keepers"]  # no shard, no part
+
+
+def test_a_request_with_an_unreadable_input_fails_naming_the_file(
+    registry,
+    tmp_path,
+    tokenized,  # noqa: F811
+    target_dir,
+):
+    broken = tmp_path / "tok" / "00000.jsonl"
+    broken.parent.mkdir()
+    broken.write_text('{"id": "s0", "input_ids": [1, 2\n')
+    (broken.parent / "00000.meta.json").write_bytes(
+        tokenized.with_name("00000.meta.json").read_bytes()
+    )
+    out = tmp_path / "00000.safetensors"
+    with pytest.raises(SharedEngineError, match="failed the shard") as err:
+        _shared(broken, target_dir, out)
+    assert str(broken) in str(err.value)
+    assert not out.exists()
+    assert keeper_running(_keeper(registry))  # a bad shard does not stop the engine
+
+
+def test_inside_a_slurm_job_the_job_opens_its_own_engine(
+    registry,
+    tmp_path,
+    tokenized,  # noqa: F811
+    target_dir,
+    unshared,
+    monkeypatch,
+):
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    out = tmp_path / "00000.safetensors"
+    _extract(tokenized, target_dir, out, share_idle_s=30.0)
+    assert out.read_bytes() == unshared.read_bytes() and not registry.exists()
+
+
+def test_the_engine_key_names_the_model_and_not_the_shard(target_dir, monkeypatch):
+    from specbuild.hidden.shared import engine_key
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    spec = _spec(target_dir)
+    same = engine_key(spec, "fp")
+    assert same == engine_key(_spec(target_dir), "fp")
+    assert same != engine_key(spec, "another target")
+    for change in ({"dtype": "bfloat16"}, {"layer_ids": [2, 14, 26]}, {"device": "cuda"}):
+        assert same != engine_key(EngineSpec(**{**spec.__dict__, **change}), "fp")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert same != engine_key(spec, "fp")
+    assert process_running(os.getpid())

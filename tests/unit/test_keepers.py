@@ -1,0 +1,154 @@
+"""The keepers of shared engines (specbuild.keepers), with a keeper that holds no engine:
+jobs share one while they hold leases, it stops once idle, when released or at the run's end,
+a dead job's lease does not keep it, and no exited keeper lingers as a zombie."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specbuild.keepers import (
+    REGISTRY_ENV,
+    keeper_key,
+    keeper_running,
+    lease,
+    process_running,
+    release_idle,
+    stop_all,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE = "tests.stubs.idle_keeper"
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "keepers"
+    monkeypatch.setenv(REGISTRY_ENV, str(root))
+    monkeypatch.chdir(REPO)  # `python -m tests.stubs.idle_keeper` finds the stub from here
+    yield root
+    stop_all()
+
+
+def _lease(key: str, idle_s: float = 30.0):
+    return lease(key, spec={"what": key}, module=MODULE, idle_s=idle_s, name="test")
+
+
+def _pid(folder: Path) -> int:
+    return int((folder / "keeper.pid").read_text())
+
+
+def _stops(folder: Path, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while keeper_running(folder):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_jobs_asking_for_the_same_engine_share_one_keeper_which_stops_once_idle(registry):
+    key = keeper_key("features", {"model": "a"})
+    with _lease(key, idle_s=1.0) as one, _lease(key, idle_s=1.0) as two:
+        assert one.folder == two.folder and one.tag != two.tag
+        pid = _pid(one.folder)
+        time.sleep(1.5)  # leases held: longer than idle_s, still running
+        assert keeper_running(one.folder)
+    assert _stops(one.folder, timeout_s=10)
+    assert "stopped" in (one.folder / "keeper.log").read_text()
+    deadline = time.monotonic() + 10  # keeper.pid goes first, then the process exits
+    while process_running(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists()  # exited and reaped, no zombie
+    assert key.startswith("features-") and key != keeper_key("server", {"model": "a"})
+
+
+def test_stop_all_stops_every_kind_and_returns_once_they_have_exited(registry):
+    folders = []
+    for kind in ("server", "features"):
+        with _lease(keeper_key(kind, {"model": "a"}), idle_s=600) as held:
+            folders.append(held.folder)
+    pids = [_pid(f) for f in folders]
+    start = time.monotonic()
+    stop_all()
+    assert time.monotonic() - start < 10
+    assert not any(keeper_running(f) for f in folders)
+    assert not any(process_running(p) for p in pids)
+
+
+def test_a_dead_jobs_lease_does_not_keep_the_keeper(registry):
+    key = keeper_key("features", {"model": "a"})
+    # a job that takes a lease and is killed holding it
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom specbuild.keepers import lease\n"
+            f"with lease({key!r}, spec={{}}, module={MODULE!r}, idle_s=1.0, name='job'):\n"
+            "    print('held', flush=True); time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, REGISTRY_ENV: str(registry)},
+    )
+    assert job.stdout.readline().strip() == "held"
+    folder = registry / key
+    time.sleep(1.5)
+    assert keeper_running(folder)  # the job's lease holds it past idle_s
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    assert list((folder / "leases").iterdir())  # left behind by the killed job
+    assert _stops(folder, timeout_s=10)
+    assert not list((folder / "leases").iterdir())  # removed as a dead holder's
+
+
+def test_release_idle_stops_idle_keepers_on_these_gpus_but_not_a_busy_or_kept_one(
+    registry, monkeypatch
+):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    idle, kept, other = (keeper_key("features", {"model": m}) for m in "abc")
+    for key in (idle, kept):
+        with _lease(key, idle_s=600):
+            pass
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with _lease(other, idle_s=600):
+        pass
+    with _lease(keeper_key("server", {"model": "d"}), idle_s=600) as busy:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+        release_idle("0", keep=kept)
+        assert keeper_running(busy.folder)  # a lease is held (it runs on GPU 1)
+    assert not keeper_running(registry / idle)
+    assert keeper_running(registry / kept) and keeper_running(registry / other)
+
+
+def test_an_exited_process_is_not_running_whether_or_not_its_parent_reaps_it():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while process_running(child.pid):  # our child: reaped by the check itself
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child.pid}").exists()
+    # a grandchild whose parent never reaps it: a zombie, which does not count as running
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+            "print(pid, flush=True)\ntime.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        zombie = int(parent.stdout.readline())
+        time.sleep(0.5)
+        assert Path(f"/proc/{zombie}").exists() and not process_running(zombie)
+    finally:
+        parent.kill()
+        parent.wait()
