@@ -88,14 +88,19 @@ def _remove_dead_writers_temps(folder: Path, name: str) -> None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process `pid` of this host still runs (another user's counts)."""
+    """Whether process `pid` of this host still runs (another user's counts). A zombie does
+    not: one whose parent is gone may wait for an init that never reaps it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: the signal said it exists
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def user_file_mode(folder: str | os.PathLike) -> int:

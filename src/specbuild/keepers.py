@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specbuild.io import atomic_open
+from specbuild.io import atomic_open, pid_alive
 
 __all__ = [
     "KEEPER_LOG",
@@ -93,24 +93,14 @@ def keeper_key(kind: str, ident: Mapping[str, Any]) -> str:
 
 
 def process_running(pid: int) -> bool:
-    """Whether process `pid` still runs. A zombie does not: an exited child of ours is reaped
-    here, and one whose parent is gone may wait for an init that never reaps it."""
+    """Whether process `pid` still runs; an exited child of ours (a keeper this process
+    started) is reaped here, so it does not linger as a zombie."""
     try:
         if os.waitpid(pid, os.WNOHANG)[0] == pid:
             return False  # our child, exited, reaped now
     except ChildProcessError:
         pass  # not our child
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc: the signal said it exists
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+    return pid_alive(pid)
 
 
 def keeper_running(folder: Path) -> bool:

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from specbuild.config import check_config
+from specbuild.keepers import REGISTRY_ENV, stop_all
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,3 +32,13 @@ def ws(tmp_path_factory):
     from benchmarks.synthetic import SyntheticSpec, make_workspace
 
     return make_workspace(tmp_path_factory.mktemp("ws"), SyntheticSpec(samples=16, seq_len=24))
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch) -> Path:
+    """A keeper registry of the test's own, outside any SLURM job; no keeper outlives it."""
+    root = tmp_path / "keepers"
+    monkeypatch.setenv(REGISTRY_ENV, str(root))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    yield root
+    stop_all()

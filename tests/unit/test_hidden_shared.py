@@ -15,20 +15,11 @@ import pytest
 
 from specbuild.hidden.extract import EngineSpec
 from specbuild.hidden.shared import SharedEngineError, extract_shared
-from specbuild.keepers import REGISTRY_ENV, keeper_running, process_running, stop_all
+from specbuild.keepers import keeper_running, process_running
 from specbuild.target import read_target_info
 from tests.unit.test_hidden import _extract, _write_tokenized, rows, tokenized  # noqa: F401
 
 LOADED = "loaded feature backend hf"
-
-
-@pytest.fixture
-def registry(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "keepers"
-    monkeypatch.setenv(REGISTRY_ENV, str(root))
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    yield root
-    stop_all()  # no keeper outlives its test
 
 
 @pytest.fixture(scope="module")

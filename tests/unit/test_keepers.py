@@ -28,12 +28,9 @@ MODULE = "tests.stubs.idle_keeper"
 
 
 @pytest.fixture
-def registry(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "keepers"
-    monkeypatch.setenv(REGISTRY_ENV, str(root))
+def registry(registry, monkeypatch) -> Path:
     monkeypatch.chdir(REPO)  # `python -m tests.stubs.idle_keeper` finds the stub from here
-    yield root
-    stop_all()
+    return registry
 
 
 def _lease(key: str, idle_s: float = 30.0):

@@ -14,20 +14,10 @@ import pytest
 from specbuild.backends import GenerationRequest, SamplingParams, make_backend
 from specbuild.backends.server import ServerStartError
 from specbuild.backends.shared_server import release_idle, stop_all
-from specbuild.keepers import REGISTRY_ENV
 
 STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
 ASK = [GenerationRequest(id="q", messages=[{"role": "user", "content": "Name a colour."}])]
 GREEDY = SamplingParams(max_new_tokens=4, temperature=0.0)
-
-
-@pytest.fixture
-def registry(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "shared"
-    monkeypatch.setenv(REGISTRY_ENV, str(root))
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    yield root
-    stop_all()  # no keeper outlives its test
 
 
 def _backend(target_dir, idle_s: float = 30.0, env: dict | None = None):
