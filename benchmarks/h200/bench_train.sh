@@ -3,7 +3,7 @@
 # has python3 with torch and transformers, no network, no .venv). The drafter at Llama-3.1-8B
 # shapes (hidden 4096, draft vocab 32,000, 7 TTT steps, samples of 2,048 tokens, 8,192 tokens a
 # rank a step) on synthetic shards: tokens/s, TFLOP/s and MFU (drafter/flops.py says what is
-# counted), then where a step's time goes (benchmarks/train_profile.py). Needs none of the SGLang kit.
+# counted), then where a step's time goes (benchmarks/train_profile.py). Needs no SGLang install.
 #   bash benchmarks/h200/bench_train.sh                  # tests, bench, profile, bench2 if 2 GPUs
 #   bash benchmarks/h200/bench_train.sh bench profile    # any of: tests bench profile bench2
 # tests:   the GPU-marked tests of stage train (CUDA path: fused AdamW, pinned batches loaded

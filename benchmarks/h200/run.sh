@@ -1,5 +1,5 @@
 #!/bin/bash
-# specbuild on one offline H200 with the SGLang 0.5.17 kit (shared/tools/sglang-device).
+# specbuild on one offline H200 with an SGLang 0.5.17 install staged from ../shared/tools/sglang-device.
 #
 # Here, once (about 3 minutes, ~1.5 GB scratch; both folders are in .git/info/exclude):
 #   bash ../shared/tools/sglang-device/prepare_local.sh $PWD/.sgl

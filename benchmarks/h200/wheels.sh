@@ -1,5 +1,5 @@
 #!/bin/bash
-# Download, here, the wheels the H200 host needs beyond its image and the SGLang kit:
+# Download, here, the wheels the H200 host needs beyond its image and the staged SGLang install:
 # snakemake and its dependencies (cp312 where compiled), into .whl (~8 MB; git-ignored);
 # pygments for `snakemake --report`; py-spy for benchmarks/h200/extract.sh pyspy.
 # The host already has numpy, pandas, seaborn, matplotlib, safetensors, pyyaml, requests,

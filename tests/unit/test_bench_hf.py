@@ -165,9 +165,9 @@ def test_perfect_drafter_commits_steps_plus_one_tokens_per_verify(target_model, 
 
 
 class PastKeyValuesTarget(torch.nn.Module):
-    """The target behind an older transformers forward signature (5.12, the SGLang GPU kit's):
-    the KV cache comes as `past_key_values`, and an unknown keyword such as `cache` disappears
-    into **kwargs, exactly as that release's forward does."""
+    """The target behind an older transformers forward signature (5.12, as installed beside
+    SGLang 0.5.17 on the H200): the KV cache comes as `past_key_values`, and an unknown
+    keyword such as `cache` disappears into **kwargs, exactly as that release's forward does."""
 
     def __init__(self, model):
         super().__init__()
@@ -193,9 +193,9 @@ class CacheIgnoringTarget(PastKeyValuesTarget):
 
 
 def test_target_taking_past_key_values_decodes_greedily_and_accepts_drafts(target_model, tokenizer):
-    """Regression: the engine passed `cache=` to every target; transformers 5.12 (the GPU
-    kit) names it `past_key_values` and dropped the cache unseen, so each verify forward read
-    only its own 8 tokens and the H200 bench accepted nothing (acceptance exactly 1.00)."""
+    """Regression: the engine passed `cache=` to every target; transformers 5.12 (beside SGLang
+    on the H200) names it `past_key_values` and dropped the cache unseen, so each verify forward
+    read only its own 8 tokens and the H200 bench accepted nothing (acceptance exactly 1.00)."""
     ids = render_prompt(tokenizer, [{"role": "user", "content": "Count from 1 to 30."}])
     greedy = HFBaseline(target_model, eos_ids={2}).complete(ids, 17).token_ids
     old = PastKeyValuesTarget(target_model)

@@ -342,7 +342,7 @@ def test_the_docs_speak_of_the_project_only(page: Path):
 
 # in code, configs and scripts too: tracker numbers, and names of the place work was done that a
 # reader cannot look up ("session" stays legal there: a process session is code)
-LAB_WORDS = re.compile(r"\b(issues? #?\d+|the kit\b|device tool|seeds')", re.I)
+LAB_WORDS = re.compile(r"\b(issues? #?\d+|kit\b|device tool|seeds')", re.I)
 TEXT_SUFFIXES = {".py", ".smk", ".yaml", ".yml", ".md", ".sh", ".rst", ".toml", ""}
 
 

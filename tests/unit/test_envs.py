@@ -33,7 +33,7 @@ def test_the_sglang_env_pins_sglangs_torch_and_transformers_and_the_rest_like_py
     project = _pins(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"])
     env = yaml.safe_load((REPO / "envs" / "sglang.yaml").read_text())
     pins = _pins(next(d["pip"] for d in env["dependencies"] if isinstance(d, dict)))
-    # SGLang 0.5.17's own pins (its wheel's metadata; the GPU kit runs exactly these)
+    # SGLang 0.5.17's own pins (its wheel's metadata; the H200 install runs exactly these)
     assert pins.pop("sglang") == "0.5.17" and pins.pop("torch") == "2.11.0"
     assert pins.pop("transformers") == "5.12.1"
     assert pins == {k: v for k, v in project.items() if k not in ("torch", "transformers")}
