@@ -117,10 +117,13 @@ def test_a_keeper_killed_mid_request_fails_the_job_with_its_log_and_leaves_no_ou
     def kill_once_requested() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            folders = list(registry.glob("features-*"))
-            if folders and "request " in (folders[0] / "keeper.log").read_text():
-                os.kill(int((folders[0] / "keeper.pid").read_text()), signal.SIGKILL)
-                return
+            try:  # the keeper's folder is made before its log and pid files
+                (folder,) = registry.glob("features-*")
+                if "request " in (folder / "keeper.log").read_text():
+                    os.kill(int((folder / "keeper.pid").read_text()), signal.SIGKILL)
+                    return
+            except (ValueError, FileNotFoundError):
+                pass
             time.sleep(0.01)
 
     killer = threading.Thread(target=kill_once_requested)
