@@ -454,6 +454,12 @@ def load_target_model(folder: str | os.PathLike, *, dtype: str = "float32", devi
 
     from specbuild.onednn_linear import use_onednn_linears
 
+    if str(device).startswith("cuda"):
+        # an idle shared engine (a generation server, a hidden keeper) on these GPUs: its
+        # memory is this model's now, as for an SGLang start or a training
+        from specbuild.backends.server import release_idle_servers
+
+        release_idle_servers()
     text = find_text_model(folder)
     if text.wrapped:
         model = _load_wrapped_text_model(folder, text, torch_dtype(dtype))

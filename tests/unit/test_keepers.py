@@ -149,3 +149,22 @@ def test_an_exited_process_is_not_running_whether_or_not_its_parent_reaps_it():
     finally:
         parent.kill()
         parent.wait()
+
+
+@pytest.mark.slow  # loads the real SmolLM2
+def test_a_target_model_loaded_on_cuda_stops_the_idle_keepers_on_its_gpus_first(
+    registry, monkeypatch, target_dir
+):
+    from specbuild.target import load_target_model
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    key = keeper_key("server", {"model": "idle"})
+    with _lease(key, idle_s=600):
+        pass
+    load_target_model(target_dir, device="cpu")
+    assert keeper_running(registry / key)  # a CPU model takes no GPU memory
+    try:
+        load_target_model(target_dir, device="cuda")
+    except (AssertionError, RuntimeError):
+        pass  # no CUDA here: the load fails after the release, as it would without it
+    assert _stops(registry / key, timeout_s=10)
