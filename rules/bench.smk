@@ -2,8 +2,9 @@
 # every set in it; a served engine also sweeps concurrency (the baseline's and
 # bench.sweep_drafters'). Rows: specbuild.bench.rows. Drafters: each variant of bench.variants
 # (results/drafter/<variant>) and each of bench.drafters (its folder).
-# A `sglang` job starts one server for its chain; an `openai` job measures an existing
-# endpoint (its GPUs are not ours to schedule); `hf` with bench.hf.exclusive claims every core.
+# A `sglang` job serves its chain from a server of its own or one kept with its flags
+# (sglang.share_idle_s); an `openai` job measures an existing endpoint (its GPUs are not ours
+# to schedule); `hf` with bench.hf.exclusive claims every core.
 
 
 rule bench:
@@ -28,6 +29,8 @@ rule bench:
         gpu=job(scheduling.bench_gpus, config),
         mem_mb=8000,
         runtime=60,
+        # a sglang job measures on the shared server of its flags (sglang.share_idle_s)
+        engine_sharing=job(engines.engine_sharing, config),
     params:
         options=job(bench_plan.bench_options, config, SERVER),
         sets=bench_plan.bench_sets(config),

@@ -1,6 +1,7 @@
-# The SGLang server tuning sweep: one job (one server start) per point, checked first against
-# the server's own --help. Jobs ask for the server's GPUs (tp_size): with `--resources gpu=N`
-# two servers never share GPUs by accident. Its table and plot: rules/report.smk.
+# The SGLang server tuning sweep: one job per point (a server start, or a kept server of its
+# flags), checked first against the server's own --help. Jobs ask for the server's GPUs
+# (tp_size): with `--resources gpu=N` two servers never share GPUs by accident. Its table and
+# plot: rules/report.smk.
 
 
 rule tuning_help:
@@ -31,6 +32,8 @@ rule tuning:
         gpu=scheduling.sglang_gpus(config),
         mem_mb=8000,
         runtime=60,
+        # a point with its chain's bench flags measures on that server (sglang.share_idle_s)
+        engine_sharing=engines.engine_sharing(config, "sglang"),
     params:
         server=SERVER,
         point_args=job(tuning_plan.tuning_point_args, config),

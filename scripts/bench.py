@@ -1,6 +1,7 @@
 from pathlib import Path
 
 from specbuild.bench.run import run_bench
+from specbuild.engine_memory import with_sharing
 from specbuild.gpus import pin_gpus
 from specbuild.joblog import start_job_log
 
@@ -13,7 +14,7 @@ run_bench(
     chain=snakemake.wildcards.chain,
     sets=snakemake.params.sets,
     out=snakemake.output[0],
-    options=snakemake.params.options,
+    options=with_sharing(snakemake.params.options, snakemake.resources.engine_sharing),
     drafter_dir=str(Path(drafter[0]).parent) if drafter else None,
     drafter_name=snakemake.wildcards.drafter,
     max_new_tokens=snakemake.params.max_new_tokens,

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 from specbuild.backends.server import ServerOptions
+from specbuild.engine_memory import sharing_seconds
 from specbuild.gpus import pin_gpus
 from specbuild.joblog import start_job_log
 from specbuild.tuning import run_tuning_point
@@ -23,4 +24,5 @@ run_tuning_point(
     max_new_tokens=snakemake.params.max_new_tokens,
     concurrency=snakemake.params.concurrency,
     sweep_min_requests=snakemake.params.sweep_min_requests,
+    share_idle_s=sharing_seconds(snakemake.resources.engine_sharing),
 )

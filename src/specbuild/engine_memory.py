@@ -38,8 +38,8 @@ def with_memory(backend_options: Mapping[str, Any], mem_fraction_static: str) ->
 
 
 def with_sharing(backend_args: Mapping[str, Any], share_idle_s: str) -> dict[str, Any]:
-    """A generation backend's arguments with the job's sharing resource ("" for a backend that
-    starts no server: hf, openai) put back."""
+    """A generation backend's or bench engine's arguments with the job's sharing resource (""
+    for an engine that starts no server: hf, openai) put back."""
     if not share_idle_s:
         return dict(backend_args)
     return {**backend_args, "share_idle_s": float(share_idle_s)}

@@ -1,7 +1,9 @@
 """Server tuning as a parameter space: one row per point (server flags + environment).
 
-Each point is started as its own server with the shared flags plus its own, and measured for
-single-stream decode speed and peak output throughput over a concurrency sweep. Nothing is
+Each point is started as its own server with the shared flags plus its own (a point whose
+flags are another job's measures on that job's server where servers are shared,
+`sglang.share_idle_s`), and measured for single-stream decode speed and peak output
+throughput over a concurrency sweep. Nothing is
 silently accepted: a point is recorded with a status, never dropped:
 
   ok            started, measured; `notes` lists flags the server ignored (its /server_info
@@ -27,11 +29,11 @@ from typing import Any
 from specbuild.backends.server import (
     ServerOptions,
     ServerStartError,
-    SGLangServer,
     launcher_help,
     mask_env,
     unknown_flags,
 )
+from specbuild.backends.shared_server import Endpoint, job_server
 from specbuild.bench.metrics import output_throughput, summarize
 from specbuild.bench.rows import bench_engine
 from specbuild.bench.served import sglang_engine
@@ -151,10 +153,12 @@ def run_tuning_point(
     max_new_tokens: int = 128,
     concurrency: Sequence[int] = (1, 8, 32, 64),
     sweep_min_requests: int = 16,
+    share_idle_s: float = 0.0,
 ) -> dict:
     """Check, start and measure one point (the shared `server` options plus its own flags and
     env); write its row as JSON, also when it fails. `help_text` is the server's `--help`
-    (rule tuning_help writes it once per sweep)."""
+    (rule tuning_help writes it once per sweep). `share_idle_s` > 0: a point whose flags are
+    another job's (its chain's bench server, say) measures on that job's server, alone."""
     from specbuild.target import load_tokenizer
 
     chain_args = (
@@ -177,7 +181,8 @@ def run_tuning_point(
     else:
         firsts = [BenchPrompt(p.id, p.turns[:1]) for p in read_bench_set(prompt_set, limit=prompts)]
         try:
-            with SGLangServer(spec, name=f"sglang-tune-{point}") as srv:
+            name = f"sglang-tune-{point}"
+            with job_server(spec, name=name, idle_s=share_idle_s, exclusive=True) as srv:
                 engine = sglang_engine(
                     srv, chain=chain, drafter="drafter", timeout=server.request_timeout_s
                 )
@@ -198,6 +203,8 @@ def run_tuning_point(
         else:
             row = _row(point, "ok", "", args, spec.env, server_start_s=start_s, **metrics)
             notes = ignored_flags(point_args, info)
+            if isinstance(srv, Endpoint):
+                notes.append("shared server: started once for the jobs with these flags")
             if int(info.get("tp_size") or args.get("tp_size") or 1) == 1:
                 notes += [
                     f"{k} has no effect at tp_size 1 (no collectives)"

@@ -131,3 +131,44 @@ def test_the_key_ignores_the_api_key_but_not_the_flags_or_the_gpus(monkeypatch, 
     on_gpu0 = server_key(a)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # a job pinned to another GPU
     assert server_key(a) != on_gpu0
+
+
+def test_the_baseline_bench_measures_on_generations_server_and_alone(registry, target_dir):
+    import threading
+
+    from specbuild.backends.server import ServerOptions
+    from specbuild.backends.shared_server import shared_server
+    from specbuild.bench.served import open_sglang
+    from specbuild.chain import BASELINE
+
+    gen = _backend(target_dir)
+    try:
+        assert gen.generate(ASK, GREEDY)[0].content
+    finally:
+        gen.close()
+    folder = _keeper(registry)
+    server = {"launcher": (sys.executable, str(STUB)), "env": {}, "startup_timeout_s": 30}
+    options = {"server": server, "share_idle_s": 30.0}
+    spec = ServerOptions(**server).spec(target_dir)
+    used = threading.Event()
+
+    def generation_job() -> None:
+        with shared_server(spec, name="sglang-generate", idle_s=30.0):
+            used.set()
+
+    with open_sglang(
+        target_dir=target_dir,
+        chain=BASELINE,
+        drafter_dir=None,
+        drafter_name="none",
+        options=options,
+    ) as engine:
+        assert engine.complete([1, 2, 3], 4).completion_tokens == 4
+        job = threading.Thread(target=generation_job)
+        job.start()
+        assert not used.wait(1.5)  # a generation job waits while the bench measures
+    assert used.wait(10)  # and goes on once it is done
+    job.join()
+    assert len(list(registry.iterdir())) == 1  # the bench started no server of its own
+    assert (folder / "keeper.log").read_text().count("starting sglang-shared-") == 1
+    stop_all()

@@ -46,7 +46,7 @@ def stub_help() -> str:
     return launcher_help(LAUNCHER)
 
 
-def _point(tmp_path, target_dir, help_text, name, args=None, env=None):
+def _point(tmp_path, target_dir, help_text, name, args=None, env=None, share_idle_s=0.0):
     server = ServerOptions(
         launcher=LAUNCHER, server_args={"disable_radix_cache": True}, startup_timeout_s=20
     )
@@ -63,6 +63,7 @@ def _point(tmp_path, target_dir, help_text, name, args=None, env=None):
         max_new_tokens=8,
         concurrency=[1, 2],
         sweep_min_requests=2,
+        share_idle_s=share_idle_s,
     )
 
 
@@ -102,3 +103,15 @@ def test_tuning_point_measures_and_notes_nccl_without_collectives(
     assert row["server_start_s"] > 0  # what the start cost, beside what it measured
     assert "NCCL_PROTO has no effect at tp_size 1" in row["notes"]
     assert json.loads(row["env"]) == {"NCCL_PROTO": "LL"}
+
+
+def test_points_with_the_same_flags_measure_on_one_shared_server(
+    tmp_path, target_dir, stub_help, registry
+):
+    one = _point(tmp_path, target_dir, stub_help, "one", share_idle_s=30.0)
+    two = _point(tmp_path, target_dir, stub_help, "two", share_idle_s=30.0)
+    assert one["status"] == two["status"] == "ok", (one["detail"], two["detail"])
+    (folder,) = registry.iterdir()  # one keeper: one server for both points
+    assert (folder / "keeper.log").read_text().count("starting sglang-shared-") == 1
+    assert one["server_start_s"] == two["server_start_s"] > 0  # the one start's cost
+    assert "shared server" in two["notes"] and two["single_stream_tokens_per_s"] > 0

@@ -3,6 +3,7 @@ import inspect
 from specbuild.backends.server import ServerOptions
 from specbuild.backends.sglang import SGLangBackend
 from specbuild.workflow.engines import (
+    engine_sharing,
     generate_backend_args,
     server_options_params,
     sglang_server_options,
@@ -50,3 +51,12 @@ def test_an_endpoints_args_name_the_key_variable_never_a_key(default_config):
 def test_hf_generation_takes_the_target_folder_and_its_own_settings(default_config):
     args = generate_backend_args(default_config)
     assert set(args) == {"target_dir", "dtype", "device", "batch_size"}
+
+
+def test_only_jobs_that_start_sglang_servers_get_the_sharing_resource(default_config):
+    default_config["sglang"]["share_idle_s"] = 45
+    default_config["generate"]["backend"] = "hf"
+    assert engine_sharing(default_config) == ""  # hf generation starts no server
+    assert engine_sharing(default_config, "sglang") == "45"  # a sglang bench job or point
+    assert engine_sharing(default_config, "openai") == ""  # someone else's endpoint
+    assert engine_sharing(_sglang(default_config)) == "45"

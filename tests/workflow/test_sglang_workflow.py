@@ -46,6 +46,7 @@ def test_sglang_stages_run_end_to_end_against_the_stub(tmp_path, target_dir):
         "launcher": launcher,
         "startup_timeout_s": 30,
         "server_args": {"attention_backend": "triton"},
+        "share_idle_s": 600,  # kept until the run ends, however slow this machine is
         "tuning": {
             "enabled": True,
             "prompts": 1,
@@ -79,9 +80,13 @@ def test_sglang_stages_run_end_to_end_against_the_stub(tmp_path, target_dir):
     rows = {r["point"]: r for r in (read_json(p) for p in (wd / "results/tuning").glob("*.json"))}
     assert rows["base"]["status"] == "ok" and rows["typo"]["status"] == "rejected"
     assert json.loads(rows["base"]["server_args"]) == {"attention_backend": "triton"}
-    # every server was stopped: no stub is left answering
-    log = (wd / "logs/tuning/base.log").read_text()
-    assert "stopping sglang-tune-base" in log
+    # generation, the baseline's bench and the point without flags of its own: one server
+    # start, and it was stopped with the run (no stub is left answering)
+    (server,) = (wd / ".specbuild" / "keepers").glob("server-*")
+    assert (server / "keeper.log").read_text().count("starting sglang-shared-") == 1
+    assert not (server / "keeper.pid").exists()
+    for log in ("generate/tiny/00000.log", "bench/sglang/none/baseline.log", "tuning/base.log"):
+        assert str(server) in (wd / "logs" / log).read_text()
 
 
 def test_openai_endpoint_key_never_reaches_params_metadata_or_logs(

@@ -19,9 +19,8 @@ from specbuild.backends.server import (
     DEFAULT_LAUNCHER,
     ServerOptions,
     ServerStartError,
-    SGLangServer,
 )
-from specbuild.backends.shared_server import failure, shared_server
+from specbuild.backends.shared_server import failure, job_server
 from specbuild.keepers import sharing_allowed
 
 __all__ = ["SGLangBackend"]
@@ -58,13 +57,9 @@ class SGLangBackend:
         self.shared = sharing_allowed(share_idle_s)
         self._stack = ExitStack()
         try:
-            if self.shared:  # an Endpoint of the shared server
-                self.server = self._stack.enter_context(
-                    shared_server(self.spec, name="sglang-generate", idle_s=share_idle_s)
-                )
-            else:
-                self.server = SGLangServer(self.spec, name="sglang-generate").start()
-                self._stack.callback(self.server.stop)
+            self.server = self._stack.enter_context(
+                job_server(self.spec, name="sglang-generate", idle_s=share_idle_s)
+            )
             self.client = OpenAIBackend(
                 base_url=self.server.base_url,
                 api_key=self.server.api_key,

@@ -1,35 +1,44 @@
-"""One SGLang server for every job of a run that starts the same one (`sglang.share_server`).
+"""One SGLang server for every job of a run that starts the same one (`sglang.share_idle_s`).
 
 Why: at Kimi-K2.5's size a server start is the unit of cost (~10 minutes to load its
 weights and capture CUDA graphs), and a server per `generate`/`synthesize` shard pays it per
 shard. The registry, leases, idle stop, `release_idle` and `stop_all` are the keepers' own
 (specbuild.keepers, kind `server`); this module is what a server adds: its spec, its health
 wait, its endpoint, and the check that it still runs. A server that dies fails the jobs in
-flight with its last output; a finished shard is never touched.
+flight with its last output; a finished shard is never touched. The bench and tuning jobs
+that start the same server (the baseline's flags are generation's; a tuning point without
+flags of its own is its chain's bench server) lease it too, alone while they measure
+(`job_server(exclusive=True)`): no other job's requests are in their figures.
 
     <registry>/server-<hash>/  (specbuild.keepers' layout) plus
-                               endpoint.json  {"base_url": ...}, once the server is healthy
+                               endpoint.json  {"base_url": ..., "start_s": ...}, once healthy
                                spec.json      the server's ServerSpec, its API key included
+                               use.lock       held shared by generation, alone by a measurement
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from specbuild import keepers
+from specbuild.backends.openai import get_json
 from specbuild.backends.server import ServerSpec, ServerStartError, SGLangServer, model_path_arg
 from specbuild.io import write_json
 
 __all__ = [
     "Endpoint",
     "failure",
+    "job_server",
     "release_idle",
     "server_key",
     "shared_server",
@@ -46,8 +55,15 @@ stop_all = keepers.stop_all
 
 @dataclasses.dataclass(frozen=True)
 class Endpoint:
+    """A running server as a job sees it, its own or a shared one; `start_s`: what its start
+    cost (seconds to healthy), whichever job paid it."""
+
     base_url: str
     api_key: str | None = dataclasses.field(repr=False)
+    start_s: float | None = None
+
+    def get_json(self, path: str, timeout: float = 30.0) -> Any:
+        return get_json(self.base_url + path, api_key=self.api_key, timeout=timeout)
 
 
 def server_key(spec: ServerSpec) -> str:
@@ -62,11 +78,11 @@ def server_key(spec: ServerSpec) -> str:
     return keepers.keeper_key(KIND, ident)
 
 
-def _wait_endpoint(folder: Path, name: str, timeout_s: float) -> str:
+def _wait_endpoint(folder: Path, name: str, timeout_s: float) -> dict[str, Any]:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         if (folder / "endpoint.json").exists():
-            return json.loads((folder / "endpoint.json").read_text())["base_url"]
+            return json.loads((folder / "endpoint.json").read_text())
         if (folder / "failed.txt").exists():
             raise ServerStartError(f"{name}: {(folder / 'failed.txt').read_text()}")
         if not keepers.keeper_running(folder):
@@ -79,9 +95,12 @@ def _wait_endpoint(folder: Path, name: str, timeout_s: float) -> str:
 
 
 @contextmanager
-def shared_server(spec: ServerSpec, *, name: str, idle_s: float) -> Iterator[Endpoint]:
+def shared_server(
+    spec: ServerSpec, *, name: str, idle_s: float, exclusive: bool = False
+) -> Iterator[Endpoint]:
     """The running server of `spec`, started by a keeper if none is; a lease on it is held
-    until the block ends."""
+    until the block ends. `exclusive`: no other job sends it requests meanwhile (it waits
+    for those that do, and they for it)."""
     with keepers.lease(
         server_key(spec),
         spec=dataclasses.asdict(spec),
@@ -90,9 +109,34 @@ def shared_server(spec: ServerSpec, *, name: str, idle_s: float) -> Iterator[End
         name=name,
         stale=("endpoint.json",),
     ) as held:
-        base_url = _wait_endpoint(held.folder, name, spec.startup_timeout_s + 60)
+        endpoint = _wait_endpoint(held.folder, name, spec.startup_timeout_s + 60)
         stored = json.loads((held.folder / "spec.json").read_text())
-        yield Endpoint(base_url=base_url, api_key=stored.get("api_key"))
+        fd = os.open(held.folder / "use.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            if exclusive:
+                log.info("%s: waiting until no other job uses the shared server", name)
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield Endpoint(
+                base_url=endpoint["base_url"],
+                api_key=stored.get("api_key"),
+                start_s=endpoint.get("start_s"),
+            )
+        finally:
+            os.close(fd)  # the lock goes with it
+
+
+@contextmanager
+def job_server(
+    spec: ServerSpec, *, name: str, idle_s: float, exclusive: bool = False
+) -> Iterator[Endpoint | SGLangServer]:
+    """The server of `spec` for one job: the shared one (`idle_s` > 0, outside SLURM jobs,
+    `shared_server`), else the job's own, stopped when the block ends."""
+    if keepers.sharing_allowed(idle_s):
+        with shared_server(spec, name=name, idle_s=idle_s, exclusive=exclusive) as endpoint:
+            yield endpoint
+    else:
+        with SGLangServer(spec, name=name) as server:
+            yield server
 
 
 def keep(folder: Path, idle_s: float) -> int:
@@ -118,7 +162,8 @@ def keep(folder: Path, idle_s: float) -> int:
 
     try:
         with server:
-            write_json(folder / "endpoint.json", {"base_url": server.base_url})
+            endpoint = {"base_url": server.base_url, "start_s": server.start_s}
+            write_json(folder / "endpoint.json", endpoint)
             keepers.serve_until_idle(folder, idle_s, tick=check, stop=stop)
             return 0
     except ServerStartError as err:

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from specbuild.backends.openai import api_key_from_env, get_json, iter_sse
 from specbuild.backends.server import ServerOptions, SGLangServer
+from specbuild.backends.shared_server import Endpoint, job_server
 from specbuild.bench.rows import Completion, device_label
 from specbuild.chain import BASELINE, NO_DRAFTER, Chain
 
@@ -144,7 +145,9 @@ class ServedEngine:
         return self.stream(prompt_ids, max_new_tokens)
 
 
-def sglang_engine(srv: SGLangServer, *, chain: str, drafter: str, timeout: float) -> ServedEngine:
+def sglang_engine(
+    srv: SGLangServer | Endpoint, *, chain: str, drafter: str, timeout: float
+) -> ServedEngine:
     """The engine over a running server of this job (with a drafter at `chain`, or the
     baseline without one); the device is the server's own, with the pinned GPU's name."""
     drafted = chain != BASELINE
@@ -164,8 +167,10 @@ def open_sglang(
     drafter_name: str,
     options: Mapping[str, Any],
 ) -> Iterator[ServedEngine]:
-    """A server of the target at `chain` (drafter flags added) or the baseline, stopped on
-    exit. `options`: {"server": ServerOptions fields} (config `sglang.*`)."""
+    """A server of the target at `chain` (drafter flags added) or the baseline: the job's own,
+    stopped on exit, or, with `options["share_idle_s"]` > 0, the shared one of these flags
+    (generation's, for the baseline), used by this job alone while it measures.
+    `options`: {"server": ServerOptions fields} (config `sglang.*`)."""
     server = ServerOptions(**options["server"])
     extra = {}
     if chain != BASELINE:
@@ -174,7 +179,9 @@ def open_sglang(
         extra = Chain.parse(chain).server_args(
             drafter_dir, draft_attention_backend=server.draft_attention_backend
         )
-    with SGLangServer(server.spec(target_dir, extra_args=extra), name=f"sglang-{chain}") as srv:
+    spec = server.spec(target_dir, extra_args=extra)
+    idle_s = float(options.get("share_idle_s", 0.0))
+    with job_server(spec, name=f"sglang-{chain}", idle_s=idle_s, exclusive=True) as srv:
         yield sglang_engine(
             srv, chain=chain, drafter=drafter_name, timeout=server.request_timeout_s
         )

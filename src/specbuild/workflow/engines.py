@@ -81,9 +81,11 @@ def generate_backend_args(config: Mapping) -> dict:
     }
 
 
-def engine_sharing(config: Mapping) -> str:
-    """sglang.share_idle_s as a resource of a generate/synthesize job ("" for the hf and openai
-    backends): whether jobs share a server changes no output, so it must not rerun a shard."""
-    if config["generate"]["backend"] != "sglang":
+def engine_sharing(config: Mapping, engine: str | None = None) -> str:
+    """sglang.share_idle_s as a resource of a job starting SGLang servers ("" for any other
+    engine): a generate/synthesize job (its engine: generate.backend), a bench job (its
+    `engine` wildcard) or a tuning point (`engine` "sglang"). Whether jobs share a server
+    changes no output, so it must not rerun one."""
+    if (engine or config["generate"]["backend"]) != "sglang":
         return ""
     return str(config["sglang"]["share_idle_s"])
