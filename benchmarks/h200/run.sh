@@ -57,7 +57,8 @@
 # 44 s, BENCHMARKS.md, "SmolLM2 example on H200"; name a subset with SPECBUILD_VARIANTS):
 #   SPECBUILD_SEED=/tmp/seed.tar.gz SPECBUILD_GPU_SLOTS=3 SPECBUILD_SET="sglang.tuning.enabled=false \
 #     bench.sweep_drafters=[] sglang.server_args.mem_fraction_static=0.2" bash benchmarks/h200/run.sh
-# Tables, plots and logs come back in $OUT: summary.md, snakemake.log, specbuild-h200.tar.gz.
+# Tables, plots and logs come back in $OUT: summary.md (the tables, and the model loads per stage
+# of benchmarks/engine_loads.py), snakemake.log, specbuild-h200.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 CONFIG=${SPECBUILD_CONFIG:-config/examples/smollm2-sglang-h200.yaml}
@@ -211,6 +212,8 @@ grep -E '^\[|^(local)?rule |wildcards:|^Finished|Error|error:|Exiting|specbuild'
 {
   echo "# specbuild on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%FT%TZ)"
   for t in results/tables/*.md; do [ -f "$t" ] && { echo; echo "## $t"; cat "$t"; }; done
+  # model loads per stage (servers, shared engines, runners), from the job logs
+  [ -d logs ] && { echo; echo "## model loads (python3 -m benchmarks.engine_loads logs)"; python3 -m benchmarks.engine_loads logs; }
 } >"$OUT/summary.md"
 cp "$RUN/snakemake.log" "$OUT/snakemake.log"
 # results/train without checkpoints: each variant's metrics.jsonl and TensorBoard curves
