@@ -219,10 +219,11 @@ cp "$RUN/snakemake.log" "$OUT/snakemake.log"
 # results/train without checkpoints: each variant's metrics.jsonl and TensorBoard curves
 # (*.tmp: a file being written as the call ends, e.g. a 2 GB checkpoint: out, or the tar grows
 # past what a call brings back and outlasts the call)
+# The kept engines' logs (their servers' output) too, never their spec.json (an API key)
 tar -czf "$OUT/specbuild-h200.tar.gz" --exclude='*.safetensors' --exclude='*.tmp' \
   --exclude='results/train/*/state' \
   logs results/tables results/plots results/align results/tuning results/generated results/bench \
-  results/train results/report.html 2>/dev/null
+  results/train results/report.html $(find .specbuild/keepers -name keeper.log 2>/dev/null) 2>/dev/null
 # the data seed for the next run (SPECBUILD_SEED above): the shards, counts, rejects, checks
 [ -d results/generated ] && python3 -m specbuild.seed pack "$OUT/specbuild-data.tar.gz" >/dev/null
 if alive; then
