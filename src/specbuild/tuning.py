@@ -3,8 +3,8 @@
 Each point is started as its own server with the shared flags plus its own (a point whose
 flags are another job's measures on that job's server where servers are shared,
 `sglang.share_idle_s`), and measured for single-stream decode speed and peak output
-throughput over a concurrency sweep. Nothing is
-silently accepted: a point is recorded with a status, never dropped:
+throughput over a concurrency sweep. Nothing is silently accepted: a point is recorded with a
+status, never dropped:
 
   ok            started, measured; `notes` lists flags the server ignored (its /server_info
                 reports another value than asked) and env vars that cannot act (NCCL at TP 1);

@@ -20,8 +20,7 @@ from specbuild.backends.server import (
     ServerOptions,
     ServerStartError,
 )
-from specbuild.backends.shared_server import failure, job_server
-from specbuild.keepers import sharing_allowed
+from specbuild.backends.shared_server import Endpoint, failure, job_server
 
 __all__ = ["SGLangBackend"]
 
@@ -53,10 +52,9 @@ class SGLangBackend:
             request_timeout_s=request_timeout_s,
         )
         self.spec = options.spec(target_dir)
-        # share_idle_s > 0: one server for every job that starts the same one (shared_server)
-        self.shared = sharing_allowed(share_idle_s)
         self._stack = ExitStack()
         try:
+            # share_idle_s > 0: one server for every job that starts the same one (job_server)
             self.server = self._stack.enter_context(
                 job_server(self.spec, name="sglang-generate", idle_s=share_idle_s)
             )
@@ -84,6 +82,11 @@ class SGLangBackend:
         for g in gens:
             g.extra["served_model"] = g.extra.pop("model", None)
         return gens
+
+    @property
+    def shared(self) -> bool:
+        """Whether this job uses a kept server (job_server chose it) rather than its own."""
+        return isinstance(self.server, Endpoint)
 
     def close(self) -> None:
         self._stack.close()

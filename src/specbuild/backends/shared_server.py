@@ -112,10 +112,13 @@ def shared_server(
         endpoint = _wait_endpoint(held.folder, name, spec.startup_timeout_s + 60)
         stored = json.loads((held.folder / "spec.json").read_text())
         fd = os.open(held.folder / "use.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         try:
-            if exclusive:
-                log.info("%s: waiting until no other job uses the shared server", name)
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("%s: waiting for the shared server's other jobs", name)
+                fcntl.flock(fd, mode)
             yield Endpoint(
                 base_url=endpoint["base_url"],
                 api_key=stored.get("api_key"),
