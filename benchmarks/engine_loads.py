@@ -1,7 +1,7 @@
 """Model loads per stage of a run, read from its job logs: SGLang servers started by a job for
 itself, engines started by a keeper for the jobs that share them (a server or a feature
 runner, `sglang.share_idle_s` / `hidden.share_idle_s`), and SGLang model runners a job loads
-itself (align, an unshared hidden job). At the seeds' size a load is the unit of cost.
+itself (align, an unshared hidden job). At Kimi-K2.5's size a load is the unit of cost.
 
     python -m benchmarks.engine_loads [logs]    # a markdown table on stdout
 """
