@@ -6,7 +6,7 @@ Tokens walk a fixed permutation (x[t+1] = perm[x[t]]) inside the draft vocabular
 target's `last` at t points at lm_head row x[t+1], so the next token is predictable from the
 current one and a drafter that learns anything reaches high accuracy.
 
-    python -m benchmarks.synthetic OUT [--preset llama8b|smollm2|tiny] [--epochs N]
+    python -m benchmarks.synthetic OUT [--preset llama8b|smollm2|kimi|tiny] [--epochs N]
         [--profile]
 
 writes OUT/{target,vocab,hidden} and OUT/spec.json (`--spec-only`: the spec alone, for the
@@ -60,6 +60,9 @@ PRESETS = {
     "llama8b": SyntheticSpec(4096, 14336, 32, 8, 128256, 32000, 32, 64, 2048, 4),
     # SmolLM2-135M shapes: the GPU example's drafter (config/examples/smollm2-sglang-h200.yaml)
     "smollm2": SyntheticSpec(576, 1536, 9, 3, 49152, 32000, 30, 256, 1024, 2),
+    # Kimi-K2.5's text widths (DeepSeek-V3's: hidden 7168, dense MLP 18432, 64 heads, vocab
+    # 163,840, 61 layers) at sequences of 4K: the drafter its users train (1,145M parameters)
+    "kimi": SyntheticSpec(7168, 18432, 64, 64, 163840, 32000, 61, 32, 4096, 4),
 }
 
 
@@ -229,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         "config": {
             "epochs": args.epochs,
             "token_budget": args.token_budget,
-            "max_length": min(args.token_budget, 2048),
+            "max_length": min(args.token_budget, preset.seq_len),
             "nproc": args.nproc,
             "eval_fraction": 0.1,
             "log_interval": 5,

@@ -10,6 +10,8 @@ rule tuning_help:
         tuning_plan.HELP_FILE,
     log:
         "logs/tuning/help.log",
+    # its points wait on it (PRIORITY in specbuild/workflow/scheduling.py)
+    priority: PRIORITY["tuning"]
     conda:
         engine_env("sglang")
     params:
@@ -26,6 +28,9 @@ rule tuning:
         "results/tuning/{point}.json",
     log:
         "logs/tuning/{point}.log",
+    # on generation's kept server, before hidden's runner takes the GPU (PRIORITY in
+    # specbuild/workflow/scheduling.py)
+    priority: PRIORITY["tuning"]
     conda:
         engine_env("sglang")
     resources:

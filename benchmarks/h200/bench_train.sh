@@ -30,7 +30,9 @@ PRESET=${SPECBUILD_BENCH_PRESET:-llama8b}  # tiny: try this script on a CPU (fak
 ATTENTION=${SPECBUILD_BENCH_ATTENTION:-auto}  # auto (flex on CUDA) | reference | flex
 LOSS=${SPECBUILD_BENCH_LOSS:-auto}  # train.loss: auto (fused on CUDA) | reference | fused
 # tokens a rank a step: 8,192 at llama8b; the SmolLM2 example trains on 16,384
-# (SPECBUILD_BENCH_PRESET=smollm2 SPECBUILD_BENCH_TOKENS=16384: that drafter's shapes)
+# (SPECBUILD_BENCH_PRESET=smollm2 SPECBUILD_BENCH_TOKENS=16384: that drafter's shapes;
+# SPECBUILD_BENCH_PRESET=kimi SPECBUILD_BENCH_TOKENS=16384: Kimi-K2.5's widths, 4K sequences,
+# ~7.5 GB of shards)
 TOKENS=${SPECBUILD_BENCH_TOKENS:-8192}
 export TORCH_LOGS=${TORCH_LOGS:-recompiles}
 LOG="$OUT/bench_train.log"

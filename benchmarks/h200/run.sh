@@ -26,9 +26,11 @@
 # trains with torchrun on both GPUs (the config's train.nproc, overridden in a derived copy;
 # every variant inherits it): with several variants leave it unset, so two train at once.
 # SPECBUILD_VARIANTS="fc_norm epochs_4" builds only those variants (and base), and only the
-# datasets they train on. SPECBUILD_SET="sglang.tuning.enabled=false bench.sweep_drafters=[]"
+# datasets they train on; SPECBUILD_VARIANTS=base builds the recipe alone.
+# SPECBUILD_SET="sglang.tuning.enabled=false bench.sweep_drafters=[]"
 # sets config keys (dotted path = a YAML value, no spaces in either) in the derived copy.
-# SPECBUILD_PRIORITY="base fc_norm": the variants whose drafters are built first (default base).
+# SPECBUILD_PRIORITY="base fc_norm": the variants whose drafters are built first (default none:
+# it overrides the workflow's stage order, so engines restart between stages).
 # SPECBUILD_GPU_SLOTS=N lets N jobs share each GPU (specbuild.gpus): at SmolLM2 a server start
 # or a single-stream bench leaves most of an H200 idle; a training takes a majority of a GPU's
 # slots, so never two share one (three sharing one ran at ~0.75x one alone, BENCHMARKS.md) and,
@@ -90,7 +92,7 @@ train = c["train"]
 if nproc:
     train["nproc"] = int(nproc)
 if variants != "all":
-    keep = variants.split()
+    keep = [v for v in variants.split() if v != "base"]  # base: the recipe, always built
     unknown = sorted(set(keep) - set(train.get("variants", {})))
     if unknown:
         sys.exit(f"SPECBUILD_VARIANTS names {unknown}, not in {config}'s train.variants")
@@ -168,14 +170,19 @@ PY
   fi
   # the detached run itself: snakemake, then the report when it succeeded, then the status.
   # greedy scheduler: the ILP one needs pulp (16 MB of solver binaries) for no gain here.
-  # The base recipe's drafter first (SPECBUILD_PRIORITY: the variants to build first): a run
-  # that ends early leaves variants, not the recipe, unbuilt (on nvidia-h200-x2, 2026-11-30, a
-  # run out of device time had trained two variants and never started base).
+  # SPECBUILD_PRIORITY: the variants whose drafters to build first (a run that may end early
+  # keeps the recipe, not variants; on nvidia-h200-x2, 2026-11-30, a run out of device time had
+  # trained two variants and never started base). Off by default: --prioritize lifts every
+  # job those drafters need to one priority, so the workflow's stage order (every data job,
+  # then the benches on generation's server, then hidden: PRIORITY in
+  # specbuild/workflow/scheduling.py) is lost, and engines restart between stages (2026-12-05:
+  # two data-server and two hidden-runner starts instead of one each).
   first=()
-  for v in ${SPECBUILD_PRIORITY:-base}; do first+=("results/drafter/$v/model.safetensors"); done
+  for v in ${SPECBUILD_PRIORITY:-}; do first+=("results/drafter/$v/model.safetensors"); done
+  [ ${#first[@]} -gt 0 ] && first=(--prioritize "${first[@]}")  # last: it takes every word after it
   python3 -m snakemake --configfile "$CONFIG" --cores 16 --resources gpu=$((GPUS * SLOTS)) \
     --scheduler greedy --rerun-incomplete --keep-going \
-    --prioritize "${first[@]}" "$@" >>"$RUN/snakemake.log" 2>&1
+    "$@" "${first[@]}" >>"$RUN/snakemake.log" 2>&1
   rc=$?
   if [ "$rc" -eq 0 ]; then
     python3 -m snakemake --configfile "$CONFIG" --report results/report.html >>"$RUN/snakemake.log" 2>&1

@@ -42,6 +42,7 @@ def test_sglang_stages_run_end_to_end_against_the_stub(tmp_path, target_dir):
         "sweep_min_requests": 2,
     }
     config["report"] = {"train_metrics": None}  # the bench's tables without training first
+    config["hidden"]["share_idle_s"] = 600  # one engine for both shards
     config["sglang"] = {
         "launcher": launcher,
         "startup_timeout_s": 30,
@@ -62,10 +63,13 @@ def test_sglang_stages_run_end_to_end_against_the_stub(tmp_path, target_dir):
     write_config(wd, config)
     outputs = [
         "results/hidden/tiny/00000.safetensors",
+        "results/hidden/tiny/00001.safetensors",
         "results/tables/sweep.md",
         "results/tables/tuning.md",
     ]
-    snakemake(wd, "--cores", "2", *outputs)
+    # one core: the jobs run one at a time in the workflow's priority order, as the GPU jobs
+    # of a one-GPU run do
+    proc = snakemake(wd, "--cores", "1", *outputs)
 
     generated = list(read_jsonl(wd / "results/generated/tiny/00000.jsonl"))
     assert generated and all(g["finish_reason"] in ("stop", "length") for g in generated)
@@ -87,6 +91,13 @@ def test_sglang_stages_run_end_to_end_against_the_stub(tmp_path, target_dir):
     assert not (server / "keeper.pid").exists()
     for log in ("generate/tiny/00000.log", "bench/sglang/none/baseline.log", "tuning/base.log"):
         assert str(server) in (wd / "logs" / log).read_text()
+    # the stage order that keeps it so on one GPU: every job on generation's server before
+    # the first hidden job, whose engine would release it; then one engine for the hidden jobs
+    started = re.findall(r"^(?:local)?rule (\w+):", proc.stdout + proc.stderr, re.M)
+    on_server = [i for i, r in enumerate(started) if r in ("generate", "bench", "tuning")]
+    assert started.count("hidden") == 2 and max(on_server) < started.index("hidden"), started
+    (features,) = (wd / ".specbuild" / "keepers").glob("features-*")
+    assert (features / "keeper.log").read_text().count("loaded feature backend") == 1
 
 
 def test_openai_endpoint_key_never_reaches_params_metadata_or_logs(

@@ -29,7 +29,18 @@ __all__ = [
 # then hidden (largest input first: the longest shards, so the last ones end together) and
 # the rest (0). Without it the baseline (the largest inputs) started first and the first
 # self-written shard 185 s late (BENCHMARKS.md, "CPU pipeline").
-PRIORITY = {"rejects_check": 5, "synthesize": 4, "decode": 3, "tokenize": 2, "bench": 1}
+# On one GPU the same order is what keeps one engine per stage: every data job, then the
+# baseline bench and the tuning points on generation's kept server (its flags), then the
+# hidden jobs on one kept runner; a tuning point at hidden's priority ran between them and
+# restarted the server the runner had released.
+PRIORITY = {
+    "rejects_check": 5,
+    "synthesize": 4,
+    "decode": 3,
+    "tokenize": 2,
+    "bench": 1,
+    "tuning": 1,
+}
 
 
 def device_gpus(device: str) -> int:
