@@ -1,7 +1,8 @@
 """Model loads per stage of a run, read from its job logs: SGLang servers started by a job for
 itself, engines started by a keeper for the jobs that share them (a server or a feature
-runner, `sglang.share_idle_s` / `hidden.share_idle_s`), and SGLang model runners a job loads
-itself (align, an unshared hidden job). At Kimi-K2.5's size a load is the unit of cost.
+runner, `sglang.share_idle_s` / `hidden.share_idle_s`), SGLang model runners a job loads
+itself (align, an unshared hidden job) and transformers loads in a job (the hf backends of
+generate, hidden, align and bench). At Kimi-K2.5's size a load is the unit of cost.
 
     python -m benchmarks.engine_loads [logs]    # a markdown table on stdout
 """
@@ -16,12 +17,13 @@ from pathlib import Path
 
 __all__ = ["StageLoads", "count_loads", "loads_table"]
 
-# the lines specbuild writes (backends.server, keepers, hidden.sglang); a keeper's own lines
+# the lines specbuild writes (backends.server, keepers, hidden.sglang, target); a keeper's own lines
 # reach a job's log as "keeper: <time> ...", never as these
 OWN_SERVER = re.compile(r" INFO starting sglang-(?!shared-)\S+: ")
 KEPT_START = re.compile(r" INFO \S+: starting a shared engine, kept in ")
 KEPT_JOIN = re.compile(r" INFO \S+: sharing the engine kept in ")
 OWN_RUNNER = re.compile(r" INFO SGLang model runner: \S+, tp \d+")
+OWN_HF = re.compile(r" INFO loaded the target's text model with transformers ")
 
 
 @dataclass
@@ -32,10 +34,11 @@ class StageLoads:
     kept_starts: int = 0  # an engine a keeper started for the jobs sharing it
     kept_joins: int = 0  # jobs that used an engine a keeper already held
     own_runners: int = 0  # an SGLang model runner loaded inside a job
+    own_hf: int = 0  # the target loaded with transformers inside a job
 
     @property
     def loads(self) -> int:
-        return self.own_servers + self.kept_starts + self.own_runners
+        return self.own_servers + self.kept_starts + self.own_runners + self.own_hf
 
 
 def count_loads(logs: str | Path) -> list[StageLoads]:
@@ -52,6 +55,7 @@ def count_loads(logs: str | Path) -> list[StageLoads]:
             row.kept_starts += bool(KEPT_START.search(line))
             row.kept_joins += bool(KEPT_JOIN.search(line))
             row.own_runners += bool(OWN_RUNNER.search(line))
+            row.own_hf += bool(OWN_HF.search(line))
     return list(stages.values())
 
 
@@ -60,15 +64,16 @@ def loads_table(rows: Iterable[StageLoads]) -> str:
     rows = [r for r in rows if r.loads or r.kept_joins]
     head = (
         "| stage | jobs | own servers | shared engines started | jobs on a kept engine "
-        "| runners in a job | loads |"
+        "| runners in a job | transformers in a job | loads |"
     )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
             f"| {r.stage} | {r.jobs} | {r.own_servers} | {r.kept_starts} | {r.kept_joins} "
-            f"| {r.own_runners} | {r.loads} |"
+            f"| {r.own_runners} | {r.own_hf} | {r.loads} |"
         )
-    lines.append(f"| all | {sum(r.jobs for r in rows)} | | | | | {sum(r.loads for r in rows)} |")
+    total = sum(r.loads for r in rows)
+    lines.append(f"| all | {sum(r.jobs for r in rows)} | | | | | | {total} |")
     return "\n".join(lines) + "\n"
 
 

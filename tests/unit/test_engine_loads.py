@@ -1,6 +1,6 @@
 """benchmarks.engine_loads: model loads per stage, counted from job logs as specbuild writes
-them (a job's own server, a keeper's engine started or joined, a runner in a job); a keeper's
-relayed lines are never counted twice."""
+them (a job's own server, a keeper's engine started or joined, a runner or a transformers
+load in a job); a keeper's relayed lines are never counted twice."""
 
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ LOGS = {
         "10:09:35 INFO starting sglang-3-1-4: python -m sglang.launch_server --model-path t",
         "10:11:14 INFO [sglang-3-1-4] [2026-12-04 10:11:14] server_args=ServerArgs(...)",
     ],
+    "bench/hf/base/3-1-4.log": [
+        "10:12:00 INFO loaded the target's text model with transformers on cuda (bfloat16) in 2 s",
+    ],
+    "hidden/gsm8k/00000.log": [
+        "10:04:02 INFO hidden: sharing the engine kept in /w/.specbuild/keepers/features-2",
+        "10:04:03 INFO keeper: 10:04:03,000 loaded the target's text model with transformers on",
+    ],
     "hidden/chat/00000.log": [
         "10:04:02 INFO hidden: starting a shared engine, kept in /w/.specbuild/keepers/features-1",
         "10:04:40 INFO keeper: 2026-12-04 10:04:40,000 SGLang model runner: Llama, tp 1, 9 KV",
@@ -42,10 +49,11 @@ def test_loads_are_counted_per_stage_from_the_job_logs(tmp_path):
     generate = rows["generate"]
     assert (generate.jobs, generate.kept_starts, generate.kept_joins) == (2, 1, 1)
     assert rows["generate"].loads == 1  # two shards, one server
-    assert (rows["bench"].own_servers, rows["bench"].kept_joins, rows["bench"].loads) == (1, 1, 1)
-    assert rows["hidden"].loads == 1  # the keeper's relayed runner line is not a second load
+    bench = rows["bench"]
+    assert (bench.own_servers, bench.kept_joins, bench.own_hf, bench.loads) == (1, 1, 1, 2)
+    assert rows["hidden"].loads == 1  # the keeper's relayed load lines are not loads of the job
     assert rows["align"].own_runners == rows["align"].loads == 1
     assert rows["tokenize"].loads == 0
     table = loads_table(rows.values())
     assert "| tokenize |" not in table  # loaded nothing
-    assert table.splitlines()[-1] == "| all | 6 | | | | | 4 |"
+    assert table.splitlines()[-1] == "| all | 8 | | | | | | 5 |"

@@ -79,11 +79,14 @@ def test_the_teacher_reads_a_kimi_layout_targets_tensors_by_their_plain_names(
 
 
 def test_the_hf_backend_runs_a_wrappers_text_model_as_the_plain_folder_does(
-    target_dir, target_model, kimi_layout_target
+    target_dir, target_model, kimi_layout_target, caplog
 ):
     from specbuild.target import load_target_model
 
-    wrapped = load_target_model(kimi_layout_target)
+    with caplog.at_level("INFO", logger="specbuild"):
+        wrapped = load_target_model(kimi_layout_target)
+    # the line benchmarks/engine_loads.py counts a load by
+    assert "loaded the target's text model with transformers on cpu (float32)" in caplog.text
     assert type(wrapped) is type(target_model)
     ids = torch.tensor([[1, 42, 7, 99, 3]])
     with torch.no_grad():
