@@ -11,6 +11,9 @@ rule hidden:
         "results/hidden/{dataset}/{shard}.safetensors",
     log:
         "logs/hidden/{dataset}/{shard}.log",
+    # after the data and the benches on generation's server, before training (PRIORITY in
+    # specbuild/workflow/scheduling.py)
+    priority: PRIORITY["hidden"]
     conda:
         engine_env(config["hidden"]["backend"])
     # torch's intra-op threads; Snakemake scales this down to --cores

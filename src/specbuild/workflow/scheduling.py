@@ -31,15 +31,17 @@ __all__ = [
 # self-written shard 185 s late (BENCHMARKS.md, "CPU pipeline").
 # On one GPU the same order is what keeps one engine per stage: every data job, then the
 # baseline bench and the tuning points on generation's kept server (its flags), then the
-# hidden jobs on one kept runner; a tuning point at hidden's priority ran between them and
-# restarted the server the runner had released.
+# hidden jobs on one kept runner, before any training (a variant's may be ready while
+# another's hidden shards are not) releases it. A tuning point at hidden's priority ran
+# between them and restarted the server the runner had released.
 PRIORITY = {
-    "rejects_check": 5,
-    "synthesize": 4,
-    "decode": 3,
-    "tokenize": 2,
-    "bench": 1,
-    "tuning": 1,
+    "rejects_check": 6,
+    "synthesize": 5,
+    "decode": 4,
+    "tokenize": 3,
+    "bench": 2,
+    "tuning": 2,
+    "hidden": 1,
 }
 
 
