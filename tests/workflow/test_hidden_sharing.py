@@ -47,3 +47,33 @@ def test_two_hidden_shards_share_one_engine_which_stops_with_the_run(tmp_path, t
         own = wd / "results" / "hidden" / DATASET / f"{shard}.safetensors"
         assert own.read_bytes() == (shared / f"{shard}.safetensors").read_bytes()
     assert (folder / "keeper.log").read_text() == log  # no keeper was asked
+
+
+def test_every_hidden_job_runs_before_align_and_training_so_one_engine_serves_them_all(
+    tmp_path, target_dir
+):
+    """`align` may run once each dataset's first shard is done, and `base` train once its own
+    shards are, while other shards wait (here the second tiny shard and a variant's dataset).
+    Hidden's priority runs those first, on the kept engine: on a GPU align's and training's
+    model releases the idle engine, and the next hidden job would load it again. One core:
+    jobs run one at a time in priority order, as the GPU jobs of a one-GPU run do."""
+    import re
+
+    wd = make_workdir(tmp_path / "wf", target_dir)
+    (wd / "raw" / "extra.jsonl").write_text(
+        '{"prompt": "Spell cat."}\n{"prompt": "Add 1 and 1."}\n'
+    )
+    config = tiny_config(
+        datasets={"extra": {"path": "raw/extra.jsonl", "format": "prompt", "shard_size": 4}},
+        train={"datasets": [DATASET], "variants": {"more": {"datasets": [DATASET, "extra"]}}},
+    )
+    config["hidden"]["share_idle_s"] = 600
+    write_config(wd, config)
+    targets = [f"results/train/{v}/best.safetensors" for v in ("base", "more")]
+    proc = snakemake(wd, *targets, "--cores", "1")
+
+    started = re.findall(r"^(?:local)?rule (\w+):", proc.stdout + proc.stderr, re.M)
+    hidden = [i for i, rule in enumerate(started) if rule == "hidden"]
+    assert len(hidden) == 3 and max(hidden) < min(started.index(r) for r in ("align", "train"))
+    (folder,) = (wd / ".specbuild" / "keepers").glob("features-*")
+    assert (folder / "keeper.log").read_text().count("loaded feature backend hf") == 1
