@@ -171,7 +171,7 @@ PY
   # the detached run itself: snakemake, then the report when it succeeded, then the status.
   # greedy scheduler: the ILP one needs pulp (16 MB of solver binaries) for no gain here.
   # SPECBUILD_PRIORITY: the variants whose drafters to build first (a run that may end early
-  # keeps the recipe, not variants; on nvidia-h200-x2, 2026-11-30, a run out of device time had
+  # keeps the recipe, not variants; on nvidia-h200-x2, 2026-11-30, a run out of GPU time had
   # trained two variants and never started base). Off by default: --prioritize lifts every
   # job those drafters need to one priority, so the workflow's stage order (every data job,
   # then the benches on generation's server, then hidden: PRIORITY in
