@@ -15,7 +15,8 @@ import csv
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from specbuild.io import atomic_open, read_json, write_json, write_jsonl
@@ -23,6 +24,7 @@ from specbuild.io import atomic_open, read_json, write_json, write_jsonl
 __all__ = [
     "COUNTS_KEYS",
     "error_text",
+    "log_rejected",
     "publish_shard",
     "read_counts",
     "rejected_share_fault",
@@ -46,6 +48,20 @@ TABLE_COLUMNS = ("stage", "dataset", "shard", "in", "kept", "rejected", "share",
 log = logging.getLogger("specbuild")
 
 
+LOGGED_REJECTS = 10  # rows named in the log one by one; the rest are counted by reason
+
+
+def log_rejected(bad: Sequence[Mapping], rejected: str | os.PathLike) -> None:
+    """The first rejects one line each, then the rest by reason: a self-written shard can
+    reject thousands of rows for one reason, and every row is in the rejects file anyway."""
+    for r in bad[:LOGGED_REJECTS]:
+        log.warning("rejected %s: %s", r.get("id"), r["reason"])
+    if len(bad) > LOGGED_REJECTS:
+        reasons = Counter(r["reason"] for r in bad).most_common(3)
+        top = "; ".join(f"{n} x {reason}" for reason, n in reasons)
+        log.warning("rejected %d rows in all, each in %s; most often: %s", len(bad), rejected, top)
+
+
 def publish_shard(
     *,
     out: str | os.PathLike,
@@ -67,8 +83,7 @@ def publish_shard(
     counts then count records; None: every row is one record).
     """
     if log_rejects:
-        for r in bad:
-            log.warning("rejected %s: %s", r.get("id"), r["reason"])
+        log_rejected(bad, rejected)
     write_jsonl(rejected, bad)
     n = write_jsonl(out, rows)
     kept = n if n_kept is None else n_kept

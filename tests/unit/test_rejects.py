@@ -33,6 +33,20 @@ def test_rows_rejects_and_counts_are_written(tmp_path):
     }
 
 
+def test_many_rejects_log_the_first_ones_then_a_count_by_reason(tmp_path, caplog):
+    # a self-written shard rejected 1,821 of 10,240 prompts for one reason: one line each
+    # buried the job's log; every row is in the rejects file anyway
+    bad = [{"id": f"chat-{i}", "reason": "prompt not finished"} for i in range(24)]
+    bad.append({"id": "chat-24", "reason": "empty"})
+    with caplog.at_level("WARNING", logger="specbuild"):
+        _publish(tmp_path, [], bad, len(bad))
+    lines = caplog.text.splitlines()
+    assert len(lines) == 11 and "rejected chat-9: prompt not finished" in lines[9]
+    assert "rejected 25 rows in all, each in " in lines[10]
+    assert lines[10].endswith("most often: 24 x prompt not finished; 1 x empty")
+    assert len(list(read_jsonl(tmp_path / "00000.rejected.jsonl"))) == 25
+
+
 def test_a_row_lost_without_a_reason_fails_the_shard(tmp_path):
     with pytest.raises(RuntimeError, match="in=3 but kept 1 \\+ rejected 1"):
         _publish(tmp_path, [{"id": "a"}], [{"id": "c", "reason": "empty"}], 3)
