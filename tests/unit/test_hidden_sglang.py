@@ -304,8 +304,9 @@ def _sglang_available() -> bool:
     return True
 
 
-def _extract_in_subprocess(tokenized: Path, target_dir: Path, out: Path, **kw) -> None:
-    """One SGLang runner per process: SGLang sets up torch.distributed process-wide."""
+def _extract_in_subprocess(tokenized: Path, target_dir: Path, out: Path, **kw) -> str:
+    """One SGLang runner per process: SGLang sets up torch.distributed process-wide. Returns
+    the process's stderr (its log)."""
     call = (
         "from specbuild.hidden.extract import extract_shard; from specbuild.io import "
         "setup_logging; import json, sys; setup_logging(None); "
@@ -319,7 +320,16 @@ def _extract_in_subprocess(tokenized: Path, target_dir: Path, out: Path, **kw) -
         **kw,
     }
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
-    subprocess.run([sys.executable, "-c", call, json.dumps(args)], check=True, env=env, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, "-c", call, json.dumps(args)],
+        env=env,
+        timeout=400,
+        capture_output=True,
+        text=True,
+    )
+    sys.stderr.write(proc.stderr)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stderr
 
 
 def _tokenized_mt_bench(folder: Path, tokenizer, target_dir: Path, n: int = 24) -> Path:
@@ -400,9 +410,11 @@ def test_in_process_sglang_shards_agree_with_transformers_shards(
     tok = _tokenized_mt_bench(tmp_path, tokenizer, target_dir)
     sgl, hf = tmp_path / "sglang.safetensors", tmp_path / "hf.safetensors"
     options = sglang_test_options
-    _extract_in_subprocess(
+    log = _extract_in_subprocess(
         tok, target_dir, sgl, backend="sglang", backend_options=options, batch_tokens=2048
     )
+    # the runner leaves its process groups on close: torch warns at exit otherwise
+    assert "destroy_process_group() was not called" not in log
     _extract_in_subprocess(tok, target_dir, hf, backend="hf", dtype="bfloat16", device="cuda")
     for path in (sgl, hf):
         verify_shard_file(path)  # the stage's own structural and value checks

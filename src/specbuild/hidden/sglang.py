@@ -318,6 +318,21 @@ def _load(spec: Mapping[str, Any], rank: int) -> Any:
     return runner
 
 
+def _leave_groups() -> None:
+    """Destroy SGLang's TP groups and torch's default group: without it torch warns at every
+    exit of a process that held a runner, and NCCL's resources wait on the exit to go."""
+    try:
+        from sglang.srt.distributed.parallel_state import (
+            destroy_distributed_environment,
+            destroy_model_parallel,
+        )
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
+    except Exception as err:  # the runner's work is done: a failed teardown only warns
+        log.warning("leaving SGLang's process groups: %s", err)
+
+
 def _broadcast(batch: list[list[int]] | None) -> list[list[int]] | None:
     """Rank 0's batch (or None: stop) to every TP rank over SGLang's CPU (gloo) group."""
     import torch.distributed as dist
@@ -477,10 +492,13 @@ class SGLangRunner:
         if self.tp_size > 1:
             try:
                 _broadcast(None)
+                _leave_groups()  # every rank at once, as each leaves its loop
                 for proc in self.workers:
                     proc.wait(timeout=60)
             except Exception as err:  # a rank already gone: stop the rest below
                 log.warning("stopping SGLang TP ranks: %s", err)
+        else:
+            _leave_groups()
         self._stop_workers()
         self._tmp.cleanup()
 
@@ -502,6 +520,7 @@ def serve_rank(spec_path: str | os.PathLike, rank: int) -> None:
     with torch.inference_mode():
         n = worker_loop(lambda: _broadcast(None), run)
     log.info("SGLang TP rank %d: %d batches", rank, n)
+    _leave_groups()
 
 
 if __name__ == "__main__":
