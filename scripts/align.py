@@ -1,7 +1,7 @@
 from pathlib import Path
 
 from specbuild.align import check_alignment
-from specbuild.engine_memory import with_memory
+from specbuild.engine_memory import sharing_seconds, with_memory
 from specbuild.gpus import pin_gpus
 from specbuild.joblog import start_job_log
 
@@ -22,4 +22,5 @@ check_alignment(
     norm_ratio_tolerance=snakemake.params.norm_ratio_tolerance,
     dtype=snakemake.params.dtype,
     device=snakemake.params.device,
+    share_idle_s=sharing_seconds(snakemake.resources.engine_sharing),
 )

@@ -30,6 +30,7 @@ import os
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -176,12 +177,16 @@ def check_alignment(
     norm_ratio_tolerance: float = 0.05,
     dtype: str = "float32",
     device: str = "auto",
+    share_idle_s: float = 0.0,
 ) -> list[LayerAlignment]:
     """Compare a fixed sample of shard rows with the serving backend; write the report (its
     table: specbuild.report.pipeline); raise AlignmentError naming every layer outside the
-    thresholds."""
-    from specbuild.hidden.extract import open_backend
+    thresholds. `share_idle_s` > 0: where the hidden jobs' shared engine is the serving one
+    (same backend, options, dtype, device), it computes the sample: no second load."""
+    from specbuild.hidden.extract import EngineSpec
     from specbuild.hidden.shards import dequantize_state, read_shard
+    from specbuild.hidden.shared import open_engine
+    from specbuild.target import read_target_info
 
     loaded = [read_shard(p) for p in shards]
     layer_sets = {m["layer_ids"] for _, m in loaded}
@@ -207,14 +212,16 @@ def check_alignment(
         backend,
     )
     # the hidden stage's own registry: align serves with exactly the classes that extract
-    engine = open_backend(
-        backend,
-        folder=target_dir,
+    spec = EngineSpec(
+        backend=backend,
+        folder=str(Path(target_dir).resolve()),
         layer_ids=layer_ids,
         dtype=dtype,
         device=device,
         options=dict(backend_options or {}),
     )
+    fingerprint = read_target_info(Path(target_dir) / "fingerprint.json").fingerprint
+    engine = open_engine(spec, idle_s=share_idle_s, target_fingerprint=fingerprint, name="align")
     try:
         served = engine.extract(batch)
     finally:

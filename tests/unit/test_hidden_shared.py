@@ -5,6 +5,7 @@ with the cause and leaves no output."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -182,3 +183,36 @@ def test_the_engine_key_names_the_model_and_not_the_shard(target_dir, monkeypatc
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     assert same != engine_key(spec, "fp")
     assert process_running(os.getpid())
+
+
+def test_align_on_the_kept_engine_reports_what_its_own_engine_does_without_a_second_load(
+    registry,
+    tmp_path,
+    tokenized,  # noqa: F811
+    target_dir,
+    unshared,
+):
+    from specbuild.align import check_alignment
+
+    _extract(tokenized, target_dir, tmp_path / "00000.safetensors", share_idle_s=30.0)
+    reports = {}
+    for name, share_idle_s in (("own", 0.0), ("kept", 30.0)):
+        reports[name] = tmp_path / f"{name}.json"
+        check_alignment(
+            shards=[unshared],
+            target_dir=target_dir,
+            report=reports[name],
+            samples=2,
+            device="cpu",
+            share_idle_s=share_idle_s,
+        )
+    own, kept = (json.loads(reports[n].read_text()) for n in ("own", "kept"))
+    assert kept["ok"] and kept["serving_backend"] == own["serving_backend"] == "hf"
+    assert kept["rows"] == own["rows"] and len(kept["layers"]) == 4
+    for a, b in zip(kept["layers"], own["layers"], strict=True):
+        assert a["cosine_mean"] == pytest.approx(b["cosine_mean"], abs=1e-6), (a, b)
+        assert a["norm_ratio"] == pytest.approx(b["norm_ratio"], abs=1e-6), (a, b)
+    folder = _keeper(registry)
+    log = (folder / "keeper.log").read_text()
+    assert log.count(LOADED) == 1 and "a batch of 2 rows" in log, log
+    assert not list((folder / "requests").iterdir())  # the batch's file and answer cleared

@@ -54,8 +54,9 @@ def test_every_hidden_job_runs_before_align_and_training_so_one_engine_serves_th
 ):
     """`align` may run once each dataset's first shard is done, and `base` train once its own
     shards are, while other shards wait (here the second tiny shard and a variant's dataset).
-    Hidden's priority runs those first, on the kept engine: on a GPU align's and training's
-    model releases the idle engine, and the next hidden job would load it again. One core:
+    Hidden's priority runs those first, on the kept engine, and align's sample then runs on it
+    too: on a GPU an engine of align's own, or training, releases the idle engine, and the next
+    hidden job would load it again. One core:
     jobs run one at a time in priority order, as the GPU jobs of a one-GPU run do."""
     import re
 
@@ -77,3 +78,6 @@ def test_every_hidden_job_runs_before_align_and_training_so_one_engine_serves_th
     assert len(hidden) == 3 and max(hidden) < min(started.index(r) for r in ("align", "train"))
     (folder,) = (wd / ".specbuild" / "keepers").glob("features-*")
     assert (folder / "keeper.log").read_text().count("loaded feature backend hf") == 1
+    # align's sample too: its engine (hf, cpu, float32) is the hidden jobs' one
+    align = (wd / "logs" / "align" / "align.log").read_text()
+    assert "align: sharing the engine kept in" in align and "loaded feature" not in align
