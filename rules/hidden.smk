@@ -20,8 +20,9 @@ rule hidden:
     threads: config["hidden"]["threads"]
     resources:
         gpu=scheduling.hidden_gpus(config),
-        # the target's weights plus one batch and one shard; raise it for large targets
-        mem_mb=6000,
+        # the target's weights, one batch and one shard; less where the run's kept engine
+        # holds the weights
+        mem_mb=scheduling.hidden_mem_mb(config, workflow),
         runtime=120,
         engine_memory=features.engine_memory(config, "hidden"),
         # one engine for the run's hidden jobs (hidden.share_idle_s); changes no output

@@ -48,3 +48,30 @@ def test_train_on_cpu_asks_for_no_gpu_and_on_cuda_for_a_majority_per_process(mon
 def test_sglang_jobs_run_in_sglangs_env():
     assert engine_env("sglang") == "../envs/sglang.yaml"
     assert engine_env("hf") == "../envs/specbuild.yaml"
+
+
+def test_a_hidden_job_counts_the_model_only_where_it_loads_one(default_config, monkeypatch):
+    """Snakemake's own executor plugins: a local run's jobs hand their shards to the kept
+    engine; a SLURM job loads its own (keepers.sharing_allowed), as does any job inside a
+    SLURM allocation; a dry run shows the larger figure."""
+    from types import SimpleNamespace
+
+    from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+
+    from specbuild.workflow.scheduling import HIDDEN_CLIENT_MB, HIDDEN_ENGINE_MB, hidden_mem_mb
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    registry = ExecutorPluginRegistry()
+
+    def mem_mb(executor: str | None) -> int:
+        plugin = registry.get_plugin(executor) if executor else None
+        return hidden_mem_mb(default_config, SimpleNamespace(executor_plugin=plugin))({})
+
+    default_config["hidden"]["share_idle_s"] = 30
+    assert mem_mb("local") == HIDDEN_CLIENT_MB < HIDDEN_ENGINE_MB
+    assert mem_mb("slurm") == mem_mb("dryrun") == mem_mb(None) == HIDDEN_ENGINE_MB
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert mem_mb("local") == HIDDEN_ENGINE_MB
+    monkeypatch.delenv("SLURM_JOB_ID")
+    default_config["hidden"]["share_idle_s"] = 0
+    assert mem_mb("local") == HIDDEN_ENGINE_MB

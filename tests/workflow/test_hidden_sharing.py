@@ -5,16 +5,24 @@ reruns nothing."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
 from workflow_helpers import DATASET, make_workdir, snakemake, tiny_config, write_config
 
 from specbuild.keepers import keeper_running
+from specbuild.workflow.scheduling import HIDDEN_CLIENT_MB, HIDDEN_ENGINE_MB
 
 pytestmark = pytest.mark.workflow
 
 SHARDS = ("00000", "00001")
+
+
+def hidden_mem_mb(output: str) -> set[int]:
+    """The mem_mb Snakemake gave each hidden job of a run, from its job blocks."""
+    blocks = re.findall(r"^(?:local)?rule hidden:\n((?:    .*\n)+)", output, re.M)
+    return {int(m) for b in blocks for m in re.findall(r"\bmem_mb=(\d+)", b)}
 
 
 def test_two_hidden_shards_share_one_engine_which_stops_with_the_run(tmp_path, target_dir):
@@ -23,7 +31,9 @@ def test_two_hidden_shards_share_one_engine_which_stops_with_the_run(tmp_path, t
     config["hidden"]["share_idle_s"] = 30
     write_config(wd, config)
     targets = [f"results/hidden/{DATASET}/{s}.safetensors" for s in SHARDS]
-    snakemake(wd, *targets, "--cores", "2")
+    proc = snakemake(wd, *targets, "--cores", "2")
+    # the keeper holds the model: a job counts only its own memory
+    assert hidden_mem_mb(proc.stdout + proc.stderr) == {HIDDEN_CLIENT_MB}, proc.stderr[-4000:]
 
     (folder,) = (wd / ".specbuild" / "keepers").glob("features-*")
     log = (folder / "keeper.log").read_text()
@@ -42,7 +52,8 @@ def test_two_hidden_shards_share_one_engine_which_stops_with_the_run(tmp_path, t
 
     shared = tmp_path / "shared"
     shutil.move(wd / "results" / "hidden" / DATASET, shared)
-    snakemake(wd, *targets, "--cores", "2")
+    proc = snakemake(wd, *targets, "--cores", "2")
+    assert hidden_mem_mb(proc.stdout + proc.stderr) == {HIDDEN_ENGINE_MB}
     for shard in SHARDS:
         own = wd / "results" / "hidden" / DATASET / f"{shard}.safetensors"
         assert own.read_bytes() == (shared / f"{shard}.safetensors").read_bytes()
@@ -58,8 +69,6 @@ def test_every_hidden_job_runs_before_align_and_training_so_one_engine_serves_th
     too: on a GPU an engine of align's own, or training, releases the idle engine, and the next
     hidden job would load it again. One core:
     jobs run one at a time in priority order, as the GPU jobs of a one-GPU run do."""
-    import re
-
     wd = make_workdir(tmp_path / "wf", target_dir)
     (wd / "raw" / "extra.jsonl").write_text(
         '{"prompt": "Spell cat."}\n{"prompt": "Add 1 and 1."}\n'

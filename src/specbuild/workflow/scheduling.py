@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from specbuild.gpus import train_slots
+from specbuild.keepers import sharing_allowed
 
 __all__ = [
     "PRIORITY",
@@ -16,6 +18,7 @@ __all__ = [
     "engine_env",
     "generate_gpus",
     "hidden_gpus",
+    "hidden_mem_mb",
     "sglang_gpus",
     "train_gpus",
 ]
@@ -76,6 +79,30 @@ def hidden_gpus(config: Mapping) -> int:
     if config["hidden"]["backend"] == "sglang":
         return sglang_gpus(config)  # the serving engine runs on GPUs whatever `device` says
     return device_gpus(config["hidden"]["device"])
+
+
+# Host memory (MB) of a hidden job that opens its own engine: the target's weights (SmolLM2 on
+# the CPU), one batch and one shard; raise it for large targets (--set-resources).
+HIDDEN_ENGINE_MB = 6000
+# ...and of one that hands its shard to the run's kept engine: torch and a request.
+HIDDEN_CLIENT_MB = 1000
+
+
+def hidden_mem_mb(config: Mapping, workflow: Any) -> Callable[..., int]:
+    """mem_mb of a hidden job: HIDDEN_CLIENT_MB where the job will share the run's engine
+    (hidden.share_idle_s on a local executor, outside a SLURM allocation: the keeper holds the
+    model, one process for the whole stage, outside Snakemake's count), else HIDDEN_ENGINE_MB.
+    A callable, since the executor is known only once the run starts; a dry run, whose
+    executor stands in for the one a real run would have, shows HIDDEN_ENGINE_MB."""
+    idle_s = float(config["hidden"]["share_idle_s"])
+
+    def mem_mb(wildcards: Any) -> int:
+        plugin = workflow.executor_plugin
+        settings = plugin.common_settings if plugin is not None else None
+        local = settings is not None and settings.local_exec and not settings.dryrun_exec
+        return HIDDEN_CLIENT_MB if local and sharing_allowed(idle_s) else HIDDEN_ENGINE_MB
+
+    return mem_mb
 
 
 def align_gpus(config: Mapping) -> int:
