@@ -28,7 +28,7 @@ cd "$DIR"
 # no variants: the arm is one drafter, the recipe with SPECBUILD_SET's keys
 ARM_OUT=${OUT:-/tmp/specbuild-out}/arm-$NAME
 SPECBUILD_RUN_DIR=/tmp/specbuild-run-$NAME SPECBUILD_SEED=$DIR.seed.tar.gz SPECBUILD_VARIANTS= \
-  SPECBUILD_DATA_SERVER= SPECBUILD_BUDGET_S=${SPECBUILD_BUDGET_S:-5} OUT=$ARM_OUT \
+  SPECBUILD_BUDGET_S=${SPECBUILD_BUDGET_S:-5} OUT=$ARM_OUT \
   bash benchmarks/h200/run.sh "$@"
 rc=$?
 rm -f "$ARM_OUT/specbuild-data.tar.gz"  # the main run's data: it comes back from there

@@ -38,15 +38,9 @@
 # with N >= 3, a bench may run beside it; served tok/s of jobs that shared a GPU are shared-GPU
 # figures (acceptance is unaffected).
 # The workflow's synthesize and generate jobs share one server by themselves
-# (sglang.share_idle_s, docs/DESIGN.md), started by the first and stopped when idle or claimed.
-# SPECBUILD_DATA_SERVER=1 instead starts one SGLang server of the target before snakemake and
-# points synthesize and generate at it (generate.backend openai, sglang.endpoint): one server
-# start instead of one a job, and every data job batches into it (four datasets in 10.3
-# GPU-minutes on one H200, against ~15.2 for three with a server a job); it holds
-# SPECBUILD_DATA_SERVER_MEM (default 0.3) of the GPU's memory until the run ends. Keep the
-# jobs' requests in flight together within its cuda_graph_max_bs_decode (sglang.max_concurrency
-# a job): above it decode runs without CUDA graphs. SPECBUILD_DATA_SERVER=done keeps that
-# config for a run whose data is built, and starts no server.
+# (sglang.share_idle_s, docs/DESIGN.md), started by the first and stopped when idle or claimed,
+# and the hidden jobs one model runner (hidden.share_idle_s): one start of each for the
+# example's data and hidden stages (BENCHMARKS.md, "SmolLM2 example on H200").
 # A run's data goes on to the next: $OUT/specbuild-data.tar.gz holds every built samples
 # and generated shard with their counts and rejects checks (the GPU half of the data stage, ~10
 # GPU-minutes on one H200, BENCHMARKS.md). Keep it (git-ignored .seed/data.tar.gz) and carry
@@ -75,12 +69,6 @@ NPROC=${SPECBUILD_TRAIN_NPROC:-}
 VARIANTS=${SPECBUILD_VARIANTS-all}
 SET=${SPECBUILD_SET:-}
 SLOTS=${SPECBUILD_GPU_SLOTS:-1}
-DATA_SERVER=${SPECBUILD_DATA_SERVER:-}
-DATA_PORT=30123
-if [ -n "$DATA_SERVER" ]; then
-  SET="$SET generate.backend=openai sglang.endpoint=http://127.0.0.1:$DATA_PORT"
-  SET="$SET sglang.api_key_env=SPECBUILD_DATA_SERVER_KEY"
-fi
 if [ -n "$NPROC$SET" ] || [ "$VARIANTS" != all ]; then
   # a derived copy: train.nproc, only the named variants (base is always built) with the
   # datasets they train on, so a run that cannot fit every variant still ends with a report,
@@ -125,38 +113,6 @@ export SPECBUILD_GPU_SLOTS=$SLOTS
 
 if [ "${SPECBUILD_RUN_CHILD:-}" = 1 ]; then
   echo $$ >"$RUN/pid"
-  if [ -n "$DATA_SERVER" ] && [ "$DATA_SERVER" != done ]; then
-    # the data server: the config's server flags, less memory, loopback, a key of this run
-    SPECBUILD_DATA_SERVER_KEY=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
-    export SPECBUILD_DATA_SERVER_KEY
-    rm -f "$RUN/data-server.ready"  # a run before this one's server left it
-    python3 - "$CONFIG" "$DATA_PORT" "${SPECBUILD_DATA_SERVER_MEM:-0.3}" "$RUN/data-server.ready" \
-      >>"$RUN/data-server.log" 2>&1 <<'PY' &
-import dataclasses, logging, os, sys, time, yaml
-from specbuild.backends.server import ServerOptions, SGLangServer
-logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-c = yaml.safe_load(open(sys.argv[1]))
-sg = c["sglang"]
-options = ServerOptions(launcher=tuple(sg["launcher"]), server_args=sg.get("server_args", {}),
-                        env={k: str(v) for k, v in sg.get("env", {}).items()},
-                        host="127.0.0.1", startup_timeout_s=600)
-# sleep_on_idle: once the data is built the server idles until the run ends; awake, its
-# scheduler spins a host thread at 100%
-spec = options.spec(c["target"]["source"],
-                    extra_args={"mem_fraction_static": float(sys.argv[3]), "sleep_on_idle": True})
-spec = dataclasses.replace(spec, port=int(sys.argv[2]), api_key=os.environ["SPECBUILD_DATA_SERVER_KEY"])
-with SGLangServer(spec, name="data-server"):  # SIGTERM stops it (its own handler)
-    open(sys.argv[4], "w").close()
-    while True:
-        time.sleep(3600)
-PY
-    server_pid=$!
-    trap 'kill -TERM $server_pid 2>/dev/null; wait $server_pid' EXIT
-    until [ -f "$RUN/data-server.ready" ]; do
-      kill -0 $server_pid 2>/dev/null || { echo "data server failed: $RUN/data-server.log" >>"$RUN/snakemake.log"; echo 1 >"$RUN/rc"; exit 1; }
-      sleep 2
-    done
-  fi
   if [ -n "${SPECBUILD_SEED:-}" ] && [ ! -f "$RUN/seeded" ]; then
     # the last run's data: after the target (its new fingerprint would make every shard
     # stale), unpacked and touched in the DAG's order; Snakemake has no metadata for these

@@ -11,8 +11,7 @@
 # variant and the arm take more than 30 minutes; SPECBUILD_VARIANTS names the ones to build.
 # The data comes from .seed/variants-data.tar.gz (git-ignored; benchmarks/h200/seed/README.md
 # says how to restore it from git's history), built by this script's first run: without it the data stage took 9 min 9 s of that run (data
-# server start, synthesize, generate). SPECBUILD_SEED= (empty) builds the data instead,
-# through one data server. The arm's tables and logs come back in $OUT/arm-fp8. The device's
+# server start, synthesize, generate). SPECBUILD_SEED= (empty) builds the data instead. The arm's tables and logs come back in $OUT/arm-fp8. The device's
 # calls, each right after the last:
 #   carry [.ship1]: bash .ship1/stage.sh .ship1
 #   carry [.ship2]: bash .ship2/stage.sh .ship2 && bash .ship2/setup_site.sh
@@ -54,15 +53,8 @@ watch() {
 }
 watch &
 watcher=$!
-if [ -n "$SEED" ]; then
-  SPECBUILD_SEED=$SEED SPECBUILD_DATA_SERVER= SPECBUILD_SET="$MAIN_SET" SPECBUILD_PRIORITY="$FIRST" \
-    SPECBUILD_BUDGET_S=$BUDGET bash benchmarks/h200/run.sh "$@"
-else
-  # the data jobs' requests in flight together (4 x 64) within the data server's decode graphs
-  SPECBUILD_SEED= SPECBUILD_DATA_SERVER=1 SPECBUILD_SET="$MAIN_SET sglang.max_concurrency=64" \
-    SPECBUILD_PRIORITY="$FIRST" \
-    SPECBUILD_BUDGET_S=$BUDGET bash benchmarks/h200/run.sh "$@"
-fi
+SPECBUILD_SEED=$SEED SPECBUILD_SET="$MAIN_SET" SPECBUILD_PRIORITY="$FIRST" \
+  SPECBUILD_BUDGET_S=$BUDGET bash benchmarks/h200/run.sh "$@"
 rc=$?
 kill "$watcher" 2>/dev/null
 if [ -d /tmp/specbuild-arm-fp8 ]; then
