@@ -10,9 +10,10 @@
 # steps: ~7-9 min more by `base`'s 1,524 steps in 3 min 23 s, estimated): with it every
 # variant and the arm take more than 30 minutes; SPECBUILD_VARIANTS names the ones to build.
 # The data comes from .seed/variants-data.tar.gz (git-ignored; benchmarks/h200/seed/README.md
-# says how to restore it from git's history), built by this script's first run: without it the data stage took 9 min 9 s of that run (data
-# server start, synthesize, generate). SPECBUILD_SEED= (empty) builds the data instead. The arm's tables and logs come back in $OUT/arm-fp8. The device's
-# calls, each right after the last:
+# says how to restore it from git's history), built by this script's first run: without it the
+# data stage took 9 min 9 s of that run (data server start, synthesize, generate).
+# SPECBUILD_SEED= (empty) builds the data instead. The arm's tables and logs come back in
+# $OUT/arm-fp8. The device's calls, each right after the last:
 #   carry [.ship1]: bash .ship1/stage.sh .ship1
 #   carry [.ship2]: bash .ship2/stage.sh .ship2 && bash .ship2/setup_site.sh
 #   carry [.ship3]: bash .ship3/stage.sh .ship3 && bash .ship3/model.sh /tmp/smol

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.workflow
 SHARDS = ("00000", "00001")
 
 
-def hidden_mem_mb(output: str) -> set[int]:
+def mem_mb_of_hidden_jobs(output: str) -> set[int]:
     """The mem_mb Snakemake gave each hidden job of a run, from its job blocks."""
     blocks = re.findall(r"^(?:local)?rule hidden:\n((?:    .*\n)+)", output, re.M)
     return {int(m) for b in blocks for m in re.findall(r"\bmem_mb=(\d+)", b)}
@@ -33,7 +33,8 @@ def test_two_hidden_shards_share_one_engine_which_stops_with_the_run(tmp_path, t
     targets = [f"results/hidden/{DATASET}/{s}.safetensors" for s in SHARDS]
     proc = snakemake(wd, *targets, "--cores", "2")
     # the keeper holds the model: a job counts only its own memory
-    assert hidden_mem_mb(proc.stdout + proc.stderr) == {HIDDEN_CLIENT_MB}, proc.stderr[-4000:]
+    output = proc.stdout + proc.stderr
+    assert mem_mb_of_hidden_jobs(output) == {HIDDEN_CLIENT_MB}, output[-4000:]
 
     (folder,) = (wd / ".specbuild" / "keepers").glob("features-*")
     log = (folder / "keeper.log").read_text()
@@ -53,7 +54,7 @@ def test_two_hidden_shards_share_one_engine_which_stops_with_the_run(tmp_path, t
     shared = tmp_path / "shared"
     shutil.move(wd / "results" / "hidden" / DATASET, shared)
     proc = snakemake(wd, *targets, "--cores", "2")
-    assert hidden_mem_mb(proc.stdout + proc.stderr) == {HIDDEN_ENGINE_MB}
+    assert mem_mb_of_hidden_jobs(proc.stdout + proc.stderr) == {HIDDEN_ENGINE_MB}
     for shard in SHARDS:
         own = wd / "results" / "hidden" / DATASET / f"{shard}.safetensors"
         assert own.read_bytes() == (shared / f"{shard}.safetensors").read_bytes()
