@@ -190,9 +190,14 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+            except (RecursionError, ValueError) as err:  # nested too deep, a number too long
+                raise ValueError(
+                    f"{path}:{lineno}: unreadable JSON ({type(err).__name__})"
+                ) from None
+            yield row
 
 
 GZIP_SUFFIX = ".gz"

@@ -6,9 +6,12 @@ shards and leaves earlier ones untouched; `record_digests` gives each slice a co
 the workflow passes as a param, so a shard reruns exactly when its own records change (or, with
 `id_key`, the ids before it, which decide what counts as a duplicate).
 Bad records are never dropped silently: each goes to the rejected file with file, line and
-reason (malformed, empty, unknown role, duplicate id, a conversation the target's chat template
-cannot render, a prompt longer than `max_prompt_tokens` of the target's tokenizer), and the
-counts always add up (in = kept + rejected).
+reason (malformed, or JSON that `specbuild.records` refuses: nested too deep, a key twice,
+NaN, a lone surrogate; empty, unknown role, duplicate id, a conversation the target's chat
+template cannot render, a prompt longer than `max_prompt_tokens` of the target's tokenizer),
+and the counts always add up (in = kept + rejected). A `.json` list is cut into items before
+any is parsed, so the same faults reject one item; only a list whose own syntax is broken
+fails as a whole.
 
 One repair, never silent: assistant turns before the first user turn (ShareGPT dumps that open
 with the bot's greeting) answer nothing, and most templates cannot render them or put them
@@ -22,11 +25,13 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild.io import GZIP_SUFFIX, iter_utf8_lines, read_text_any
+from specbuild.records import RecordError, parse_record
 from specbuild.rejects import publish_shard
 
 __all__ = [
@@ -80,21 +85,83 @@ JSONL_SUFFIXES = (".jsonl", ".ndjson")
 JSON_LIST_SUFFIXES = (".json",)
 
 
-def _read_json_list(path: Path) -> list:
+_WS = re.compile(r"[ \t\n\r]*")
+# A string (escapes and all) or a bracket: enough to find where a value ends that the decoder
+# gave up on (nested past the recursion limit, a number past the digit limit).
+_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+_BRACKET_OR_STRING = re.compile(_STRING + r"|[\[\]{}]")
+_SCALAR = re.compile(_STRING + r"|[^,\]\s]+")
+
+
+def _list_error(path: Path, err: json.JSONDecodeError) -> ValueError:
+    return ValueError(
+        f"{path}:{err.lineno}: not valid JSON ({err.msg}, column {err.colno}); a .json "
+        "dataset is one JSON list, so one bad record fails it all: fix it, or write the "
+        "records one a line to a .jsonl file (bad lines are then rejected, the rest kept)"
+    )
+
+
+def _value_end(text: str, pos: int) -> int:
+    """Where the JSON value at `pos` ends, found without decoding it."""
+    if text[pos] not in "[{":
+        return _SCALAR.match(text, pos).end()
+    depth = 0
+    for m in _BRACKET_OR_STRING.finditer(text, pos):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(m.group(), 0)
+        if depth == 0:
+            return m.end()
+    raise json.JSONDecodeError("Unterminated value", text, pos)
+
+
+def _json_list_items(path: Path) -> Iterator[str]:
+    """The text of each item of a `.json` list. Items are cut apart here and parsed one by one
+    (specbuild.records), so an item that cannot be read is one reject; only a file whose list
+    itself is broken (an item with no end, a missing comma) fails as a whole."""
+    text = read_text_any(path)
+    decoder = json.JSONDecoder()
+    pos = _WS.match(text).end()
     try:
-        items = json.loads(read_text_any(path))
+        if not text.startswith("[", pos):
+            if pos < len(text):
+                kind = {"{": "dict", '"': "str"}.get(text[pos], "JSON scalar")
+                raise ValueError(
+                    f"{path}:1: a .json dataset must hold a JSON list of records, not a "
+                    f"{kind}; for one record a line, name the file .jsonl"
+                )
+            raise json.JSONDecodeError("Expecting value", text, pos)
+        pos = _WS.match(text, pos + 1).end()
+        closed = text.startswith("]", pos)
+        while not closed:
+            try:
+                end = decoder.raw_decode(text, pos)[1]
+            except json.JSONDecodeError:
+                raise
+            except (RecursionError, ValueError):
+                end = _value_end(text, pos)
+            yield text[pos:end]
+            pos = _WS.match(text, end).end()
+            if text.startswith(",", pos):
+                pos = _WS.match(text, pos + 1).end()
+            elif text.startswith("]", pos):
+                closed = True
+            else:
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, pos)
+        pos = _WS.match(text, pos + 1).end()
+        if pos < len(text):
+            raise json.JSONDecodeError("Extra data", text, pos)
     except json.JSONDecodeError as err:
-        raise ValueError(
-            f"{path}:{err.lineno}: not valid JSON ({err.msg}, column {err.colno}); a .json "
-            "dataset is one JSON list, so one bad record fails it all: fix it, or write the "
-            "records one a line to a .jsonl file (bad lines are then rejected, the rest kept)"
-        ) from err
-    if not isinstance(items, list):
-        raise ValueError(
-            f"{path}:1: a .json dataset must hold a JSON list of records, not a "
-            f"{type(items).__name__}; for one record a line, name the file .jsonl"
-        )
-    return items
+        raise _list_error(path, err) from None
+
+
+def _list_item_bytes(item: str) -> bytes:
+    """An item's bytes as the shard digest sees them: its canonical JSON (sorted keys), so
+    reformatting the file reruns nothing; an item that cannot be read keeps its own text, for
+    the shard to reject with the reason."""
+    try:
+        value = parse_record(item)
+    except RecordError:
+        return item.encode("utf-8")
+    return json.dumps(value, sort_keys=True, ensure_ascii=False).encode()
 
 
 def iter_raw_records(path: str | os.PathLike) -> Iterator[RawRecord]:
@@ -109,8 +176,8 @@ def iter_raw_records(path: str | os.PathLike) -> Iterator[RawRecord]:
             f"with {GZIP_SUFFIX} after it when gzipped"
         )
     if suffix in JSON_LIST_SUFFIXES:
-        for i, item in enumerate(_read_json_list(path)):
-            yield RawRecord(i, i + 1, json.dumps(item, sort_keys=True, ensure_ascii=False).encode())
+        for i, item in enumerate(_json_list_items(path)):
+            yield RawRecord(i, i + 1, _list_item_bytes(item))
         return
     index = 0
     for lineno, line in iter_utf8_lines(path):
@@ -173,8 +240,8 @@ def record_id(obj, *, dataset: str, index: int, id_key: str | None) -> str:
 def _peek_id(rec: RawRecord, *, dataset: str, id_key: str) -> str | None:
     """The id of a raw record, or None where it has none (it is rejected in its own shard)."""
     try:
-        obj = json.loads(rec.raw)
-    except ValueError:  # not JSON, or not UTF-8
+        obj = parse_record(rec.raw)
+    except RecordError:
         return None
     try:
         return record_id(obj, dataset=dataset, index=rec.index, id_key=id_key)
@@ -281,16 +348,9 @@ def repair_conversation(messages: list[dict]) -> tuple[list[dict], list[str]]:
 
 def _parse(rec: RawRecord):
     try:
-        text = rec.raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise SampleError(
-            f"not UTF-8 (byte {err.start}: {rec.raw[err.start : err.start + 1]!r})"
-        ) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        # after a comma: some messages end in "at" themselves ("Invalid control character at")
-        raise SampleError(f"malformed JSON: {err.msg}, column {err.colno}") from None
+        return parse_record(rec.raw)
+    except RecordError as err:
+        raise SampleError(str(err)) from None
 
 
 def split_prompt(messages: list[dict]) -> tuple[list[dict], dict | None]:

@@ -14,13 +14,13 @@ Adding a set is a config entry only. A bad file fails once, naming every bad lin
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild.io import iter_utf8_lines
+from specbuild.records import RecordError, parse_record
 
 __all__ = ["BenchPrompt", "SET_FORMATS", "read_bench_prompts", "read_bench_set", "render_prompt"]
 
@@ -82,12 +82,9 @@ def read_bench_prompts(
         if not line.strip():
             continue
         try:
-            row = json.loads(line.decode("utf-8"))
-        except UnicodeDecodeError as err:
-            faults.append(f"{path}:{lineno}: not UTF-8 (byte {err.start})")
-            continue
-        except json.JSONDecodeError as err:
-            faults.append(f"{path}:{lineno}: not valid JSON ({err.msg})")
+            row = parse_record(line)
+        except RecordError as err:
+            faults.append(f"{path}:{lineno}: {err}")
             continue
         if not isinstance(row, dict):
             faults.append(f"{path}:{lineno}: a row must be a JSON object")
