@@ -17,6 +17,7 @@ rule report_bench:
     params:
         sets=list(config["bench"]["sets"]),
         train_drafter=report_plan.train_metrics_variant(config, VARIANTS),
+        peers=list(config["bench"]["drafters"]),
     script:
         "../scripts/report_bench.py"
 

@@ -7,5 +7,6 @@ write_bench_report(
     train_metrics=snakemake.input.get("train"),
     train_drafter=snakemake.params.train_drafter,
     set_order=snakemake.params.sets,
+    peers=snakemake.params.peers,
     outputs=list(snakemake.output),
 )

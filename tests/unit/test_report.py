@@ -14,6 +14,7 @@ from specbuild.report.tables import (
     best_train_row,
     build_bench,
     build_latency,
+    build_peers,
     build_positions,
     build_sweep,
     build_train_vs_bench,
@@ -342,3 +343,31 @@ def test_with_several_drafters_each_chain_bar_is_labelled_with_its_drafter(drawn
         t.get_text() for t in drawn[0].axes[-1].get_legend().get_texts()
     ]
     assert labels == ["3-1-4 d1", "3-1-4 d2"]
+
+
+def test_peers_table_pairs_each_of_ours_with_each_drafter_built_elsewhere_per_request(tmp_path):
+    # ours: 12 tokens in 4 verify steps (3.0) on prompts a-f; theirs: 12 in 6 (2.0) on a-e,
+    # and one request theirs alone served (g): left out, the pairs are what both served
+    ours = [row("mt", "3-1-4", 12, 4, prompt=p) for p in "abcdef"]
+    theirs = [row("mt", "3-1-4", 12, 6, prompt=p, drafter="sf") for p in "abcdeg"]
+    base = [row("mt", "baseline", 12, None, prompt=p) for p in "abcdef"]
+    df = read_rows([write_rows(tmp_path / "rows.jsonl", ours + theirs + base)])
+    table = build_peers(df, ["sf"])
+    (line,) = table.to_dict("records")
+    assert (line["drafter"], line["peer"], line["requests"]) == ("d1", "sf", 5)
+    assert (line["accept_length"], line["peer_accept_length"]) == (3.0, 2.0)
+    assert line["ours_over_peer"] == pytest.approx(1.5)
+    assert line["ratio_lo"] == pytest.approx(1.5) and line["ratio_hi"] == pytest.approx(1.5)
+    assert build_peers(df, ["not_benched"]).empty
+    outputs = [
+        tmp_path / "t" / f"{n}.{e}"
+        for n in ("bench", "latency", "peers")
+        for e in ("md", "csv", "html")
+    ]
+    outputs += [tmp_path / "p" / f"{n}.png" for n in ("acceptance", "speedup")]
+    write_bench_report(
+        rows=[tmp_path / "rows.jsonl"], set_order=["mt"], outputs=outputs, peers=["sf"]
+    )
+    assert (
+        "| hf | mt | 3-1-4 | d1 | sf | 5 | 3 | 2 | 1.5 |" in (tmp_path / "t/peers.md").read_text()
+    )

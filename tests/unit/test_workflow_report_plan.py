@@ -30,6 +30,17 @@ def test_sweep_tables_exist_only_where_a_job_sweeps(default_config):
     assert "results/tables/sweep.md" in _paths(bench_report_files(default_config, ("base",)))
 
 
+def test_the_peers_table_exists_only_where_a_drafter_built_elsewhere_is_benched(default_config):
+    assert "results/tables/peers.md" not in _paths(bench_report_files(default_config, ("base",)))
+    default_config["bench"]["drafters"] = {"theirs": "elsewhere/drafter"}
+    files = bench_report_files(default_config, ("base",))
+    assert [f.caption for f in files if f.path.startswith("results/tables/peers.")] == [
+        "../report/peers_table.rst",
+        None,
+        None,
+    ]
+
+
 def test_training_curves_follow_report_train_metrics(default_config):
     assert train_metrics_variant(default_config, ("base",)) == "base"
     assert train_curves_dir(default_config) == "results/train/base/tensorboard"

@@ -1,6 +1,7 @@
 """The bench's part of the report: its tables (`report.tables`) and plots (`report.plots`)
 from every bench row file; the sweep's only where a served engine swept, per-position
-acceptance where declared (the hf engine), training's estimate where its metrics are given."""
+acceptance where declared (the hf engine), training's estimate where its metrics are given,
+ours against drafters built elsewhere where any is benched."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ def write_bench_report(
     outputs: Sequence[str | os.PathLike],
     train_metrics: str | os.PathLike | None = None,
     train_drafter: str | None = None,
+    peers: Sequence[str] = (),
 ) -> dict:
     """Write bench, positions, latency (+ sweep, train_vs_bench) tables and their plots into
     the folders of the declared `outputs`; raise if one of those was not written.
     `train_drafter` names the drafter `train_metrics` trained (None: unknown, every drafter's
-    rows sit beside it)."""
+    rows sit beside it). `peers`: the drafters built elsewhere (bench.drafters), each set
+    against each of ours in the peers table where the rule declares it."""
     tables_dir, plots_dir = tables.output_folders(outputs)
     df = tables.read_rows(rows)
     out = {
@@ -34,6 +37,8 @@ def write_bench_report(
     declared = {Path(p).stem for p in outputs}
     if "positions" in declared:  # only the hf engine reports acceptance per position
         out["positions"] = tables.build_positions(out["bench"])
+    if "peers" in declared:
+        out["peers"] = tables.build_peers(df, peers, set_order)
     if (df["phase"] == "sweep").any():
         out["sweep"] = tables.build_sweep(df)
     if train_metrics:

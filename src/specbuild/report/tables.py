@@ -28,7 +28,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbuild.bench.metrics import break_even, output_throughput, speedup, summarize
+from specbuild.bench.metrics import (
+    break_even,
+    output_throughput,
+    paired_ratio_interval,
+    speedup,
+    summarize,
+)
 from specbuild.bench.rows import check_rows
 from specbuild.chain import BASELINE, Chain, chain_order
 from specbuild.io import atomic_open, read_jsonl
@@ -43,6 +49,7 @@ __all__ = [
     "best_train_row",
     "simulated_accept_length",
     "build_train_vs_bench",
+    "build_peers",
     "format_number",
     "format_cell",
     "to_markdown",
@@ -187,6 +194,47 @@ def build_train_vs_bench(
     ]
     out["train_step"] = train_row.get("step")
     return out
+
+
+PAIR_KEYS = ["prompt_id", "turn"]  # one request of a set, whichever drafter served it
+
+
+def build_peers(
+    rows: pd.DataFrame, peers: Sequence[str], set_order: Sequence[str] | None = None
+) -> pd.DataFrame:
+    """Each of our drafters against each drafter built elsewhere (`peers`, bench.drafters'
+    names), per engine, set and chain, on the requests both served: acceptance of each and
+    ours / theirs with a paired 95% interval (requests resampled together, so a prompt easy
+    for both cancels). Ours wins a set where the interval's low bound is at or above 1."""
+    spec = rows[(rows["phase"] == "bench") & (rows["chain"] != BASELINE)]
+    out = []
+    for key, group in spec.groupby(["engine", "set", "chain"], sort=False):
+        by_drafter = {d: g.set_index(PAIR_KEYS) for d, g in group.groupby("drafter", sort=False)}
+        ours = [d for d in by_drafter if d not in peers]
+        for peer in (p for p in peers if p in by_drafter):
+            theirs = by_drafter[peer]
+            for drafter in ours:
+                mine = by_drafter[drafter]
+                both = mine.index.intersection(theirs.index)
+                a, b = theirs.loc[both], mine.loc[both]
+                served = (a["verify_steps"] > 0) & (b["verify_steps"] > 0)
+                a, b = a[served], b[served]
+                if not len(a):
+                    continue
+                ratio, lo, hi = paired_ratio_interval(
+                    a["completion_tokens"], a["verify_steps"],
+                    b["completion_tokens"], b["verify_steps"],
+                )  # fmt: skip
+                out.append(
+                    dict(zip(["engine", "set", "chain"], key, strict=True))
+                    | {"drafter": drafter, "peer": peer, "requests": len(a)}
+                    | {"accept_length": b["completion_tokens"].sum() / b["verify_steps"].sum()}
+                    | {"peer_accept_length": a["completion_tokens"].sum() / a["verify_steps"].sum()}
+                    | {"ours_over_peer": ratio, "ratio_lo": lo, "ratio_hi": hi}
+                )
+    if not out:
+        return pd.DataFrame(columns=[*GROUP_KEYS, "peer", "requests", "ours_over_peer"])
+    return _ordered(pd.DataFrame(out), set_order)
 
 
 def format_number(x: float) -> str:

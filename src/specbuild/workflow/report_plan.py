@@ -67,6 +67,9 @@ def bench_report_files(config: Mapping, variants: Collection[str]) -> list[Repor
         out += plot("positions", "Benchmark", "Acceptance")
     if config["report"]["train_metrics"]:
         out += table("train_vs_bench", "Benchmark", "Acceptance")
+    # ours against drafters built elsewhere (another trainer's export), paired per request
+    if config["bench"]["drafters"]:
+        out += table("peers", "Benchmark", "Peers")
     out += table("latency", "Benchmark", "Speed")
     out += plot("speedup", "Benchmark", "Speed")
     # only where a job sweeps: a served bench of drafters outside sweep_drafters and no
