@@ -65,11 +65,11 @@ if workflow.is_main_process:
 VARIANTS = train_variants(config)
 
 # Every dataset's shards and their digests, read once. A file that cannot be read or holds no
-# record is a config fault naming its key, like the schema's, not a stack trace.
+# record is a config fault naming its key, printed like the schema's (the message alone).
 try:
     SHARDS = ShardIndex.read(config)
 except DatasetFaults as err:
-    raise ConfigError(config_source(), err.faults, SCHEMA) from None
+    sys.exit(str(ConfigError(config_source(), err.faults, SCHEMA)))
 
 # The one SGLang ServerOptions param of every server specbuild starts (bench, tuning, serve)
 SERVER = engines.server_options_params(engines.sglang_server_options(config))

@@ -9,6 +9,7 @@ empty here: the schema reports it. So no such fault surfaces later as a stack tr
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,39 @@ RESERVED_DRAFTER_NAMES = (NO_DRAFTER, BASELINE)
 def _file_fault(key: str, path: Any, workdir: Path) -> list[str]:
     if not isinstance(path, str):
         return []  # a type fault, reported by the schema
-    full = workdir / path
-    if full.is_file():
+    what = _not_a_file(workdir / path)
+    if what is None:
         return []
-    what = "is a directory, not a file" if full.is_dir() else "no such file"
-    return [f"{key}: {what} {path!r} (in {workdir.resolve()})"]
+    said = f"no such file {path!r}" if what == MISSING else f"{path!r} {what}"
+    return [f"{key}: {said} (in {workdir.resolve()})"]
+
+
+# What a path is when it is no regular file: a FIFO or a device would block or never end when
+# read, so each is named for what it is, not reported as missing.
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+MISSING = "is missing"
+
+
+def _not_a_file(full: Path) -> str | None:
+    """Why `full` cannot be read as a file (MISSING, 'is a FIFO ...'), None if it can."""
+    try:
+        mode = full.stat().st_mode
+    except FileNotFoundError:
+        return "is a symlink to nothing" if full.is_symlink() else MISSING
+    except OSError as err:
+        return f"cannot be looked up ({err.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "something else")
+    return f"is {kind}, not a regular file"
 
 
 def _sets_faults(prefix: str, sets: Any, workdir: Path) -> list[str]:
