@@ -9,6 +9,7 @@ import sys
 from specbuild.keepers import stop_all as stop_keepers
 from specbuild.chain import CHAIN_PATTERN
 from specbuild.config import ConfigError, check_config
+from specbuild.config.files import ConfigFileError, check_configfiles
 from specbuild.config import train_datasets, train_variants
 from specbuild.formats import BENCH_ROWS, GENERATED_ROWS, SAMPLE_ROWS, TOKENIZED_ROWS
 from specbuild.rejects import check_rejected_share
@@ -27,6 +28,14 @@ def config_source():
 
 
 SCHEMA = f"{workflow.basedir}/config/config.schema.yaml"
+
+# Config files are data. profiles/default refuses code in them before Snakemake loads them;
+# read again here for a run without that profile (`--workflow-profile none`): its YTE has
+# already run by now, but no value it made reaches a job (docs/security.md).
+try:
+    check_configfiles(workflow.overwrite_configfiles)
+except ConfigFileError as err:
+    sys.exit(str(err))
 
 # Fills the schema's defaults; one short error naming every faulty key. Exiting with the message
 # alone: Snakemake prints a raised error inside "in file common.smk, line N" and a traceback line,

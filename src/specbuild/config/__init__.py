@@ -3,6 +3,8 @@ its dotted key; then read through a few shared views.
 
     schema.py      load config.schema.yaml, read scalars as its types, fill its defaults,
                    one line per schema fault; ConfigError
+    files.py       config files as plain data (no YTE, no Python tags, bounded size), before
+                   Snakemake loads them; the same bounds on a loaded config
     moved.py       keys of earlier releases, each naming its successor
     checks.py      what the schema cannot say: faults across keys and on disk
     views.py       train_variants, train_datasets, bench_drafter_names, sglang_server_args
@@ -20,6 +22,7 @@ import os
 from pathlib import Path
 
 from specbuild.config.checks import rule_faults
+from specbuild.config.files import value_faults
 from specbuild.config.moved import is_moved, moved_faults
 from specbuild.config.schema import (
     ConfigError,
@@ -58,6 +61,10 @@ def check_config(
     relative paths in the config are checked against `workdir`.
     """
     loaded = load_schema(schema)
+    # before anything walks it: a Python object or an alias bomb is refused in milliseconds
+    shape = value_faults(config)
+    if shape:
+        raise ConfigError(source, shape, schema)
     coerce_scalars(config, loaded)
     moved = moved_faults(config)
     faults = [f for f in schema_faults(config, loaded) if not is_moved(f, moved)] + moved

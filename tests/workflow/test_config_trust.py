@@ -1,0 +1,114 @@
+"""A config file that would run code is refused before it runs, by the real `snakemake` and by
+`make` alike (profiles/default reads every --configfile as plain data first); without that
+profile the Snakefile refuses it too, after Snakemake's own loader has run it (docs/security.md
+says which route covers what)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from workflow_helpers import REPO, SNAKEMAKE, snakemake, tiny_config, write_config
+
+from benchmarks.workflow import WORKFLOW_FILES
+
+# A YTE expression that leaves a file behind when it runs: the proof that it did not.
+EVIL = """\
+__use_yte__: true
+__definitions__:
+  - open("ran.txt", "w").write("YTE ran")
+generate:
+  max_new_tokens: ?open("ran.txt", "w").write("YTE ran") or 8
+"""
+
+YTE_REFUSED = re.compile(r"shared\.yaml, line \d+: __use_yte__: YTE templates run Python")
+
+
+def scratch_workflow(workdir: Path) -> Path:
+    """The workflow's files and a valid tiny config, no target or data (nothing gets that far)."""
+    for name in WORKFLOW_FILES:
+        src, dst = REPO / name, workdir / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dst)
+    write_config(workdir, tiny_config())
+    return workdir
+
+
+def evil_config(workdir: Path, body: str = EVIL) -> Path:
+    path = workdir / "shared.yaml"
+    good = (workdir / "config" / "config.yaml").read_text(encoding="utf-8")
+    path.write_text(good.replace("generate:\n", "generate_old:\n") + body, encoding="utf-8")
+    return path
+
+
+def files_of(workdir: Path) -> set[str]:
+    return {str(p.relative_to(workdir)) for p in workdir.rglob("*") if "__pycache__" not in str(p)}
+
+
+def test_plain_snakemake_refuses_a_yte_config_before_it_runs(tmp_path):
+    workdir = scratch_workflow(tmp_path / "wf")
+    evil_config(workdir)
+    before = files_of(workdir)
+    proc = snakemake(workdir, "-n", "--configfile", "shared.yaml", check=False, timeout=120)
+    assert proc.returncode != 0
+    assert YTE_REFUSED.search(proc.stderr), proc.stderr
+    assert "a config is data, never code (docs/security.md)" in proc.stderr
+    assert not (workdir / "ran.txt").exists()
+    assert files_of(workdir) == before  # no .snakemake/, no lock, no log
+
+
+def test_make_refuses_a_yte_config_before_it_runs(tmp_path):
+    workdir = scratch_workflow(tmp_path / "wf")
+    shutil.copy2(REPO / "Makefile", workdir / "Makefile")
+    shutil.copy2(REPO / "pyproject.toml", workdir / "pyproject.toml")
+    evil_config(workdir)
+    venv = SNAKEMAKE.parent.parent
+    proc = subprocess.run(
+        ["make", "dry-run", "CONFIG=shared.yaml", f"VENV={venv}"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert YTE_REFUSED.search(proc.stderr), proc.stderr
+    assert not (workdir / "ran.txt").exists()
+    assert not (workdir / ".snakemake").exists()
+
+
+def test_a_python_tag_is_named_with_its_key_not_as_mixed_indentation(tmp_path):
+    workdir = scratch_workflow(tmp_path / "wf")
+    evil_config(workdir, "sglang:\n  env:\n    HOOK: !!python/name:os.system\n")
+    proc = snakemake(workdir, "-n", "--configfile", "shared.yaml", check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "sglang.env.HOOK: tag !!python/name:os.system builds a Python object" in proc.stderr
+    assert "whitespace and tab" not in proc.stderr
+    assert not (workdir / ".snakemake").exists()
+
+
+def test_an_alias_bomb_in_server_args_is_refused_at_its_key(tmp_path):
+    workdir = scratch_workflow(tmp_path / "wf")
+    bomb = "".join(f"    b{i}: &b{i} [{', '.join([f'*b{i - 1}'] * 9)}]\n" for i in range(1, 12))
+    evil_config(workdir, "sglang:\n  server_args:\n    b0: &b0 [x, x, x]\n" + bomb)
+    # 3 x 9**11 values expanded: a bound far above a refusal's milliseconds, below the expansion
+    proc = snakemake(workdir, "-n", "--configfile", "shared.yaml", check=False, timeout=120)
+    assert proc.returncode != 0
+    assert re.search(r"line \d+: sglang\.server_args\.b\d+\[\d+\]: more than", proc.stderr)
+    assert "more than 100,000 values with its aliases expanded" in proc.stderr
+
+
+def test_without_the_profile_the_snakefile_still_refuses_the_file(tmp_path):
+    workdir = scratch_workflow(tmp_path / "wf")
+    evil_config(workdir)
+    args = ("-n", "--workflow-profile", "none", "--cores", "1", "--configfile", "shared.yaml")
+    proc = snakemake(workdir, *args, check=False, timeout=300)
+    assert proc.returncode != 0
+    assert YTE_REFUSED.search(proc.stderr), proc.stderr
+    # Snakemake's own loader ran the template before any workflow code: the trust model
+    # docs/security.md states for this route
+    assert (workdir / "ran.txt").read_text() == "YTE ran"
