@@ -20,6 +20,7 @@ import os
 import secrets
 import socket
 import stat
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -305,6 +306,31 @@ def read_text_any(path: str | os.PathLike) -> str:
         ) from None
 
 
+def _say_log_stops(log: str | os.PathLike) -> None:
+    print(
+        f"specbuild: {log}: no space left on device; this job logs to stderr only", file=sys.stderr
+    )
+
+
+class _LogFile(logging.FileHandler):
+    """A job's log file that a full disk ends quietly: the lines written so far stay, the rest
+    goes to stderr only. Python's default prints a `--- Logging error ---` traceback for every
+    line after, burying the one message that says which disk is full."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        err = sys.exc_info()[1]
+        if err is None or not _is_disk_full(err):
+            super().handleError(record)
+            return
+        stream, self.stream = self.stream, None
+        try:
+            stream.close()  # its unwritten buffer cannot be written either
+        except OSError:
+            pass
+        self.emit = lambda record: None  # type: ignore[method-assign]
+        _say_log_stops(self.baseFilename)
+
+
 def setup_logging(
     log: str | os.PathLike | None, name: str = "specbuild", *, append: bool = False
 ) -> logging.Logger:
@@ -318,8 +344,13 @@ def setup_logging(
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
     handlers: list[logging.Handler] = [logging.StreamHandler()]
     if log:
-        Path(log).parent.mkdir(parents=True, exist_ok=True)
-        handlers.append(logging.FileHandler(log, mode="a" if append else "w", encoding="utf-8"))
+        try:
+            Path(log).parent.mkdir(parents=True, exist_ok=True)
+            handlers.append(_LogFile(log, mode="a" if append else "w", encoding="utf-8"))
+        except OSError as err:
+            if not _is_disk_full(err):
+                raise
+            _say_log_stops(log)
     for h in handlers:
         h.setFormatter(fmt)
         logger.addHandler(h)

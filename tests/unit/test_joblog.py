@@ -5,6 +5,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 
 def _run_job(tmp_path, body: str) -> subprocess.CompletedProcess:
     """A script shaped like scripts/*.py: start the job's log, then the work."""
@@ -50,3 +52,65 @@ def test_every_script_starts_its_job_log_first():
     assert scripts
     missing = [s.name for s in scripts if "start_job_log(snakemake.log[0])" not in s.read_text()]
     assert missing == []
+
+
+FULL_DISK_JOB = """
+    import logging
+
+    from specbuild.io import write_jsonl
+
+    log = logging.getLogger("specbuild")
+    log.info("shard 00000: 12 records in")
+    {fill}
+    log.info("writing the shard")
+    write_jsonl({out!r}, [{{"text": "x" * 1000}}] * 200)
+    """
+
+
+def _full_disk_output(proc) -> None:
+    """A full disk ends the job with its short message alone on stderr."""
+    assert proc.returncode == 1
+    assert "CRITICAL job failed: " in proc.stderr
+    assert "no space left on device" in proc.stderr
+    assert "Logging error" not in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stderr.count("this job logs to stderr only") == 1
+
+
+def test_a_log_on_a_full_disk_leaves_the_short_message_alone(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "job.log").symlink_to("/dev/full")  # every write: ENOSPC
+    body = FULL_DISK_JOB.format(fill="", out=str(tmp_path / "out" / "shard.jsonl"))
+    script = f"""
+    import errno
+    import specbuild.io
+
+    def full(*args, **kwargs):  # the shard's disk is full as well
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    specbuild.io._create_temp = full
+    {textwrap.dedent(body)}
+    """
+    proc = _run_job(tmp_path, textwrap.dedent(script).replace("\n    ", "\n"))
+    _full_disk_output(proc)
+    assert "shard 00000: 12 records in" in proc.stderr  # what the log could not keep
+
+
+@pytest.mark.root
+def test_a_real_full_disk_under_logs_keeps_the_lines_written_before_it(tmp_path, mount_tmpfs):
+    disk = mount_tmpfs("64k")  # logs/ and the output on one small real filesystem
+    fill = f"open({str(disk / 'other-job.bin')!r}, 'wb').write(b'x' * 200_000)"
+    body = FULL_DISK_JOB.format(
+        fill=f"try:\n        {fill}\n    except OSError:\n        pass  # another job filled it\n"
+        '    log.info("x" * 8192)  # past the log\'s last page',
+        out=str(disk / "results" / "shard.jsonl"),
+    )
+    script = tmp_path / "job.py"
+    script.write_text(
+        "from specbuild.joblog import start_job_log\n\n"
+        f"start_job_log({str(disk / 'logs' / 'job.log')!r})\n" + textwrap.dedent(body)
+    )
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    _full_disk_output(proc)
+    assert f"{disk / 'results' / 'shard.jsonl'}: no space left on device" in proc.stderr
+    assert "shard 00000: 12 records in" in (disk / "logs" / "job.log").read_text()
+    assert not (disk / "results" / "shard.jsonl").exists()
