@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fnmatch
 import functools
 import hashlib
 import importlib.util
@@ -369,6 +370,32 @@ def _link_hf_folder(src: Path, out: Path) -> None:
     log.info("linked %d files from %s", linked, src)
 
 
+def _check_own_folder(out_dir: Path, name: str) -> None:
+    """The stage deletes an earlier source's files in `out_dir`: only in a folder of its own
+    (the schema keeps target.name a plain name; this holds for any caller), never through a
+    link to a folder elsewhere."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise ValueError(f"target.name {name!r}: not a folder name (results/target/<name>/)")
+    if out_dir.is_symlink():
+        raise ValueError(
+            f"{out_dir} is a symlink (to {os.readlink(out_dir)}): the target stage replaces the "
+            "files of its own folder and never works through a link; make it a folder (results/ "
+            "itself may be a link to another disk)"
+        )
+
+
+def _stale_files(out_dir: Path, built: set[str]) -> list[Path]:
+    """Files and links of `out_dir` an earlier build made (names of HF_PATTERNS) that this one
+    did not: never loaded with this source's. Folders, and files of other names, are left."""
+    return [
+        old
+        for old in sorted(out_dir.iterdir())
+        if old.name not in built
+        and (old.is_symlink() or old.is_file())
+        and any(fnmatch.fnmatch(old.name, p) for p in HF_PATTERNS)
+    ]
+
+
 def materialize_target(
     *,
     source: str,
@@ -379,6 +406,7 @@ def materialize_target(
 ) -> TargetInfo:
     """Build `out_dir` (HF folder) and write `out_dir/fingerprint.json` last, as the done-marker."""
     out_dir = Path(out_dir)
+    _check_own_folder(out_dir, name)
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir, prefix=".build-") as tmp:
         tmp = Path(tmp)
@@ -401,10 +429,8 @@ def materialize_target(
             check_remote_code(folder, trust_remote_code=trust_remote_code, source=source)
             _link_hf_folder(folder, tmp)
         (out_dir / FINGERPRINT).unlink(missing_ok=True)
-        built = {f.name for f in tmp.iterdir()}
-        for old in out_dir.iterdir():  # an earlier source's files: never loaded with this one's
-            if old.name not in built and (old.is_symlink() or old.is_file()):
-                old.unlink()
+        for old in _stale_files(out_dir, built={f.name for f in tmp.iterdir()}):
+            old.unlink()  # a link itself, never what it points to
         mode = user_file_mode(out_dir)
         for f in tmp.iterdir():
             # safetensors writes 0600: give what we wrote the user's mode, but never chmod a

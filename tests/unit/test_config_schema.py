@@ -142,3 +142,50 @@ def test_the_trainers_choices_are_the_schemas():
     assert set(schema["init"]["enum"]) == set(INITS)
     assert set(schema["attention"]["enum"]) == {"auto", *ATTENTION}
     assert set(schema["loss"]["enum"]) == {"auto", *LOSS}
+
+
+def _name_at(cfg: dict, where: str, name: str) -> str:
+    """Put `name` where a config name becomes a folder or file name; the dotted key faulted."""
+    if where == "target.name":
+        cfg["target"]["name"] = name
+        return "target.name"
+    if where == "bench.openai.drafter":
+        cfg.setdefault("bench", {}).setdefault("openai", {})["drafter"] = name
+        return "bench.openai.drafter"
+    section, *rest = where.split(".")
+    spec = {"datasets": {"path": "x.jsonl"}, "bench.sets": {"path": "x.jsonl"}}.get(where, {})
+    node = cfg.setdefault(section, {})
+    for key in rest:
+        node = node.setdefault(key, {})
+    node[name] = spec
+    return where
+
+
+# every config name that becomes a path component: results/target/<target.name>/,
+# results/*/<dataset>/, results/{train,drafter}/<variant>/, results/bench/<engine>/<drafter>/,
+# results/tuning/<point>.json; bench sets name rows and tables
+PATH_NAMES = [
+    "target.name",
+    "datasets",
+    "train.variants",
+    "bench.drafters",
+    "bench.sets",
+    "bench.openai.drafter",
+    "sglang.tuning.points",
+]
+
+
+@pytest.mark.parametrize("where", PATH_NAMES)
+@pytest.mark.parametrize("name", ["..", ".", "", "a/../..", "/etc", "a\0b"])
+def test_a_name_that_would_leave_its_folder_is_refused(where, name):
+    cfg = default_config()
+    key = _name_at(cfg, where, name)
+    found = [f for f in faults(cfg) if f.startswith(key)]
+    assert found, faults(cfg)
+    assert " must match " in found[0] and "(" in found[0], found[0]
+
+
+def test_dots_among_other_characters_still_make_a_name():
+    cfg = default_config()
+    cfg["target"]["name"] = "smollm2-135m.v2"
+    assert passes(cfg)["target"]["name"] == "smollm2-135m.v2"

@@ -242,3 +242,55 @@ def test_a_new_source_leaves_none_of_the_old_sources_files(tmp_path, target_dir)
     materialize_target(source=str(second), name="tiny", out_dir=out)
     assert not (out / "extra_notes.txt").exists()
     read_target_info(out / "fingerprint.json")  # every file left is one fingerprinted
+
+
+def test_a_rebuild_deletes_only_files_the_stage_builds_never_through_a_link(tmp_path, target_dir):
+    from specbuild.target import materialize_target
+
+    first = _tiny_source(tmp_path / "first", target_dir)
+    (first / "extra_notes.txt").write_text("from the first source\n")
+    out = tmp_path / "target"
+    materialize_target(source=str(first), name="tiny", out_dir=out)
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "shard.safetensors").write_bytes(b"kept")
+    (out / "hidden").symlink_to(big, target_is_directory=True)
+    (out / "report.html").write_text("<html>")
+    (out / "serve.sh").write_text("#!/bin/sh\n")
+    (out / "keep").mkdir()
+    (out / "keep" / "config.json").write_text("{}")
+    materialize_target(
+        source=str(_tiny_source(tmp_path / "second", target_dir)), name="tiny", out_dir=out
+    )
+    assert not (out / "extra_notes.txt").exists()  # the earlier source's file
+    assert (out / "hidden").is_symlink() and (big / "shard.safetensors").read_bytes() == b"kept"
+    assert (out / "report.html").exists() and (out / "serve.sh").exists()
+    assert (out / "keep" / "config.json").exists()
+
+
+@pytest.mark.parametrize("name", ["..", ".", "", "a/b"])
+def test_a_name_that_leaves_its_folder_deletes_nothing(tmp_path, name):
+    from specbuild.target import materialize_target
+
+    results = tmp_path / "results"
+    (results / "target").mkdir(parents=True)
+    (results / "report.html").write_text("<html>")
+    with pytest.raises(ValueError, match="not a folder name"):
+        materialize_target(
+            source="gguf:/nowhere.gguf", name=name, out_dir=results / "target" / name
+        )
+    assert sorted(p.name for p in results.iterdir()) == ["report.html", "target"]
+
+
+def test_a_target_folder_that_is_a_link_is_refused_before_anything_is_deleted(tmp_path):
+    from specbuild.target import materialize_target
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "config.json").write_text("{}")
+    out = tmp_path / "results" / "target" / "tiny"
+    out.parent.mkdir(parents=True)
+    out.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(ValueError, match="is a symlink .*never works through a link"):
+        materialize_target(source="gguf:/nowhere.gguf", name="tiny", out_dir=out)
+    assert [p.name for p in elsewhere.iterdir()] == ["config.json"]

@@ -250,7 +250,10 @@ def _describe(error: ValidationError) -> Iterator[str]:
     path, value, kind, expected = error.absolute_path, error.instance, error.validator, None
     schema = error.schema
     if "propertyNames" in error.absolute_schema_path:
-        yield f"{_key(path)}: name {value!r} must match {error.validator_value!r}"
+        hint = _name_hint(value)
+        yield f"{_key(path)}: name {value!r} must match {error.validator_value!r}{hint}"
+    elif kind == "pattern" and _name_hint(value):
+        yield f"{_key(path)}: {value!r} must match {error.validator_value!r}{_name_hint(value)}"
     elif kind == "additionalProperties" and error.validator_value is False:
         known = schema.get("properties", {})
         patterns = schema.get("patternProperties", {})
@@ -277,6 +280,19 @@ def _describe(error: ValidationError) -> Iterator[str]:
     else:
         message = error.message.replace(repr(value), _short.repr(value))
         yield f"{_key(path)}: {message}"
+
+
+def _name_hint(value: Any) -> str:
+    """Why a name that becomes a path component would leave its folder, or ''."""
+    if not isinstance(value, str):
+        return ""
+    if value and set(value) == {"."}:
+        return " (dots alone name the folder itself or one above it, not one inside it)"
+    if "/" in value or "\\" in value:
+        return " (a slash makes it a path: a name stays in its folder)"
+    if "\0" in value or not value:
+        return " (an empty name, or one with a NUL byte, names no file)"
+    return ""
 
 
 def _alternatives(value: Any, branches: list[Mapping]) -> str:
