@@ -10,7 +10,9 @@ __all__ = ["BENCH_ROWS", "DRAFTER_FILES", "GENERATED_ROWS", "SAMPLE_ROWS", "TOKE
 
 # 2: assistant turns before the first user turn dropped (the row's `repairs`); a conversation
 # the chat template cannot render rejected with its line
-SAMPLE_ROWS = 2
+# 3: records read by specbuild.records (a key twice, nesting too deep, NaN rejected); a
+# record with one of the target's special tokens typed as text rejected (special_text)
+SAMPLE_ROWS = 3
 
 # 2: `regenerate` answers every assistant turn on the target's own earlier answers
 GENERATED_ROWS = 2

@@ -54,6 +54,7 @@ from specbuild.io import read_jsonl
 from specbuild.near_dup import find_near_duplicates
 from specbuild.rejects import error_text, publish_shard
 from specbuild.samples import split_prompt
+from specbuild.special_text import special_text_fault
 from specbuild.target import load_tokenizer, read_target_info
 from specbuild.user_turn import follow_up_seed, open_user_turn, written_user_turn
 
@@ -194,6 +195,9 @@ def _follow_ups(
             ended[f"user turn {turn[req.id]}: {reason}"] += 1
             continue
         user = {"role": "user", "content": text}
+        if special_text_fault(tokenizer, [user]):
+            ended[f"user turn {turn[req.id]}: written with a special token as text"] += 1
+            continue
         answers.append(GenerationRequest(id=req.id, messages=conversations[req.id] + [user]))
     return answers, ended
 
@@ -256,6 +260,7 @@ def generate_shard(
         "a generated shard",
         hint="lower generate.max_new_tokens",
     )
+    tokenizer = load_tokenizer(Path(fingerprint).parent)
     bad: list[dict] = []
     dups: dict[str, str] = {}
     if near_duplicate_threshold is not None:
@@ -275,6 +280,11 @@ def generate_shard(
     rest: dict[str, list[list[dict]]] = {}  # contexts still to answer, per conversation
     for row in rows:
         if row["id"] in dups:
+            continue
+        # samples checks its records; a self-written prompt (synthesize) is checked here
+        forged = special_text_fault(tokenizer, row["messages"])
+        if forged:
+            bad.append({"id": row["id"], "reason": forged})
             continue
         prompt, answer = split_prompt(row["messages"])
         if mode == "keep":
@@ -329,7 +339,6 @@ def generate_shard(
     ended: Counter = Counter()
     if todo:
         torch.manual_seed(sampling.seed)
-        tokenizer = load_tokenizer(Path(fingerprint).parent) if turns > 1 else None
         engine = backend()
         try:
             pending, round_ = todo, 0
@@ -342,15 +351,19 @@ def generate_shard(
                     n = _n_answers(req.messages) + 1
                     more = bool(rest.get(req.id)) or n < turns
                     reason = _answer_failure(gen)
-                    if reason is not None:
+                    if reason is None:
+                        answer = {"role": "assistant", "content": gen.content}
+                        if gen.reasoning:
+                            answer["reasoning_content"] = gen.reasoning
+                        # the next turn would carry it back to the target as chat structure
+                        forged = special_text_fault(tokenizer, [answer])
+                        reason = forged and "the target's answer holds a special token as text"
+                    if reason:
                         if req.id not in made:
                             bad.append({"id": req.id, "reason": reason})
                         else:  # the conversation keeps its earlier answers
                             ended[f"answer {n}: {reason}"] += 1
                         continue
-                    answer = {"role": "assistant", "content": gen.content}
-                    if gen.reasoning:
-                        answer["reasoning_content"] = gen.reasoning
                     usage = (made.get(req.id) or {}).get("usage") or {}
                     made[req.id] = {
                         "messages": req.messages + [answer],

@@ -6,12 +6,12 @@ shards and leaves earlier ones untouched; `record_digests` gives each slice a co
 the workflow passes as a param, so a shard reruns exactly when its own records change (or, with
 `id_key`, the ids before it, which decide what counts as a duplicate).
 Bad records are never dropped silently: each goes to the rejected file with file, line and
-reason (malformed, or JSON that `specbuild.records` refuses: nested too deep, a key twice,
-NaN, a lone surrogate; empty, unknown role, duplicate id, a conversation the target's chat
-template cannot render, a prompt longer than `max_prompt_tokens` of the target's tokenizer),
-and the counts always add up (in = kept + rejected). A `.json` list is cut into items before
-any is parsed, so the same faults reject one item; only a list whose own syntax is broken
-fails as a whole.
+reason (malformed, or JSON that `specbuild.records` refuses: nested too deep, a key twice, NaN,
+a lone surrogate; empty, unknown role, duplicate id, a conversation the target's chat template
+cannot render, one of the target's special tokens typed as text (`specbuild.special_text`), a
+prompt longer than `max_prompt_tokens` of the target's tokenizer), and the counts always add
+up (in = kept + rejected). A `.json` list is cut into items before any is parsed, so the same
+faults reject one item; only a list whose own syntax is broken fails as a whole.
 
 One repair, never silent: assistant turns before the first user turn (ShareGPT dumps that open
 with the bot's greeting) answer nothing, and most templates cannot render them or put them
@@ -33,6 +33,7 @@ from pathlib import Path
 from specbuild.io import GZIP_SUFFIX, iter_utf8_lines, read_text_any
 from specbuild.records import RecordError, parse_record
 from specbuild.rejects import publish_shard
+from specbuild.special_text import special_text_fault
 
 __all__ = [
     "RawRecord",
@@ -426,11 +427,17 @@ def write_sample_shard(
     Ids are `<dataset>-<record index>` (stable when records are appended), or
     `<dataset>-<value of id_key>`; a record whose id an earlier record of the file already has
     is rejected (so with `id_key` the records before `start` are read for their ids).
-    `max_prompt_tokens` (with `target_dir`, the target's folder) rejects longer prompts.
+    With `target_dir` (the target's folder), a record whose text holds one of its special
+    tokens is rejected (specbuild.special_text), and `max_prompt_tokens` rejects longer prompts.
     """
-    if (target_dir is None) != (max_prompt_tokens is None):
-        raise ValueError("give both max_prompt_tokens and target_dir (its tokenizer), or neither")
+    if max_prompt_tokens is not None and target_dir is None:
+        raise ValueError("max_prompt_tokens needs target_dir (its tokenizer)")
     length = None if max_prompt_tokens is None else PromptLength(target_dir, max_prompt_tokens)
+    tokenizer = None
+    if target_dir is not None:
+        from specbuild.target import load_tokenizer  # transformers: not at workflow parse time
+
+        tokenizer = length.tok if length is not None else load_tokenizer(target_dir)
     kept, bad = [], []
     first_line: dict[str, int] = {}  # id -> line of the first record with it
     for rec in iter_raw_records(raw):
@@ -453,6 +460,9 @@ def write_sample_shard(
             messages, repairs = repair_conversation(
                 normalize_sample(obj, fmt=fmt, prompt_key=prompt_key)
             )
+            forged = tokenizer is not None and special_text_fault(tokenizer, messages)
+            if forged:
+                raise SampleError(forged)
             if length is not None:
                 length.check(messages)
         except SampleError as err:

@@ -28,7 +28,8 @@ truncated and the turns dropped. Reasoning tokens (`reasoning_tokens` in the met
 inside a trained turn's reasoning text) are counted beside the response tokens.
 
 No single record stops a shard: a record that cannot be rendered or tokenized (its template
-raises, no assistant turn, too long under `drop`) is rejected with its id and the reason; a
+raises, no assistant turn, too long under `drop`, one of the target's special tokens typed as
+text in any message: `specbuild.special_text`) is rejected with its id and the reason; a
 record is kept when all its rows are, so counts are records (in = kept + rejected) and `rows`
 in the meta says how many rows they made.
 """
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from specbuild.disk import ensure_free_space, tokenize_need
 from specbuild.io import read_jsonl, write_json
 from specbuild.rejects import error_text, publish_shard
+from specbuild.special_text import special_text_fault
 from specbuild.target import read_target_info
 
 __all__ = [
@@ -306,6 +308,9 @@ def tokenize_conversation(
     """One conversation to its rows (each with exactly ROW_KEYS): one row, or one per
     assistant turn where the template drops earlier reasoning (module docstring); or
     RowRejected with the reason."""
+    forged = special_text_fault(tokenizer, messages)
+    if forged:
+        raise RowRejected(forged)
     msgs = _with_reasoning(messages, _template_takes_reasoning(tokenizer))
     turns = _assistant_turns(msgs)
     out = Tokenized(rows=[])

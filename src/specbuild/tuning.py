@@ -179,7 +179,9 @@ def run_tuning_point(
     if faults:
         row = _row(point, "rejected", "; ".join(faults), args, spec.env)
     else:
-        firsts = [BenchPrompt(p.id, p.turns[:1]) for p in read_bench_set(prompt_set, limit=prompts)]
+        tokenizer = load_tokenizer(target_dir)
+        read = read_bench_set(prompt_set, limit=prompts, tokenizer=tokenizer)
+        firsts = [BenchPrompt(p.id, p.turns[:1]) for p in read]
         try:
             name = f"sglang-tune-{point}"
             with job_server(spec, name=name, idle_s=share_idle_s, exclusive=True) as srv:
@@ -189,7 +191,7 @@ def run_tuning_point(
                 metrics = _measure(
                     engine,
                     firsts,
-                    tokenizer=load_tokenizer(target_dir),
+                    tokenizer=tokenizer,
                     max_new_tokens=max_new_tokens,
                     concurrency=concurrency,
                     min_requests=sweep_min_requests,

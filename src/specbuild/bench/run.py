@@ -78,7 +78,9 @@ def run_bench(
 
     tokenizer = load_tokenizer(target_dir)
     prompt_sets = {
-        name: read_bench_set(spec, limit=_limit(spec.get("limit"), prompt_limit))
+        name: read_bench_set(
+            spec, limit=_limit(spec.get("limit"), prompt_limit), tokenizer=tokenizer
+        )
         for name, spec in sets.items()
     }
     engine_args = {

@@ -9,7 +9,9 @@ user turns in one of three formats:
             kept, since every assistant turn is the target's own answer at bench time
 
 Rows keep input order; `limit` takes the first N rows and `turns` the first N user turns of each.
-Adding a set is a config entry only. A bad file fails once, naming every bad line and the fix.
+Adding a set is a config entry only. A bad file fails once, naming every bad line and the fix;
+a row whose text holds one of the target's special tokens is a bad row (bench and tuning read
+sets with the target's tokenizer), so no prompt benched forges a turn.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from specbuild.io import iter_utf8_lines
 from specbuild.records import RecordError, parse_record
+from specbuild.special_text import special_text_fault
 
 __all__ = ["BenchPrompt", "SET_FORMATS", "read_bench_prompts", "read_bench_set", "render_prompt"]
 
@@ -66,8 +69,11 @@ def read_bench_prompts(
     id_key: str | None = None,
     limit: int | None = None,
     turns: int | None = None,
+    tokenizer=None,
 ) -> list[BenchPrompt]:
-    """The first `limit` prompts of a set, each cut to its first `turns` user turns."""
+    """The first `limit` prompts of a set, each cut to its first `turns` user turns. With the
+    target's `tokenizer`, a turn holding one of its special tokens as text is a bad row
+    (specbuild.special_text)."""
     if format not in SET_FORMATS:
         raise ValueError(
             f"{path}: unknown set format {format!r}; choose one of {list(SET_FORMATS)}"
@@ -93,6 +99,13 @@ def read_bench_prompts(
         if isinstance(found, str):
             faults.append(f"{path}:{lineno}: {found}")
             continue
+        found = found[:turns] if turns else found
+        forged = tokenizer is not None and special_text_fault(
+            tokenizer, [{"role": "user", "content": t} for t in found]
+        )
+        if forged:
+            faults.append(f"{path}:{lineno}: {forged}")
+            continue
         if id_key is not None and id_key not in row:
             faults.append(f"{path}:{lineno}: no id key {id_key!r}")
             continue
@@ -101,7 +114,7 @@ def read_bench_prompts(
             faults.append(f"{path}:{lineno}: id {pid!r} repeats line {seen[pid]}")
             continue
         seen[pid] = lineno
-        prompts.append(BenchPrompt(id=pid, turns=tuple(found[:turns] if turns else found)))
+        prompts.append(BenchPrompt(id=pid, turns=tuple(found)))
     if faults:
         shown = "\n  ".join(faults[:MAX_LISTED_FAULTS])
         more = len(faults) - MAX_LISTED_FAULTS
@@ -115,9 +128,9 @@ def read_bench_prompts(
     return prompts
 
 
-def read_bench_set(spec: dict, *, limit: int | None = None) -> list[BenchPrompt]:
+def read_bench_set(spec: dict, *, limit: int | None = None, tokenizer=None) -> list[BenchPrompt]:
     """The prompts of one `bench.sets` config entry; `limit`, when given, replaces the
-    entry's own."""
+    entry's own; `tokenizer` as in read_bench_prompts."""
     return read_bench_prompts(
         spec["path"],
         format=spec["format"],
@@ -125,6 +138,7 @@ def read_bench_set(spec: dict, *, limit: int | None = None) -> list[BenchPrompt]
         id_key=spec.get("id_key"),
         limit=limit if limit is not None else spec.get("limit"),
         turns=spec.get("turns"),
+        tokenizer=tokenizer,
     )
 
 
