@@ -19,5 +19,7 @@ rule serve:
         chains=list(config["bench"]["chains"]),
         server=SERVER,
         port=config["sglang"]["serve_port"],
+        # the variable's name only: serve.sh reads the key when it runs
+        api_key_env=config["sglang"]["serve_api_key_env"],
     script:
         "../scripts/serve.py"

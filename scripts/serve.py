@@ -16,4 +16,6 @@ write_serve_script(
     ),
     env=server.env,
     why=why,
+    host=server.host,
+    api_key_env=snakemake.params.api_key_env,
 )

@@ -9,10 +9,16 @@ sglang bench rows it is the first configured chain, or EAGLE-3's usual 3-1-4. Th
 which and why. It binds the configured host (loopback unless configured otherwise) on `port`,
 with the same `ServerOptions` (flags, env) every bench server got, so what is served is what
 was measured.
+
+A host other than loopback (0.0.0.0: every interface) serves other machines: the script then
+requires an API key of its clients, read from the environment variable `api_key_env`
+(sglang.serve_api_key_env) when it runs, and says so in a warning; the key itself is never
+written anywhere.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 from collections.abc import Mapping, Sequence
@@ -21,11 +27,43 @@ from pathlib import Path
 from specbuild.backends.server import ServerOptions, build_server_args, resolve_launcher
 from specbuild.bench.metrics import summarize
 from specbuild.chain import Chain
+from specbuild.hosts import is_loopback
 from specbuild.io import atomic_open, read_jsonl
 
-__all__ = ["DEFAULT_CHAIN", "pick_chain", "serve_command", "write_serve_script"]
+__all__ = [
+    "DEFAULT_CHAIN",
+    "ExposedServerError",
+    "exposure_warning",
+    "pick_chain",
+    "serve_command",
+    "write_serve_script",
+]
 
 DEFAULT_CHAIN = "3-1-4"  # EAGLE-3's usual chain: 3 draft steps, top-1, 4 tokens verified
+API_KEY_KEY = "sglang.serve_api_key_env"
+
+log = logging.getLogger("specbuild")
+
+
+class ExposedServerError(SystemExit):
+    """A server for other machines with no API key: the job ends with this one message."""
+
+
+def exposure_warning(host: str, api_key_env: str | None) -> str:
+    """'' for a loopback host; for another, the warning serve.sh and the job log carry.
+    Raises `ExposedServerError` where such a host has no API key variable."""
+    if is_loopback(host):
+        return ""
+    if not api_key_env:
+        raise ExposedServerError(
+            f"sglang.host {host!r} is not loopback: the server would answer other machines "
+            f"with no API key. Set {API_KEY_KEY} to the name of an environment variable "
+            "holding the key its clients must send, or bind 127.0.0.1"
+        )
+    return (
+        f"sglang.host {host!r} is not loopback: this server answers other machines; clients "
+        f"must send the API key in ${api_key_env} ({API_KEY_KEY})"
+    )
 
 
 def pick_chain(chains: Sequence[str], rows: Sequence[str | os.PathLike]) -> tuple[str, str]:
@@ -84,15 +122,30 @@ def write_serve_script(
     command: Sequence[str],
     env: Mapping[str, str],
     why: str,
+    host: str = "127.0.0.1",
+    api_key_env: str | None = None,
 ) -> None:
-    """A bash script that runs `command` under `env` (atomically written)."""
+    """A bash script that runs `command` under `env` (atomically written); with `api_key_env`
+    the server requires the key that variable holds when the script runs (never the key
+    itself in the script). A host beyond loopback needs one (`exposure_warning`)."""
+    warning = exposure_warning(host, api_key_env)
+    if warning:
+        log.warning("%s", warning)
+    exec_line = "exec " + " ".join(shlex.quote(c) for c in command)
     lines = [
         "#!/usr/bin/env bash",
         "# Serve the drafter built by specbuild with SGLang (written by `make serve`).",
         f"# chain: {why}",
+        *([f"# WARNING: {warning}"] if warning else []),
         "set -euo pipefail",
         *(f"export {k}={shlex.quote(str(v))}" for k, v in env.items()),
-        "exec " + " ".join(shlex.quote(c) for c in command),
     ]
+    if api_key_env:
+        lines.append(
+            f': "${{{api_key_env}:?export {api_key_env}: the API key clients of this server '
+            f'must send ({API_KEY_KEY})}}"'
+        )
+        exec_line += f' --api-key "${api_key_env}"'
+    lines.append(exec_line)
     with atomic_open(Path(out)) as fh:
         fh.write("\n".join(lines) + "\n")

@@ -19,13 +19,15 @@ CONFIGS = sorted([REPO / "config" / "config.yaml", *(REPO / "config" / "examples
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 MAX_ERROR_LINES = 15  # all of what snakemake prints for a faulty config
 # What checking a config may import of specbuild: the package, and the neutral modules that
-# define what it checks (a chain's name, a drafter folder's fit to the target, its file names).
+# define what it checks (a chain's name, a drafter folder's fit to the target, its file names,
+# whether a server's host is loopback).
 NEUTRAL = {
     "specbuild",
     "specbuild.chain",
     "specbuild.drafter_fit",
     "specbuild.eagle_layers",
     "specbuild.formats",
+    "specbuild.hosts",
 }
 
 

@@ -4,12 +4,21 @@ the SGLang command with the bench servers' flags and environment."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
+import pytest
+
 from specbuild.backends.server import ServerOptions
 from specbuild.io import write_jsonl
-from specbuild.serve import DEFAULT_CHAIN, pick_chain, serve_command, write_serve_script
+from specbuild.serve import (
+    DEFAULT_CHAIN,
+    ExposedServerError,
+    pick_chain,
+    serve_command,
+    write_serve_script,
+)
 
 
 def _rows(path, chain, tokens, wall):
@@ -69,3 +78,57 @@ def test_the_script_runs_the_launcher_with_the_drafter_flags_and_the_environment
     assert "--speculative-num-draft-tokens 4" in flags and "--disable-cuda-graph" in flags
     assert "--speculative-draft-attention-backend triton" in flags
     assert env == "a b" and command[0] == sys.executable
+
+
+def _exposed_command(host: str) -> list[str]:
+    echo = "import json, sys; print(json.dumps(sys.argv[1:]))"
+    return serve_command(
+        fingerprint="results/target/t/fingerprint.json",
+        drafter_config="results/drafter/config.json",
+        chain="3-1-4",
+        server=ServerOptions(launcher=("python", "-c", echo), host=host),
+        port=30001,
+    )
+
+
+def test_a_server_for_other_machines_without_an_api_key_is_refused_and_nothing_written(
+    tmp_path,
+):
+    script = tmp_path / "serve.sh"
+    with pytest.raises(ExposedServerError) as err:
+        write_serve_script(
+            script, command=_exposed_command("0.0.0.0"), env={}, why="t", host="0.0.0.0"
+        )
+    assert str(err.value.code).startswith("sglang.host '0.0.0.0' is not loopback")
+    assert "sglang.serve_api_key_env" in str(err.value.code)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_server_for_other_machines_requires_the_key_from_the_environment(tmp_path, caplog):
+    script = tmp_path / "serve.sh"
+    key = "sk-" + "k" * 40
+    command = _exposed_command("0.0.0.0")
+    with caplog.at_level("WARNING", logger="specbuild"):
+        write_serve_script(
+            script, command=command, env={}, why="t", host="0.0.0.0", api_key_env="SERVE_KEY"
+        )
+    assert "answers other machines" in caplog.text
+    text = script.read_text()
+    assert "# WARNING: sglang.host '0.0.0.0' is not loopback" in text and key not in text
+    env = {k: v for k, v in os.environ.items() if k != "SERVE_KEY"}
+    unset = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    assert unset.returncode != 0 and "export SERVE_KEY: the API key clients" in unset.stderr
+    given = subprocess.run(
+        ["bash", str(script)], capture_output=True, text=True, env={**env, "SERVE_KEY": key}
+    )
+    argv = json.loads(given.stdout)
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"
+    assert argv[-2:] == ["--api-key", key]
+
+
+def test_a_loopback_server_needs_no_key_and_gets_no_warning(tmp_path, caplog):
+    script = tmp_path / "serve.sh"
+    with caplog.at_level("WARNING", logger="specbuild"):
+        write_serve_script(script, command=_exposed_command("127.0.0.1"), env={}, why="t")
+    assert "WARNING" not in script.read_text() and caplog.text == ""
+    assert "--api-key" not in script.read_text()

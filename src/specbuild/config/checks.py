@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.chain import BASELINE, NO_DRAFTER, Chain
+from specbuild.config.credentials import credential_faults
 from specbuild.config.schema import did_you_mean, mapping
 from specbuild.config.views import BASE_VARIANT
 from specbuild.drafter_fit import external_drafter_faults
+from specbuild.hosts import is_loopback
 
 __all__ = ["RESERVED_DRAFTER_NAMES", "rule_faults"]
 
@@ -246,7 +248,7 @@ def _bench_faults(config: Mapping, workdir: Path) -> list[str]:
 def _sglang_faults(config: Mapping) -> list[str]:
     """The tuning sweep's chain is one SGLang serves; generate.backend openai has its endpoint;
     server_args leave trust_remote_code to target.trust_remote_code and give a whole number of
-    GPUs per server."""
+    GPUs per server; a server bound beyond loopback has an API key for `make serve`."""
     sglang = mapping(config.get("sglang"))
     faults = []
     chain = mapping(sglang.get("tuning")).get("chain")
@@ -264,6 +266,13 @@ def _sglang_faults(config: Mapping) -> list[str]:
                 f"sglang.server_args.{flag}: set target.trust_remote_code instead (every "
                 "tokenizer, config and model load reads it; SGLang jobs get the flag from it)"
             )
+    host = sglang.get("host")
+    if isinstance(host, str) and not is_loopback(host) and not sglang.get("serve_api_key_env"):
+        faults.append(
+            f"sglang.serve_api_key_env: sglang.host {host!r} is not loopback, so `make serve`'s "
+            "server answers other machines: name the environment variable holding the API key "
+            "its clients must send (results/serve.sh reads it when it runs), or bind 127.0.0.1"
+        )
     for flag in ("tp_size", "tp"):
         tp = args.get(flag)
         if tp is not None and not _positive_int(tp):
@@ -282,4 +291,5 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
         + _variant_faults(config)
         + _bench_faults(config, workdir)
         + _sglang_faults(config)
+        + credential_faults(config)
     )

@@ -1,0 +1,95 @@
+"""Secrets stay out of configs: a credential under `sglang.env` or `sglang.server_args` would
+reach every job's params, Snakemake's metadata and logs (its "Params have changed" reason
+prints them) and results/serve.sh.
+
+Contract: `credential_faults` returns one 'dotted.key: what' line for each value under the
+free-form server keys (`sglang.env`, `sglang.server_args`, and each tuning point's) whose name
+says it is a credential (HF_TOKEN, OPENAI_API_KEY, api_key, a password) or whose value looks
+like one (hf_..., sk-..., a GitHub or Slack token, an AWS key id, a JWT). A line names the key,
+never the value, and says where a key goes instead: the environment, named by
+`sglang.api_key_env` (an endpoint's key) or `sglang.serve_api_key_env` (the key `make serve`'s
+server requires). Servers specbuild starts inherit the environment (HF_TOKEN included) and get
+a fresh API key of their own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from specbuild.config.schema import mapping
+
+__all__ = ["credential_faults", "is_credential_name", "looks_like_credential"]
+
+# words of a name that make it a credential (split at _ and -): HF_TOKEN, AWS_SECRET_ACCESS_KEY,
+# ssl_keyfile_password. Not "tokens" (max_total_tokens) nor "tokenizer" (tokenizer_path).
+_SECRET_WORDS = {"token", "secret", "password", "passwd", "credential", "credentials", "apikey"}
+# ...or a name ending in key: api_key, admin_api_key, OPENAI_API_KEY, private_key
+_KEY_WORDS = {"key", "keys"}
+# token formats with a recognisable prefix and enough random characters to be one
+_CREDENTIAL = re.compile(
+    r"(?<![A-Za-z0-9])("
+    r"hf_[A-Za-z0-9]{30,}"  # Hugging Face
+    r"|sk-[A-Za-z0-9_-]{20,}"  # OpenAI and others
+    r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{20,}"  # GitHub
+    r"|xox[abprs]-[A-Za-z0-9-]{10,}"  # Slack
+    r"|AKIA[0-9A-Z]{16}"  # an AWS access key id
+    r"|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"  # a JWT
+    r")"
+)
+_INSTEAD = (
+    "a config travels, and this value would reach params, Snakemake's metadata and logs and "
+    "results/serve.sh. Export it in the environment instead (every server specbuild starts "
+    "inherits it, HF_TOKEN included); an endpoint's API key: name its variable in "
+    "sglang.api_key_env; the key `make serve`'s server requires: sglang.serve_api_key_env"
+)
+
+
+def is_credential_name(name: str) -> bool:
+    """Whether a variable or flag name says its value is a credential."""
+    words = [w for w in re.split(r"[_\-.]+", name.lower()) if w]
+    return bool(_SECRET_WORDS & set(words)) or (bool(words) and words[-1] in _KEY_WORDS)
+
+
+def looks_like_credential(value: Any) -> bool:
+    """Whether a value holds a token of a known credential format."""
+    return isinstance(value, str) and bool(_CREDENTIAL.search(value))
+
+
+def _values(key: str, value: Any) -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every scalar under `value`."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _values(f"{key}.{k}", v)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _values(f"{key}[{i}]", v)
+    else:
+        yield key, value
+
+
+def _free_form(config: Mapping) -> Iterator[tuple[str, Mapping]]:
+    """The server keys whose names and values the schema leaves free."""
+    sglang = mapping(config.get("sglang"))
+    yield "sglang.env", mapping(sglang.get("env"))
+    yield "sglang.server_args", mapping(sglang.get("server_args"))
+    points = mapping(mapping(sglang.get("tuning")).get("points"))
+    for name, point in points.items():
+        for part in ("env", "server_args"):
+            yield f"sglang.tuning.points.{name}.{part}", mapping(mapping(point).get(part))
+
+
+def credential_faults(config: Mapping) -> list[str]:
+    """One line per credential-looking name or value under the free-form server keys."""
+    faults = []
+    for prefix, section in _free_form(config):
+        for name, value in section.items():
+            key = f"{prefix}.{name}"
+            if is_credential_name(str(name)):
+                faults.append(f"{key}: the name says it is a credential; {_INSTEAD}")
+                continue
+            for where, scalar in _values(key, value):
+                if looks_like_credential(scalar):
+                    faults.append(f"{where}: the value looks like a credential; {_INSTEAD}")
+    return faults
