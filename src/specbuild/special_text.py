@@ -53,6 +53,7 @@ def _template_tokens(tokenizer) -> set[str]:
     return found
 
 
+# One pattern per tokenizer object: a job loads its target's tokenizer once and never changes it.
 @lru_cache(maxsize=8)
 def _pattern(tokenizer) -> re.Pattern | None:
     strings = special_token_strings(tokenizer)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from specbuild.io import read_json, read_jsonl
+from specbuild.io import read_json, read_jsonl, write_jsonl
 from specbuild.records import MAX_DEPTH, RecordError, parse_record
 from specbuild.samples import iter_raw_records, record_digests, write_sample_shard
 
@@ -108,3 +108,11 @@ def test_a_bench_set_lists_each_hostile_row_by_line_and_reason(tmp_path):
     assert f"{len(HOSTILE)} bad row(s)" in msg
     assert f"raw.jsonl:2: nested deeper than {MAX_DEPTH} levels" in msg
     assert "raw.jsonl:6: duplicate key 'prompt'" in msg
+
+
+def test_a_project_file_with_a_line_nested_too_deep_fails_naming_file_and_line(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    write_jsonl(path, [{"id": "a"}])
+    path.write_bytes(path.read_bytes() + DEEP + b"\n")
+    with pytest.raises(ValueError, match=r"rows\.jsonl:2: unreadable JSON \(RecursionError\)"):
+        list(read_jsonl(path))
