@@ -35,13 +35,12 @@ $(VENV)/.setup-done: pyproject.toml
 	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $@
 
-# A run killed with kill -9 (or a reboot) leaves Snakemake's lock behind: it is removed only
-# when no snakemake process works here (specbuild.run_lock), never under a live run, and the
-# jobs it interrupted rerun (--rerun-incomplete). The report comes from the same invocation
-# (--report-after-run): a second one paid Snakemake's start-up again (~12 s here; BENCHMARKS.md,
-# "Snakemake start-up").
+# A run killed with kill -9 (or a reboot) leaves its locks behind: the next run removes them
+# once neither that snakemake nor a job it started runs (specbuild/snakemake_locks.py), never
+# a live run's, and the jobs it interrupted rerun (--rerun-incomplete). The report comes from
+# the same invocation (--report-after-run): a second one paid Snakemake's start-up again (~12 s
+# here; BENCHMARKS.md, "Snakemake start-up").
 run: setup
-	$(BIN)/python -m specbuild.run_lock -- $(SNAKEMAKE) --unlock
 	$(SNAKEMAKE) --rerun-incomplete $(TARGET) --report results/report.html --report-after-run
 	@echo "report: $(CURDIR)/results/report.html"
 	@echo "serve the drafter with SGLang: make serve (runs results/serve.sh)"

@@ -60,14 +60,13 @@ from specbuild.snakemake_symlinks import keep_linked_output_folders
 
 keep_linked_output_folders()
 
-# A lock left here: say what is safe before Snakemake's own advice (`--unlock`), which is not
-# under a live run. A job of a run (its own parse) does not ask.
-from specbuild.run_lock import lock_advice
+# One writer per output, whatever runs at once: each run's locks name it, a run frees only its
+# own, one whose files overlap a live run's is refused naming it (specbuild/snakemake_locks.py).
+# A job of a run (its own parse) locks nothing.
+from specbuild.snakemake_locks import one_writer_per_output
 
 if workflow.is_main_process:
-    advice = lock_advice()
-    if advice:
-        print(advice, file=sys.stderr)
+    one_writer_per_output()
 
 
 # {variant: its whole train config}: `base` (train as given) and each of train.variants

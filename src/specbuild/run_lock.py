@@ -1,53 +1,98 @@
-"""Stale Snakemake locks: cleared after a run that was killed, never under a live one.
+"""Snakemake's locks, owned by runs: one writer per output, whatever runs at once.
 
-Contract: Snakemake locks a working directory (files in `.snakemake/locks/`) while it runs and
-removes the lock when it ends. A run killed with SIGKILL, or by a reboot, leaves the lock
-behind, and the next run stops with "Directory cannot be locked" until `snakemake --unlock`.
-`--unlock` deletes every lock of the directory, a live run's too, so it is safe only when no
-Snakemake process works there. `lock_holders` finds such processes (Linux `/proc`): a
-`snakemake` executable or module, or a job it started (`.snakemake/scripts/...`), whose
-working directory is this one. `main` runs the unlock command it is given only when the
-directory is locked and nothing holds it:
+Contract: Snakemake locks the files a run will write (and read) in `.snakemake/locks/`, and a
+second run whose files overlap them stops. It allows runs whose files do not overlap, but the
+pinned Snakemake ends every run by deleting the whole lock folder, a live run's locks too; a
+third run on that live run's files then starts beside it, two writers on one shard or one
+checkpoint folder. And a lock left by a killed run blocks every later run until
+`snakemake --unlock`, which deletes live runs' locks as well.
 
-    python -m specbuild.run_lock -- snakemake --configfile config/config.yaml --unlock
-
-Exit status: 0 when nothing was locked or the unlock command succeeded; 1 when a live process
-holds the lock (each one named) or when processes cannot be inspected (no /proc).
+Here every lock file names the run that wrote it (`RunOwner`: host, pid and the process's start
+time, which a reused pid does not share; the run's targets), on a first line Snakemake reads
+as a file name no job has. A run is live while its snakemake process is, or while a job it
+started still runs (an orphan of a killed snakemake: jobs inherit the run's id in
+`$SPECBUILD_RUN`). `specbuild.snakemake_locks` makes Snakemake write, check and delete its
+locks through this module, so a run deletes only its own locks; a run that would write a live
+run's files is refused, naming that run; the locks of a run that is no longer live are
+removed, said in one line; those of a run this machine cannot see (another host, or a cluster
+running its jobs) only by `snakemake --unlock`, after checking. A lock file without an owner
+(written by a Snakemake without specbuild's Snakefile) counts as live while any snakemake
+process (or job of one) works in the directory (`lock_holders`).
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
-import subprocess
-import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = [
+    "LOCK_DIR",
+    "RUN_ENV",
     "Holder",
-    "SAFE_UNLOCK",
+    "LockFile",
+    "RunOwner",
     "is_locked",
     "is_snakemake_process",
-    "lock_advice",
     "lock_holders",
-    "main",
+    "process_start",
+    "read_lock_files",
+    "run_state",
+    "runs_with_live_jobs",
+    "this_run",
+    "write_lock_file",
 ]
 
 PROC = Path("/proc")
 LOCK_DIR = Path(".snakemake") / "locks"
-# What to run instead of Snakemake's own advice (`--unlock`), which also removes a live run's lock.
-SAFE_UNLOCK = "python -m specbuild.run_lock -- snakemake --unlock"
+# A run's id, inherited by every job it starts: an orphaned job still counts as its run.
+RUN_ENV = "SPECBUILD_RUN"
+# The owner line of a lock file; Snakemake reads it as one more locked path, which no job has.
+_OWNER = "# specbuild run "
 
 
 @dataclass(frozen=True)
 class Holder:
-    """A live process that may hold the directory's lock."""
+    """A live snakemake process (or job of one) working in a directory."""
 
     pid: int
     command: str
     why: str  # "works in <dir>" or "working directory unreadable (assumed here)"
+
+
+@dataclass(frozen=True)
+class RunOwner:
+    """The snakemake run that wrote a lock file."""
+
+    host: str
+    pid: int
+    start: int  # clock ticks after boot the process started at (/proc/PID/stat, field 22)
+    started: str = ""  # wall-clock time, for messages
+    targets: tuple[str, ...] = field(default=())
+    jobs_elsewhere: bool = False  # its jobs run where this machine cannot see them (a cluster)
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.host}:{self.pid}:{self.start}"
+
+    def describe(self) -> str:
+        where = "" if self.host == socket.gethostname() else f" on host {self.host}"
+        shown = ", ".join(self.targets[:4]) + (" ..." if len(self.targets) > 4 else "")
+        return f"pid {self.pid}{where} (started {self.started}; targets: {shown or 'all'})"
+
+
+@dataclass(frozen=True)
+class LockFile:
+    """One of Snakemake's lock files: the paths it locks, for input or output, and its run."""
+
+    path: Path
+    kind: str  # "input" | "output"
+    files: frozenset[str]
+    owner: RunOwner | None
 
 
 def is_locked(workdir: str | os.PathLike) -> bool:
@@ -67,37 +112,69 @@ def is_snakemake_process(argv: Sequence[str]) -> bool:
     return any("/.snakemake/" in a or a.startswith(".snakemake/") for a in argv)
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat from field 3 (the state) on; None when the process is gone."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of a live process, in clock ticks after boot; None if gone or a zombie."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])  # field 22
+
+
+def this_run(targets: Iterable[str] = (), *, jobs_elsewhere: bool = False) -> RunOwner:
+    """The owner record of this process's run."""
+    start = process_start(os.getpid())
+    if start is None:
+        raise OSError("no /proc here: a run cannot record itself as the owner of its locks")
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    here = socket.gethostname()
+    return RunOwner(here, os.getpid(), start, started, tuple(targets), jobs_elsewhere)
+
+
 def _ancestors() -> set[int]:
     """This process and its parents (the make or shell that started it is no lock holder)."""
     pids, pid = set(), os.getpid()
     while pid > 0 and pid not in pids:
         pids.add(pid)
-        try:
-            stat = (PROC / str(pid) / "stat").read_text()
-        except OSError:
+        fields = _stat_fields(pid)
+        if fields is None:
             break
-        pid = int(stat.rsplit(")", 1)[1].split()[1])  # field 4, after "(comm)" and the state
+        pid = int(fields[1])  # field 4
     return pids
 
 
-def lock_holders(workdir: str | os.PathLike) -> list[Holder]:
-    """Live Snakemake processes (and jobs) working in `workdir`, by pid; raises OSError
-    where processes cannot be listed (no /proc)."""
+def _snakemake_processes() -> Iterable[tuple[int, list[str], Path]]:
+    """(pid, argv, /proc entry) of every live snakemake process or job but this one's
+    ancestors; raises OSError where processes cannot be listed (no /proc)."""
     if not (PROC / "self" / "stat").exists():
         raise OSError("no /proc here: cannot tell whether a snakemake run is live")
-    here = Path(os.path.realpath(workdir))
     skip = _ancestors()
-    holders = []
     for entry in PROC.iterdir():
         if not entry.name.isdigit() or int(entry.name) in skip:
             continue
         try:
             argv = [a for a in (entry / "cmdline").read_text(errors="replace").split("\0") if a]
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue  # exited meanwhile
-        if not argv or state in ("Z", "X") or not is_snakemake_process(argv):
-            continue
+        fields = _stat_fields(int(entry.name))
+        if argv and fields and fields[0] not in ("Z", "X") and is_snakemake_process(argv):
+            yield int(entry.name), argv, entry
+
+
+def lock_holders(workdir: str | os.PathLike) -> list[Holder]:
+    """Live snakemake processes (and jobs) working in `workdir`, by pid; raises OSError
+    where processes cannot be listed (no /proc)."""
+    here = Path(os.path.realpath(workdir))
+    holders = []
+    for pid, argv, entry in _snakemake_processes():
         try:
             cwd = Path(os.readlink(entry / "cwd"))
         except PermissionError:
@@ -108,59 +185,82 @@ def lock_holders(workdir: str | os.PathLike) -> list[Holder]:
             if cwd != here:
                 continue
             why = f"works in {here}"
-        holders.append(Holder(int(entry.name), " ".join(argv)[:200], why))
+        holders.append(Holder(pid, " ".join(argv)[:200], why))
     return sorted(holders, key=lambda h: h.pid)
 
 
-def lock_advice(workdir: str | os.PathLike = ".") -> str | None:
-    """What to do about the locks in `workdir`, said before Snakemake's "Directory cannot be
-    locked" (whose `--unlock` advice is unsafe under a live run); None when nothing is locked."""
-    if not is_locked(workdir):
+def runs_with_live_jobs() -> set[str]:
+    """Run ids that a live snakemake job carries in its environment ($SPECBUILD_RUN)."""
+    runs = set()
+    for _pid, _argv, entry in _snakemake_processes():
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        prefix = f"{RUN_ENV}=".encode()
+        runs |= {e[len(prefix) :].decode() for e in environ if e.startswith(prefix)}
+    return runs
+
+
+def run_state(owner: RunOwner, jobs: set[str] | None = None) -> str:
+    """ "live": its snakemake process (the same one: pid and start time) or a job it started
+    runs here; "unseen": it ran on another host, or its snakemake ended while its jobs ran on
+    a cluster, where this machine cannot look; "ended" otherwise. `jobs`:
+    `runs_with_live_jobs()` when already read."""
+    if owner.host != socket.gethostname():
+        return "unseen"
+    if process_start(owner.pid) == owner.start:
+        return "live"
+    if owner.run_id in (runs_with_live_jobs() if jobs is None else jobs):
+        return "live"
+    return "unseen" if owner.jobs_elsewhere else "ended"
+
+
+def _owner_of(first_line: str) -> RunOwner | None:
+    if not first_line.startswith(_OWNER):
         return None
-    head = f"specbuild: {Path(workdir) / LOCK_DIR} holds a lock."
     try:
-        holders = lock_holders(workdir)
-    except OSError as err:
-        return f"{head} {err}. If no run is live: {SAFE_UNLOCK}"
-    if holders:
-        pids = ", ".join(str(h.pid) for h in holders)
-        return (
-            f"{head} A live run holds it (pid {pids}): wait for it, or stop it (kill PID). "
-            "Do not run snakemake --unlock now: it removes a live run's lock too."
-        )
-    return f"{head} No run is live (a killed run left it): {SAFE_UNLOCK}"
+        record = json.loads(first_line[len(_OWNER) :])
+        record["targets"] = tuple(record.get("targets", ()))
+        return RunOwner(**record)
+    except (ValueError, TypeError):
+        return None  # not ours after all: treated as a lock without an owner
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m specbuild.run_lock",
-        description="Run UNLOCK_COMMAND only if WORKDIR holds a lock that no live run holds.",
-    )
-    parser.add_argument("--directory", default=".", help="Snakemake's working directory")
-    parser.add_argument("unlock_command", nargs=argparse.REMAINDER, help="after --")
-    args = parser.parse_args(argv)
-    command = list(args.unlock_command)
-    command = (command[1:] if command[:1] == ["--"] else command) or ["snakemake", "--unlock"]
-    if not is_locked(args.directory):
-        return 0
-    lockdir = Path(args.directory) / LOCK_DIR
+def read_lock_files(workdir: str | os.PathLike) -> list[LockFile]:
+    """The lock files of `workdir` (Snakemake's names: N.input.lock, N.output.lock)."""
+    locks = []
+    for path in sorted((Path(workdir) / LOCK_DIR).glob("*.lock")):
+        number, _, kind = path.name[: -len(".lock")].partition(".")
+        if not number.isdigit() or kind not in ("input", "output"):
+            continue
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue  # removed meanwhile
+        owner = _owner_of(lines[0]) if lines else None
+        files = frozenset(line.strip() for line in lines[1 if owner else 0 :] if line.strip())
+        locks.append(LockFile(path, kind, files, owner))
+    return locks
+
+
+def write_lock_file(
+    workdir: str | os.PathLike, kind: str, files: Iterable[str], owner: RunOwner
+) -> Path:
+    """A new lock file of `kind` for `files`, its owner on the first line, under the first
+    free number; written whole before it gets its name (a reader never sees half of it)."""
+    lockdir = Path(workdir) / LOCK_DIR
+    lockdir.mkdir(parents=True, exist_ok=True)
+    tmp = lockdir / f".{kind}.{os.getpid()}.tmp"
+    tmp.write_text(_OWNER + json.dumps(asdict(owner)) + "\n" + "".join(f"{f}\n" for f in files))
     try:
-        holders = lock_holders(args.directory)
-    except OSError as err:
-        print(f"specbuild: {lockdir} exists and {err}; if no run is live: {' '.join(command)}")
-        return 1
-    if holders:
-        print(f"specbuild: {lockdir} is held by a live run; not unlocking. Wait for it, or stop")
-        print("it (kill PID, then rerun this command):")
-        for h in holders:
-            print(f"  pid {h.pid} ({h.why}): {h.command}")
-        return 1
-    print(
-        f"specbuild: no snakemake process works here; removing the stale lock: {' '.join(command)}"
-    )
-    sys.stdout.flush()
-    return subprocess.run(command, check=False).returncode
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        for n in range(10_000):
+            path = lockdir / f"{n}.{kind}.lock"
+            try:
+                os.link(tmp, path)  # fails where the name is taken: never another run's file
+            except FileExistsError:
+                continue
+            return path
+        raise OSError(f"{lockdir}: no free lock file name")
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,40 +1,54 @@
-"""A stale Snakemake lock is removed only when no snakemake process works in the directory:
-`python -m specbuild.run_lock -- UNLOCK...` runs the unlock command after a killed run and
-refuses, naming the process, while a run is live."""
+"""Snakemake's locks owned by runs: a lock file names its run, a run is live while its
+snakemake process or a job it started runs, and `snakemake --unlock` removes only the locks of
+runs no longer live. (Runs at once, with real Snakemake processes:
+tests/workflow/test_concurrency.py.)"""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from specbuild.run_lock import is_snakemake_process, lock_holders, main
+from specbuild.run_lock import (
+    LOCK_DIR,
+    RUN_ENV,
+    is_locked,
+    is_snakemake_process,
+    lock_holders,
+    process_start,
+    read_lock_files,
+    run_state,
+    this_run,
+    write_lock_file,
+)
+from specbuild.snakemake_locks import _cleanup_locks
 
 
-def _locked_dir(path: Path) -> Path:
-    locks = path / ".snakemake" / "locks"
-    locks.mkdir(parents=True)
-    (locks / "0.input.lock").write_text("results/a\n")
-    (locks / "0.output.lock").write_text("results/b\n")
-    return path
-
-
-def _unlock_command(path: Path) -> list[str]:
-    """Stands in for `snakemake --unlock`: leaves a mark when it runs."""
-    return ["--", sys.executable, "-c", f"open({str(path / 'unlocked')!r}, 'w')"]
-
-
-def _fake_snakemake(tmp_path: Path, cwd: Path) -> subprocess.Popen:
-    """A live process that looks like `python .venv/bin/snakemake ...` working in `cwd`."""
-    exe = tmp_path / "bin" / "snakemake"
-    exe.parent.mkdir(exist_ok=True)
-    exe.write_text("import time\ntime.sleep(120)\n")
-    proc = subprocess.Popen([sys.executable, str(exe), "--cores", "1"], cwd=cwd)
+def _fake_snakemake(tmp_path: Path, cwd: Path, env: dict | None = None) -> subprocess.Popen:
+    """A live process that looks like a job of a run, `python .snakemake/scripts/job.py`."""
+    script = tmp_path / ".snakemake" / "scripts" / "job.py"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text("import time\ntime.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=cwd, env=env)
     time.sleep(0.3)  # its /proc entry shows the final command line
     return proc
+
+
+def _ended_run() -> tuple[int, int]:
+    """(pid, start) of a process that ran and is gone."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    start = process_start(proc.pid)
+    proc.kill()
+    proc.wait()
+    return proc.pid, start
 
 
 @pytest.mark.parametrize(
@@ -46,60 +60,75 @@ def _fake_snakemake(tmp_path: Path, cwd: Path) -> subprocess.Popen:
         (["/w/.venv/bin/python3", "/w/.snakemake/scripts/tmpa1b2.train.py"], True),
         (["vim", "Snakefile"], False),
         (["/bin/sh", "-c", "if true; then .venv/bin/snakemake --unlock; fi"], False),
-        (["python", "-m", "specbuild.run_lock", "--", "snakemake", "--unlock"], False),
+        (["python", "-m", "specbuild.keepers", "serve"], False),
     ],
 )
 def test_snakemake_processes_and_their_jobs_are_recognised(argv, expected):
     assert is_snakemake_process(argv) is expected
 
 
-def test_an_unlocked_directory_is_left_alone(tmp_path):
-    assert main(["--directory", str(tmp_path), *_unlock_command(tmp_path)]) == 0
-    assert not (tmp_path / "unlocked").exists()
+def test_a_lock_file_names_its_run_and_snakemake_reads_only_paths_from_it(tmp_path):
+    owner = this_run(["results/a.jsonl"])
+    first = write_lock_file(tmp_path, "output", ["results/a.jsonl", "results/b.jsonl"], owner)
+    second = write_lock_file(tmp_path, "output", ["results/c.jsonl"], owner)
+    assert [first.name, second.name] == ["0.output.lock", "1.output.lock"]  # never overwritten
+    (lock, _) = read_lock_files(tmp_path)
+    assert lock.owner == owner and lock.kind == "output"
+    assert lock.files == {"results/a.jsonl", "results/b.jsonl"}
+    assert is_locked(tmp_path) and not list((tmp_path / LOCK_DIR).glob(".*.tmp"))
+    # Snakemake reads every line as a locked path: the owner line matches no file
+    (owner_line, *paths) = first.read_text().splitlines()
+    assert owner_line.startswith("# specbuild run {") and paths == sorted(lock.files)
 
 
-def test_a_lock_no_live_run_holds_is_removed(tmp_path):
-    work = _locked_dir(tmp_path / "work")
+def test_a_run_is_live_while_its_process_or_a_job_it_started_runs(tmp_path):
+    assert run_state(this_run()) == "live"
+    pid, start = _ended_run()
+    ended = replace(this_run(), pid=pid, start=start)
+    assert run_state(ended) == "ended"
+    reused = replace(this_run(), start=this_run().start + 1)  # this pid, another process
+    assert run_state(reused) == "ended"
+    orphan = _fake_snakemake(tmp_path, tmp_path, env=os.environ | {RUN_ENV: ended.run_id})
+    try:
+        assert run_state(ended) == "live"  # its job still runs after snakemake was killed
+    finally:
+        orphan.kill()
+        orphan.wait()
+    assert run_state(ended) == "ended"
+    assert run_state(replace(ended, jobs_elsewhere=True)) == "unseen"  # a cluster's jobs
+    assert run_state(replace(this_run(), host=f"not-{socket.gethostname()}")) == "unseen"
+
+
+def test_unlock_removes_the_locks_of_ended_runs_and_keeps_a_live_runs(tmp_path, capsys):
+    pid, start = _ended_run()
+    live = this_run(["results/a.jsonl"])
+    write_lock_file(tmp_path, "output", ["results/a.jsonl"], live)
+    write_lock_file(tmp_path, "output", ["results/b.jsonl"], replace(live, pid=pid, start=start))
+    (tmp_path / LOCK_DIR / "2.input.lock").write_text("raw/x.jsonl\n")  # names no run
+    _cleanup_locks(SimpleNamespace(_lockdir=str(tmp_path / LOCK_DIR)))
+    assert [lk.owner for lk in read_lock_files(tmp_path)] == [live]
+    assert f"kept the locks of the live run pid {os.getpid()} " in capsys.readouterr().err
+
+
+def test_a_lock_naming_no_run_is_live_while_a_snakemake_process_works_here(tmp_path):
+    work = tmp_path / "work"
+    (work / LOCK_DIR).mkdir(parents=True)
+    (work / LOCK_DIR / "0.output.lock").write_text("results/b.jsonl\n")
     other = tmp_path / "elsewhere"
     other.mkdir()
     proc = _fake_snakemake(tmp_path, cwd=other)  # a run in another directory does not count
     try:
         assert lock_holders(work) == []
-        assert main(["--directory", str(work), *_unlock_command(tmp_path)]) == 0
     finally:
         proc.kill()
         proc.wait()
-    assert (tmp_path / "unlocked").exists()
-
-
-def test_a_live_run_keeps_its_lock_and_is_named(tmp_path, capsys):
-    work = _locked_dir(tmp_path / "work")
     proc = _fake_snakemake(tmp_path, cwd=work)
     try:
         assert [h.pid for h in lock_holders(work)] == [proc.pid]
-        assert main(["--directory", str(work), *_unlock_command(tmp_path)]) == 1
+        _cleanup_locks(SimpleNamespace(_lockdir=str(work / LOCK_DIR)))
+        assert is_locked(work)  # kept while it works here
     finally:
-        proc.kill()
+        os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert not (tmp_path / "unlocked").exists()
-    assert f"pid {proc.pid}" in capsys.readouterr().out
-    # once it is gone (killed, reaped), the same call removes the lock
-    assert main(["--directory", str(work), *_unlock_command(tmp_path)]) == 0
-    assert (tmp_path / "unlocked").exists()
-
-
-def test_lock_advice_says_the_safe_unlock_for_a_stale_lock_and_waits_for_a_live_one(tmp_path):
-    from specbuild.run_lock import SAFE_UNLOCK, lock_advice
-
-    assert lock_advice(tmp_path) is None
-    work = _locked_dir(tmp_path / "work")
-    stale = lock_advice(work)
-    assert stale.endswith(f"No run is live (a killed run left it): {SAFE_UNLOCK}")
-    proc = _fake_snakemake(tmp_path, cwd=work)
-    try:
-        live = lock_advice(work)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert f"A live run holds it (pid {proc.pid})" in live
-    assert "Do not run snakemake --unlock now" in live
+    _cleanup_locks(SimpleNamespace(_lockdir=str(work / LOCK_DIR)))
+    assert not is_locked(work)

@@ -1,4 +1,6 @@
-"""Independent jobs run at the same time: two shards' jobs overlap with `--cores 2`.
+"""Independent jobs run at the same time: two shards' jobs overlap with `--cores 2`. Runs at
+the same time keep one writer per output: a run frees only its own locks, and a run on a live
+run's files is refused, naming it.
 
 The evidence is Snakemake's own run log, in event order: it prints a job's block
 ("rule NAME:" ... "jobid: N") when it launches the job and "Finished jobid: N" only after the
@@ -8,12 +10,20 @@ other was still running. The same two jobs with `--cores 1` must not overlap (th
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
+import signal
+import subprocess
+import time
 from itertools import combinations
 from pathlib import Path
 
 import pytest
-from workflow_helpers import DATASET, copy_workdir, snakemake
+from workflow_helpers import DATASET, SNAKEMAKE, copy_workdir, make_workdir, snakemake
+
+from specbuild.run_lock import LOCK_DIR, is_locked, read_lock_files
+from specbuild.snakemake_locks import MUTEX
 
 pytestmark = pytest.mark.workflow
 
@@ -101,3 +111,81 @@ def test_overlap_detection_rejects_jobs_that_ran_one_after_the_other(tmp_path):
         "Finished jobid: 2 (Rule: samples)\n"
     )
     assert overlapping_shard_pairs(job_events(log)) == []
+
+
+def _lock_owner_pids(workdir: Path) -> set[int]:
+    return {lk.owner.pid for lk in read_lock_files(workdir) if lk.owner}
+
+
+def _stop_while_holding_its_locks(proc: subprocess.Popen, workdir: Path) -> None:
+    """SIGSTOP a run once it holds its locks and is not inside the lock check (a run stopped
+    there would keep every other run waiting for the check)."""
+    deadline = time.monotonic() + 300
+    while proc.pid not in _lock_owner_pids(workdir):
+        assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before it locked"
+        assert time.monotonic() < deadline, "the run took no lock within 300 s"
+        time.sleep(0.1)
+    with open(workdir / LOCK_DIR / MUTEX, "a") as mutex:
+        while True:
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                fcntl.flock(mutex, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.kill(proc.pid, signal.SIGCONT)
+                time.sleep(0.05)
+                continue
+            fcntl.flock(mutex, fcntl.LOCK_UN)
+            return
+
+
+def _job_blocks(workdir: Path, rule: str, wildcards: str) -> int:
+    """How many times any run launched the job, over every run's Snakemake log."""
+    return sum(
+        1
+        for log in (workdir / ".snakemake" / "log").glob("*.snakemake.log")
+        for job in job_events(log).values()
+        if job["rule"] == rule and job["wildcards"] == wildcards
+    )
+
+
+def test_a_run_frees_only_its_own_locks_and_one_on_a_live_runs_files_is_refused(
+    tmp_path, target_dir
+):
+    wd = make_workdir(tmp_path / "wf", target_dir)
+    shard_a, shard_b = (f"results/samples/{DATASET}/{s}.jsonl" for s in ("00000", "00001"))
+    with open(tmp_path / "a.out", "w") as out:
+        run_a = subprocess.Popen(
+            [str(SNAKEMAKE), "--snakefile", "Snakefile", "--cores", "1", shard_a],
+            cwd=wd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _stop_while_holding_its_locks(run_a, wd)  # A: live, holding its locks, until resumed
+        run_b = snakemake(wd, "--cores", "1", shard_b)  # B: other files, while A is live
+        assert f"a live run works here too (pid {run_a.pid} " in run_b.stderr
+        assert "so both go on" in run_b.stderr
+        assert _lock_owner_pids(wd) == {run_a.pid}  # B ended and freed its own locks only
+        before = sorted(p.name for p in (wd / "results" / "samples" / DATASET).iterdir())
+        run_c = snakemake(wd, "--cores", "1", shard_a, check=False)  # C: A's target
+        assert run_c.returncode == 1
+        refusal = (
+            "specbuild: this run would write files that a live run writes or reads:\n"
+            f"  the live run pid {run_a.pid} (started "
+        )
+        assert refusal in run_c.stderr
+        assert f"; targets: {shard_a}) locks " in run_c.stderr and shard_a in run_c.stderr
+        assert f"Nothing was started. Wait for it to end or stop it (kill {run_a.pid})" in (
+            run_c.stderr
+        )
+        assert "--unlock" not in run_c.stderr  # the advice is what is safe now
+        assert sorted(p.name for p in (wd / "results" / "samples" / DATASET).iterdir()) == before
+    finally:
+        if run_a.poll() is None:
+            os.kill(run_a.pid, signal.SIGCONT)
+    assert run_a.wait(timeout=600) == 0, (tmp_path / "a.out").read_text()[-3000:]
+    assert (wd / shard_a).exists() and (wd / shard_b).exists()
+    for shard in ("00000", "00001"):  # each job ran once, by one run
+        assert _job_blocks(wd, "samples", f"dataset={DATASET}, shard={shard}") == 1
+    assert not is_locked(wd)
