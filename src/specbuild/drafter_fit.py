@@ -5,9 +5,10 @@ Contract: `fit_faults` compares a drafter's config.json with the target's config
 size, target vocabulary, draft vocabulary, the layers its eagle_config makes SGLang capture)
 and returns one line per mismatch, plus the target layer-output ids SGLang feeds it.
 `external_drafter_faults` runs that for each `bench.drafters.<name>` entry, a folder built
-elsewhere, before any job starts: a folder that is missing, has no config.json, or was trained
-for another target is a config fault naming the key and the folder, not a stack trace from the
-bench job hours later. The target's config.json is the materialized folder's
+elsewhere, before any job starts: a folder that is missing, has no config.json, whose
+model.safetensors is truncated or has an unsound header (specbuild.safetensors_header), or was
+trained for another target is a config fault naming the key and the file, not a stack trace
+from the bench job hours later. The target's config.json is the materialized folder's
 (results/target/<name>/), else the source's when it is a local folder; a hub id not yet
 downloaded leaves the fit to the bench job, and the fault list says so only if it finds one.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.formats import DRAFTER_FILES
+from specbuild.safetensors_header import header_faults
 
 __all__ = [
     "fit_faults",
@@ -28,6 +30,7 @@ __all__ = [
     "external_drafter_faults",
 ]
 
+WEIGHTS = "model.safetensors"  # of DRAFTER_FILES, the one whose header is read at parse time
 # Said after the faults of a folder built elsewhere: retraining ours cannot fix it.
 FOREIGN_ADVICE = (
     "point it at an EAGLE-3 drafter trained for this target, or remove the entry "
@@ -134,6 +137,10 @@ def external_drafter_faults(
                 f"{key}: {folder!r} has no {' or '.join(missing)}: not an EAGLE-3 folder "
                 f"SGLang loads; {FOREIGN_ADVICE}"
             )
+            continue
+        broken = header_faults(full / WEIGHTS)
+        if broken:
+            faults.append(f"{key}: {folder}/{WEIGHTS}: {'; '.join(broken)}; {FOREIGN_ADVICE}")
             continue
         try:
             cfg = json.loads((full / "config.json").read_text(encoding="utf-8"))

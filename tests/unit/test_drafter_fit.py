@@ -3,6 +3,8 @@ target not downloaded yet is said to leave the rest to the bench job."""
 
 import json
 
+from safetensors.numpy import save_file
+
 from specbuild.drafter_fit import external_drafter_faults, fit_faults
 
 TARGET = {
@@ -16,7 +18,7 @@ TARGET = {
 def _folder(path, **config):
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(config))
-    (path / "model.safetensors").write_bytes(b"")
+    save_file({}, str(path / "model.safetensors"))  # a sound header, no tensor
     return path
 
 
@@ -89,3 +91,41 @@ def test_a_target_folder_built_from_another_source_is_not_read(tmp_path):
     (built / "config.json").write_text(json.dumps(TARGET))
     (fault,) = external_drafter_faults({"wide": "wide"}, source="models/t", **kw)
     assert "results/target/t/config.json" in fault
+
+
+def _materialized(tmp_path):
+    """A target folder built from the config's source (its fingerprint.json says so)."""
+    built = tmp_path / "results" / "target" / "t"
+    built.mkdir(parents=True)
+    (built / "config.json").write_text(json.dumps(TARGET))
+    (built / "fingerprint.json").write_text(json.dumps({"source": "models/t"}))
+
+
+def test_a_truncated_drafter_is_refused_at_parse_time_naming_the_key_and_the_file(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file as save
+
+    folder = _folder(tmp_path / "theirs", hidden_size=576)
+    weights = folder / "model.safetensors"
+    save({"fc.weight": np.ones((8, 8), np.float32)}, str(weights))
+    weights.write_bytes(weights.read_bytes()[:-100])  # a copy that did not finish
+    _materialized(tmp_path)
+    (fault,) = external_drafter_faults(
+        {"theirs": "theirs"}, workdir=tmp_path, target_name="t", source="models/t"
+    )
+    assert fault.startswith(
+        "bench.drafters.theirs: theirs/model.safetensors: its tensors declare 256 bytes of "
+        "data, the file holds 156: truncated"
+    )
+    assert fault.endswith("(a folder built elsewhere is not rebuilt by this workflow)")
+
+
+def test_a_drafter_whose_header_claims_2_to_the_62_bytes_is_refused_before_any_target(tmp_path):
+    folder = _folder(tmp_path / "theirs", hidden_size=576)
+    (folder / "model.safetensors").write_bytes((2**62).to_bytes(8, "little") + b"{}")
+    (fault,) = external_drafter_faults(
+        {"theirs": "theirs"}, workdir=tmp_path, target_name="kimi", source="moonshotai/Kimi-K2.5"
+    )
+    assert fault.startswith(
+        f"bench.drafters.theirs: theirs/model.safetensors: its header claims {2**62:,} bytes"
+    )
