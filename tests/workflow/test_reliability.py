@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from workflow_helpers import (
 )
 
 from specbuild.io import read_json
+from specbuild.run_lock import LOCK_DIR, is_locked, process_start, this_run, write_lock_file
 
 pytestmark = pytest.mark.workflow
 
@@ -193,17 +196,19 @@ def test_a_full_disk_fails_the_job_in_a_few_lines_and_the_rerun_is_byte_identica
         assert (wd / rel).read_bytes() == (plain / rel).read_bytes()
 
 
-def test_a_leftover_lock_is_met_with_the_safe_unlock_before_snakemakes_advice(tmp_path, target_dir):
+def test_the_locks_of_a_killed_run_are_removed_by_the_next_run_which_says_so(tmp_path, target_dir):
     wd = make_workdir(tmp_path / "wf", target_dir)
     shard = f"results/samples/{DATASET}/00000.jsonl"
-    locks = wd / ".snakemake" / "locks"
-    locks.mkdir(parents=True)
-    (locks / "0.output.lock").write_text(f"{shard}\n")  # a killed run's, same output
-    proc = snakemake(wd, "--cores", "1", shard, check=False)
-    assert proc.returncode == 1
-    ours = (
-        "specbuild: .snakemake/locks holds a lock. No run is live (a killed run left it): "
-        "python -m specbuild.run_lock -- snakemake --unlock"
-    )
-    assert ours in proc.stderr and "Directory cannot be locked" in proc.stderr
-    assert proc.stderr.index(ours) < proc.stderr.index("Directory cannot be locked")
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    owner = replace(this_run([shard]), pid=killed.pid, start=process_start(killed.pid))
+    killed.kill()
+    killed.wait()
+    write_lock_file(wd, "output", [shard], owner)  # a killed run's, same output
+    (wd / LOCK_DIR / "1.output.lock").write_text(f"{shard}\n")  # one naming no run
+    proc = snakemake(wd, "--cores", "1", shard)
+    assert (
+        f"specbuild: removed the locks of a run that is no longer live (a lock that names no "
+        f"run; pid {killed.pid} (started "
+    ) in proc.stderr
+    assert "Directory cannot be locked" not in proc.stderr and (wd / shard).exists()
+    assert not is_locked(wd)
