@@ -16,6 +16,8 @@ from specbuild.config.files import (
     MAX_VALUES,
     ConfigFileError,
     check_configfiles,
+    config_value_faults,
+    config_values_of,
     configfile_faults,
     configfiles_of,
     refuse_unsafe_configfiles,
@@ -134,3 +136,18 @@ def test_a_loaded_alias_bomb_is_refused_before_the_schema_walks_it():
     assert "nested deeper than 16 levels" in err.value.faults[0]
     wide = {f"k{i}": [0] * 1000 for i in range(200)}
     assert value_faults({"sglang": {"server_args": wide}})[0].startswith("sglang.server_args.k")
+
+
+def test_config_values_on_the_command_line_are_bounded_like_files():
+    argv = ["-n", "--config", "a=1", "train={lr: 1}", "--cores", "1", "-C", "b=2"]
+    assert config_values_of(argv) == ["a=1", "train={lr: 1}", "b=2"]
+    assert config_value_faults("train={lr: 5e-4, epochs: 2}") == []
+    levels = ", ".join(
+        f"m{i}: &m{i} {{{', '.join(f'k{j}: *m{i - 1}' for j in range(10))}}}"
+        if i
+        else "m0: &m0 {x: 1}"
+        for i in range(7)
+    )
+    (fault,) = config_value_faults(f"sglang={{server_args: {{{levels}}}}}")
+    assert fault.startswith("--config, line 1: sglang.server_args.m5.k")
+    assert f"more than {MAX_VALUES:,} values" in fault

@@ -112,3 +112,18 @@ def test_without_the_profile_the_snakefile_still_refuses_the_file(tmp_path):
     # Snakemake's own loader ran the template before any workflow code: the trust model
     # docs/security.md states for this route
     assert (workdir / "ran.txt").read_text() == "YTE ran"
+
+
+def test_an_alias_bomb_given_with_config_is_refused_before_snakemake_merges_it(tmp_path):
+    workdir = scratch_workflow(tmp_path / "wf")
+    levels = ", ".join(
+        f"m{i}: &m{i} {{{', '.join(f'k{j}: *m{i - 1}' for j in range(10))}}}"
+        if i
+        else "m0: &m0 {x: 1}"
+        for i in range(10)
+    )
+    bomb = f"sglang={{server_args: {{{levels}}}}}"  # 10**9 mappings once merged
+    proc = snakemake(workdir, "-n", "--config", bomb, check=False, timeout=120)
+    assert proc.returncode != 0
+    assert re.search(r"--config, line 1: sglang\.server_args\.m5\.k\d: more than", proc.stderr)
+    assert not (workdir / ".snakemake").exists()

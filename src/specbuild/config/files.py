@@ -34,6 +34,8 @@ __all__ = [
     "MAX_VALUES",
     "ConfigFileError",
     "check_configfiles",
+    "config_value_faults",
+    "config_values_of",
     "configfile_faults",
     "configfiles_of",
     "refuse_unsafe_configfiles",
@@ -81,8 +83,8 @@ class _Node:
     key: str = "?"  # the key whose value is being read (mappings)
 
 
-def _path(stack: list[_Node]) -> str:
-    out = ""
+def _path(stack: list[_Node], root: str = "") -> str:
+    out = root
     for node in stack:
         if node.mapping:
             if node.items % 2 == 1:  # reading a value: its key is part of the path
@@ -92,14 +94,21 @@ def _path(stack: list[_Node]) -> str:
     return out or "(top level)"
 
 
-def _events_faults(events: Iterator[yaml.Event], where: str) -> list[str]:
-    """Faults of a YAML event stream, in order; stops at the first size or depth fault."""
+def _events_faults(events: Iterator[yaml.Event], where: str, root: str = "") -> list[str]:
+    """Faults of a YAML event stream, in order; stops at the first size or depth fault. Keys
+    are named under `root` (a --config entry's key)."""
     stack: list[_Node] = []
     anchors: dict[str, tuple[int, int]] = {}  # anchor -> (values, height)
     faults: list[str] = []
 
     def at(event: yaml.Event) -> str:
-        return f"{where}, line {event.start_mark.line + 1}: {_path(stack)}"
+        return f"{where}, line {event.start_mark.line + 1}: {_path(stack, root)}"
+
+    def too_many(event: yaml.Event) -> str:
+        return (
+            f"{at(event)}: more than {MAX_VALUES:,} values with its aliases expanded (an alias "
+            f"bomb?); {_DATA}"
+        )
 
     def done(values: int, height: int, key: Any = None) -> None:
         if stack:
@@ -144,12 +153,11 @@ def _events_faults(events: Iterator[yaml.Event], where: str) -> list[str]:
                 return faults + [
                     f"{at(event)}: alias *{event.anchor} nests deeper than {MAX_DEPTH} levels"
                 ]
+            if sum(n.values for n in stack) + values > MAX_VALUES:
+                return faults + [too_many(event)]  # named at the alias, before it is counted
             done(values, height, "*" + event.anchor)
         if sum(n.values for n in stack) > MAX_VALUES:
-            return faults + [
-                f"{at(event)}: more than {MAX_VALUES:,} values with its aliases expanded (an alias "
-                f"bomb?); {_DATA}"
-            ]
+            return faults + [too_many(event)]
     return faults
 
 
@@ -208,11 +216,39 @@ def configfiles_of(argv: Sequence[str]) -> list[str]:
     return files
 
 
-def refuse_unsafe_configfiles(argv: Sequence[str] | None = None) -> None:
-    """Exit with every fault of the config files on this Snakemake command line (`argv`,
-    default sys.argv[1:]); return when there is none."""
+def config_values_of(argv: Sequence[str]) -> list[str]:
+    """The `key=value` entries a Snakemake command line gives with --config (or -C)."""
+    entries: list[str] = []
+    taking = False
+    for arg in argv:
+        if arg == "--":
+            break
+        if arg.startswith("-"):
+            taking = arg in ("--config", "-C")
+        elif taking:
+            entries.append(arg)
+    return entries
+
+
+def config_value_faults(entry: str) -> list[str]:
+    """Faults of one --config `key=value`: Snakemake reads the value as YAML (base loader: no
+    tags, no YTE) and merges it into its config, which expands aliases of mappings."""
+    key, _, value = entry.partition("=")
     try:
-        check_configfiles(configfiles_of(sys.argv[1:] if argv is None else argv))
+        return _events_faults(yaml.parse(value, Loader=yaml.SafeLoader), "--config", key)
+    except yaml.YAMLError:
+        return []  # Snakemake reads it as a plain string then
+
+
+def refuse_unsafe_configfiles(argv: Sequence[str] | None = None) -> None:
+    """Exit with every fault of the config files (and --config values) on this Snakemake
+    command line (`argv`, default sys.argv[1:]); return when there is none."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        check_configfiles(configfiles_of(argv))
+        values = [f for entry in config_values_of(argv) for f in config_value_faults(entry)]
+        if values:
+            raise ConfigFileError(values)
     except ConfigFileError as err:
         sys.exit(str(err))
 
