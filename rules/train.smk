@@ -25,6 +25,10 @@ rule train:
         # one batch of features + the target's lm_head and embedding; raise for large targets
         mem_mb=8000,
         runtime=720,
+        # how often it logs and checkpoints: changes no output, so a change reruns nothing and
+        # a killed run resumes across it (TRAIN_CADENCE, specbuild/config/views.py)
+        log_interval=job(training.train_cadence, VARIANTS, "log_interval"),
+        save_interval=job(training.train_cadence, VARIANTS, "save_interval"),
     params:
         # Resumable state is deliberately not an output: Snakemake deletes the outputs of a
         # failed job, and a killed job must find its checkpoints to resume.

@@ -15,7 +15,11 @@ train_drafter(
     metrics_out=snakemake.output.metrics,
     state_dir=snakemake.params.state_dir,
     tensorboard_dir=snakemake.params.tensorboard_dir,
-    config=TrainConfig.from_params(snakemake.params.hparams),
+    config=TrainConfig.from_params(
+        snakemake.params.hparams,
+        log_interval=snakemake.resources.log_interval,
+        save_interval=snakemake.resources.save_interval,
+    ),
     log_path=snakemake.log[0],
     threads=snakemake.threads,
 )

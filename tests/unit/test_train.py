@@ -232,6 +232,17 @@ def test_resume_after_a_kill_equals_the_uninterrupted_run_bit_for_bit(ws, tmp_pa
     assert rows[0] == rows[1] and len(rows[0]) == 3
 
 
+def test_a_resume_at_another_save_and_log_interval_equals_the_uninterrupted_run(ws, tmp_path):
+    run(ws, tmp_path / "whole", epochs=3, save_interval=2)
+    with pytest.raises(Killed):
+        run(ws, tmp_path / "cut", epochs=3, save_interval=2, stop_after=5)  # last save: step 4
+    log = tmp_path / "resumed.log"
+    run(ws, tmp_path / "cut", epochs=3, save_interval=3, log_interval=1, log_path=log)
+    assert "resuming at step 4" in log.read_text() and "starting fresh" not in log.read_text()
+    whole, cut = (load_file(str(tmp_path / d / "best.safetensors")) for d in ("whole", "cut"))
+    assert whole.keys() == cut.keys() and all(torch.equal(whole[k], cut[k]) for k in whole)
+
+
 def _scalars(folder) -> dict[str, list[tuple[int, float]]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -1,7 +1,10 @@
+import pytest
+
 from specbuild.config import train_variants
 from specbuild.workflow.shards import ShardIndex
 from specbuild.workflow.training import (
     eval_set_shards,
+    train_cadence,
     train_hparams,
     train_init_files,
     variant_shards,
@@ -15,6 +18,20 @@ def test_a_variants_hparams_are_its_whole_recipe_but_its_datasets(default_config
     hparams = train_hparams(variants, "fast")
     assert hparams["lr"] == 1e-3 and "datasets" not in hparams
     assert train_hparams(variants, "base")["lr"] == default_config["train"]["lr"]
+
+
+def test_logging_and_checkpoint_cadence_are_resources_of_the_job_not_its_params(default_config):
+    default_config["train"]["variants"] = {"slow_log": {"log_interval": 500}}
+    variants = train_variants(default_config)
+    for variant in variants:
+        assert not {"log_interval", "save_interval"} & train_hparams(variants, variant).keys()
+    assert train_hparams(variants, "slow_log") == train_hparams(variants, "base")
+    assert train_cadence(variants, "log_interval", "slow_log") == "500"
+    assert train_cadence(variants, "save_interval", "base") == str(
+        default_config["train"]["save_interval"]
+    )
+    with pytest.raises(ValueError, match="not a cadence key"):
+        train_cadence(variants, "lr", "base")
 
 
 def test_a_variant_trains_on_the_hidden_shards_of_its_own_datasets(default_config):

@@ -13,6 +13,7 @@ from typing import Any
 
 __all__ = [
     "BASE_VARIANT",
+    "TRAIN_CADENCE",
     "bench_drafter_names",
     "sglang_server_args",
     "train_datasets",
@@ -20,6 +21,10 @@ __all__ = [
 ]
 
 BASE_VARIANT = "base"  # the variant that is the recipe of `train` itself, always built
+# How often training logs and checkpoints: no weight, metric or export depends on these, so
+# they are neither params of a train job (a change reruns nothing) nor part of its resume key
+# (a run resumes from a checkpoint written at another save_interval). Resources carry them.
+TRAIN_CADENCE = ("log_interval", "save_interval")
 
 
 def train_variants(config: Mapping) -> dict[str, dict]:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import Tensor
 
+from specbuild.config.views import TRAIN_CADENCE
 from specbuild.devices import wants_cuda
 from specbuild.text_model import text_config
 
@@ -213,12 +214,13 @@ class TrainConfig:
     init: str = "random"  # random | target_last_layer (drafter/target_init.py)
 
     @classmethod
-    def from_params(cls, params: dict) -> TrainConfig:
+    def from_params(cls, params: dict, **cadence: int | str) -> TrainConfig:
+        """The job's params plus its TRAIN_CADENCE keys (resources: ints given as strings)."""
         names = {f.name: f.type for f in fields(cls)}
-        unknown = sorted(set(params) - set(names))
+        unknown = sorted(set(params) - set(names)) + sorted(set(cadence) - set(TRAIN_CADENCE))
         if unknown:
             raise ValueError(f"train params: unknown key(s) {unknown}; known: {sorted(names)}")
-        cfg = cls(**params)
+        cfg = cls(**params, **{k: int(v) for k, v in cadence.items()})
         cfg.check()
         return cfg
 

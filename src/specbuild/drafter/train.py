@@ -42,6 +42,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from specbuild import __version__
+from specbuild.config.views import TRAIN_CADENCE
 from specbuild.drafter.build import (
     attention_kind,
     build_drafter,
@@ -133,7 +134,7 @@ def _check_finite(
 def _job_key(cfg: TrainConfig, shards: list[str], vocab: str, fingerprint: str, world: int) -> str:
     code = f"specbuild {__version__} {source_digest()} torch {torch.__version__}"
     return job_key(
-        config=asdict(cfg),
+        config={k: v for k, v in asdict(cfg).items() if k not in TRAIN_CADENCE},
         inputs=[*shards, vocab],
         fingerprint=fingerprint,
         world_size=world,

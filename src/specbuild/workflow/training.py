@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from specbuild.config import train_datasets
+from specbuild.config.views import TRAIN_CADENCE
 from specbuild.workflow.paths import HIDDEN_SHARD, drafter_folder_files
 from specbuild.workflow.shards import ShardIndex
 
 __all__ = [
     "eval_set_shards",
+    "train_cadence",
     "train_hparams",
     "train_init_files",
     "variant_shards",
@@ -21,8 +23,18 @@ __all__ = [
 def train_hparams(variants: Mapping[str, Mapping], variant: str) -> dict:
     """Every training hyper-parameter of a variant (schema defaults filled in), as one plain
     dict: a variant's jobs rerun when its own keys or the base recipe's change. Its
-    `datasets` are its input shards (`variant_shards`), not a trainer setting."""
-    return {k: v for k, v in variants[variant].items() if k != "datasets"}
+    `datasets` are its input shards (`variant_shards`), not a trainer setting; how often it
+    logs and checkpoints (TRAIN_CADENCE) changes no output: `train_cadence`."""
+    return {
+        k: v for k, v in variants[variant].items() if k != "datasets" and k not in TRAIN_CADENCE
+    }
+
+
+def train_cadence(variants: Mapping[str, Mapping], key: str, variant: str) -> str:
+    """A TRAIN_CADENCE key of a variant, a resource of its train job: a change reruns nothing."""
+    if key not in TRAIN_CADENCE:
+        raise ValueError(f"{key}: not a cadence key ({', '.join(TRAIN_CADENCE)})")
+    return str(variants[variant][key])
 
 
 def variant_shards(
