@@ -73,3 +73,16 @@ def test_a_server_beyond_loopback_needs_an_api_key_variable():
     cfg = default_config()
     cfg["sglang"] = {"host": "::1"}
     passes(cfg)
+
+
+def test_an_endpoint_url_holding_a_password_or_token_is_refused():
+    cfg = default_config()
+    cfg["generate"]["backend"] = "openai"
+    cfg["sglang"] = {"endpoint": "https://me:s3cret-pass@llm.example.com/v1"}
+    (fault,) = faults(cfg)
+    assert fault.startswith("sglang.endpoint: the URL holds a credential")
+    assert "s3cret" not in fault
+    cfg["sglang"] = {"endpoint": f"https://llm.example.com/v1?key={SK}"}
+    assert faults(cfg)[0].startswith("sglang.endpoint: the URL holds a credential")
+    cfg["sglang"] = {"endpoint": "http://127.0.0.1:30000/v1"}
+    passes(cfg)

@@ -5,7 +5,8 @@ prints them) and results/serve.sh.
 Contract: `credential_faults` returns one 'dotted.key: what' line for each value under the
 free-form server keys (`sglang.env`, `sglang.server_args`, and each tuning point's) whose name
 says it is a credential (HF_TOKEN, OPENAI_API_KEY, api_key, a password) or whose value looks
-like one (hf_..., sk-..., a GitHub or Slack token, an AWS key id, a JWT). A line names the key,
+like one (hf_..., sk-..., a GitHub or Slack token, an AWS key id, a JWT), and each endpoint URL
+holding a password or a token (`sglang.endpoint`, `bench.openai.endpoint`). A line names the key,
 never the value, and says where a key goes instead: the environment, named by
 `sglang.api_key_env` (an endpoint's key) or `sglang.serve_api_key_env` (the key `make serve`'s
 server requires). Servers specbuild starts inherit the environment (HF_TOKEN included) and get
@@ -17,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from specbuild.config.schema import mapping
 
@@ -80,9 +82,31 @@ def _free_form(config: Mapping) -> Iterator[tuple[str, Mapping]]:
             yield f"sglang.tuning.points.{name}.{part}", mapping(mapping(point).get(part))
 
 
-def credential_faults(config: Mapping) -> list[str]:
-    """One line per credential-looking name or value under the free-form server keys."""
+def _endpoint_faults(config: Mapping) -> list[str]:
+    """An endpoint URL holding a password (https://user:pass@host) or a token."""
+    endpoints = {
+        "sglang.endpoint": mapping(config.get("sglang")).get("endpoint"),
+        "bench.openai.endpoint": mapping(mapping(config.get("bench")).get("openai")).get(
+            "endpoint"
+        ),
+    }
     faults = []
+    for key, url in endpoints.items():
+        if not isinstance(url, str):
+            continue
+        try:
+            password = urlsplit(url).password
+        except ValueError:
+            password = None  # not a URL the backend can use either; its request says so
+        if password or looks_like_credential(url):
+            faults.append(f"{key}: the URL holds a credential; {_INSTEAD}")
+    return faults
+
+
+def credential_faults(config: Mapping) -> list[str]:
+    """One line per credential-looking name or value under the free-form server keys, and per
+    endpoint URL that holds one."""
+    faults = _endpoint_faults(config)
     for prefix, section in _free_form(config):
         for name, value in section.items():
             key = f"{prefix}.{name}"
