@@ -23,7 +23,14 @@ def test_credential_names_are_recognised(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["max_total_tokens", "tokenizer_path", "skip_tokenizer_init", "ssl_keyfile", "NCCL_IB_HCA"],
+    [
+        "max_total_tokens",
+        "tokenizer_path",
+        "skip_tokenizer_init",
+        "speculative_token_map",
+        "ssl_keyfile",
+        "NCCL_IB_HCA",
+    ],
 )
 def test_server_flags_about_tokens_are_not_credentials(name):
     assert not is_credential_name(name)

@@ -24,11 +24,12 @@ from specbuild.config.schema import mapping
 
 __all__ = ["credential_faults", "is_credential_name", "looks_like_credential"]
 
-# words of a name that make it a credential (split at _ and -): HF_TOKEN, AWS_SECRET_ACCESS_KEY,
-# ssl_keyfile_password. Not "tokens" (max_total_tokens) nor "tokenizer" (tokenizer_path).
-_SECRET_WORDS = {"token", "secret", "password", "passwd", "credential", "credentials", "apikey"}
-# ...or a name ending in key: api_key, admin_api_key, OPENAI_API_KEY, private_key
-_KEY_WORDS = {"key", "keys"}
+# words of a name that make it a credential wherever they stand (split at _, - and .):
+# AWS_SECRET_ACCESS_KEY, ssl_keyfile_password
+_SECRET_WORDS = {"secret", "password", "passwd", "credential", "credentials", "apikey"}
+# ...or that end it: HF_TOKEN, api_key, OPENAI_API_KEY, private_key. Not SGLang's
+# speculative_token_map, max_total_tokens or tokenizer_path.
+_LAST_WORDS = {"token", "key", "keys"}
 # token formats with a recognisable prefix and enough random characters to be one
 _CREDENTIAL = re.compile(
     r"(?<![A-Za-z0-9])("
@@ -51,7 +52,7 @@ _INSTEAD = (
 def is_credential_name(name: str) -> bool:
     """Whether a variable or flag name says its value is a credential."""
     words = [w for w in re.split(r"[_\-.]+", name.lower()) if w]
-    return bool(_SECRET_WORDS & set(words)) or (bool(words) and words[-1] in _KEY_WORDS)
+    return bool(_SECRET_WORDS & set(words)) or (bool(words) and words[-1] in _LAST_WORDS)
 
 
 def looks_like_credential(value: Any) -> bool:
