@@ -41,6 +41,7 @@ __all__ = [
     "lock_holders",
     "process_start",
     "read_lock_files",
+    "run_ended",
     "run_state",
     "runs_with_live_jobs",
     "this_run",
@@ -214,6 +215,17 @@ def run_state(owner: RunOwner, jobs: set[str] | None = None) -> str:
     if owner.run_id in (runs_with_live_jobs() if jobs is None else jobs):
         return "live"
     return "unseen" if owner.jobs_elsewhere else "ended"
+
+
+def run_ended(run_id: str | None = None) -> bool:
+    """Whether the snakemake run that started this job (`run_id`, default $SPECBUILD_RUN) has
+    ended: the job finishes as an orphan, and no run records its outputs. False where that
+    cannot be told (not started by a run, another host)."""
+    run_id = os.environ.get(RUN_ENV, "") if run_id is None else run_id
+    host, pid, start = (run_id.rsplit(":", 2) + ["", ""])[:3]
+    if host != socket.gethostname() or not pid.isdigit() or not start.isdigit():
+        return False
+    return process_start(int(pid)) != int(start)
 
 
 def _owner_of(first_line: str) -> RunOwner | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -35,6 +37,7 @@ from specbuild.drafter.state import (
 )
 from specbuild.drafter.train import TrainConfig, TrainingDiverged, lr_at, train_drafter
 from specbuild.hidden.shards import ShardError, read_shard, write_shard
+from specbuild.run_lock import RUN_ENV, process_start, this_run
 
 
 class Killed(RuntimeError):
@@ -407,6 +410,25 @@ def test_a_finished_job_run_again_trains_from_scratch_as_forcerun_means(ws, tmp_
     assert _trained_tokens(tmp_path / "again.log") == _trained_tokens(tmp_path / "first.log") > 0
     again.pop("tokens_per_s"), first.pop("tokens_per_s")  # timings of each run
     assert again == first  # seeded: the same run again
+
+
+def test_a_run_that_finished_as_an_orphan_is_written_again_not_retrained(ws, tmp_path, monkeypatch):
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    run_id = this_run().run_id.rsplit(":", 2)[0] + f":{killed.pid}:{process_start(killed.pid)}"
+    killed.kill()
+    killed.wait()
+    monkeypatch.setenv(RUN_ENV, run_id)  # the snakemake that started the job was killed
+    first = run(ws, tmp_path, epochs=2, log_path=tmp_path / "first.log")
+    assert json.loads((tmp_path / "state" / "latest.json").read_text())["orphan"] is True
+    weights = (tmp_path / "best.safetensors").read_bytes()
+    (tmp_path / "best.safetensors").unlink()  # the rerun's Snakemake removes its outputs
+    monkeypatch.setenv(RUN_ENV, this_run().run_id)  # the next run, live
+    again = run(ws, tmp_path, epochs=2, log_path=tmp_path / "again.log")
+    log = (tmp_path / "again.log").read_text()
+    assert "finished after its snakemake ended" in log and "starting fresh" not in log
+    assert _trained_tokens(tmp_path / "again.log") == 0 < _trained_tokens(tmp_path / "first.log")
+    assert (tmp_path / "best.safetensors").read_bytes() == weights and again == first
+    assert json.loads((tmp_path / "state" / "latest.json").read_text())["orphan"] is False
 
 
 def test_an_interrupted_run_resumes_only_under_the_same_code(ws, tmp_path, monkeypatch):

@@ -1,7 +1,9 @@
 """kill -9 in the middle of `make run`, then `make run` again, as README "When things go wrong"
-says: the rerun removes the lock the killed run left (no snakemake process is left to hold
-it), reruns the jobs the kill interrupted, and ends with the results of an uninterrupted run
-(`built_workflow`), file for file.
+says: the rerun removes the locks the killed run left (nothing of that run is left), reruns
+the jobs the kill interrupted, and ends with the results of an uninterrupted run
+(`built_workflow`), file for file. And a training whose snakemake alone was killed finishes as
+an orphan: the next run waits for it, then writes its outputs again from its last checkpoint
+instead of training from scratch.
 
 The run is the Makefile's own `run` target in a copy of the workflow, with the test's venv
 (`-o` keeps make from reinstalling it), so the test exercises the commands users type.
@@ -20,6 +22,8 @@ from pathlib import Path
 import pytest
 from workflow_helpers import (
     REPO,
+    SNAKEMAKE,
+    copy_workdir,
     make_workdir,
     planned_jobs,
     results_files,
@@ -27,7 +31,7 @@ from workflow_helpers import (
     snakemake,
 )
 
-from specbuild.run_lock import is_locked
+from specbuild.run_lock import is_locked, lock_holders
 
 pytestmark = pytest.mark.workflow
 
@@ -80,15 +84,12 @@ def test_make_run_after_kill_9_finishes_with_the_results_of_an_uninterrupted_run
 
     kill_mid_run(workdir)
     assert is_locked(workdir) and running_jobs(workdir), "the kill left no lock or marker"
-    # What users saw before: the same snakemake command refuses to start.
-    refused = snakemake(workdir, "--cores", "2", check=False)
-    assert refused.returncode != 0 and "cannot be locked" in refused.stdout + refused.stderr
 
     rerun = subprocess.run(
         make_run_command(), cwd=workdir, capture_output=True, text=True, timeout=1500
     )
     assert rerun.returncode == 0, rerun.stdout[-5000:] + rerun.stderr[-5000:]
-    assert "removing the stale lock" in rerun.stdout
+    assert "specbuild: removed the locks of a run that is no longer live (pid " in rerun.stderr
     assert not is_locked(workdir) and running_jobs(workdir) == []
     assert planned_jobs(workdir) == []
     assert (workdir / "results" / "report.html").is_file()
@@ -98,3 +99,40 @@ def test_make_run_after_kill_9_finishes_with_the_results_of_an_uninterrupted_run
     assert sorted(ours) == sorted(local)
     differ = [rel for rel in local if not same_result(built_workflow.workdir / rel, workdir / rel)]
     assert differ == []
+
+
+def _train_job(workdir: Path) -> list:
+    return [h for h in lock_holders(workdir) if h.command.endswith(".train.py")]
+
+
+def test_a_training_that_finished_as_an_orphan_is_not_trained_again(built_workflow, tmp_path):
+    wd = copy_workdir(built_workflow.workdir, tmp_path / "wf")
+    best = wd / "results" / "train" / "base" / "best.safetensors"
+    with open(tmp_path / "killed.out", "w") as out:
+        killed = subprocess.Popen(
+            [str(SNAKEMAKE), "--snakefile", "Snakefile", "--cores", "1", str(best.relative_to(wd))]
+            + ["--forcerun", "train"],
+            cwd=wd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 600
+    while not _train_job(wd):
+        assert killed.poll() is None, (tmp_path / "killed.out").read_text()[-3000:]
+        assert time.monotonic() < deadline, "no train job within 600 s"
+        time.sleep(0.1)
+    killed.kill()  # snakemake alone: its train job goes on, an orphan
+    killed.wait()
+    while lock_holders(wd):  # the orphan trains on, then ends
+        assert time.monotonic() < deadline, "the orphaned train job ran over 600 s"
+        time.sleep(0.2)
+    first = (wd / "logs" / "train" / "base.log").read_text()
+    assert "starting fresh" in first and " trained 0 tokens" not in first, first  # it trained
+    written = best.read_bytes()
+
+    rerun = snakemake(wd, "--cores", "1", "--rerun-incomplete", str(best.relative_to(wd)))
+    assert f"removed the locks of a run that is no longer live (pid {killed.pid} " in (rerun.stderr)
+    log = (wd / "logs" / "train" / "base.log").read_text()
+    assert "finished after its snakemake ended" in log and "starting fresh" not in log, log
+    assert " trained 0 tokens" in log
+    assert best.read_bytes() == written and not is_locked(wd)

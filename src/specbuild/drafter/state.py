@@ -3,7 +3,8 @@
 Layout of the state directory:
 
     latest.json              {"checkpoint": "step-00000120", "job": <job key>,
-                              "complete": true once the run finished}  (written last)
+                              "complete": true once the run finished,
+                              "orphan": true when its snakemake had ended by then}  (written last)
     step-00000120/           model.safetensors, optimizer.safetensors (+ RNG), state.json
     best.safetensors         best drafter so far (weights + config in the metadata)
     metrics.jsonl            eval rows so far
@@ -17,7 +18,10 @@ Which state is resumed (`resume_status`, `resume`): only an interrupted run of t
 key (`job_key`) covers the hyper-parameters, each input's path, size and mtime, the target
 fingerprint, the world size, and the code (specbuild's version and a digest of its sources,
 torch's version); a finished run marks latest.json complete, so running a finished job again
-(`--forcerun train`, or its outputs deleted) trains from scratch.
+(`--forcerun train`, or its outputs deleted) trains from scratch. Unless that run finished as
+an orphan (its snakemake killed while it trained): no run recorded its outputs, so the next
+run reruns the job (`--rerun-incomplete`); it resumes at the finished run's last checkpoint
+and writes the same outputs again, no step retrained (`resume_status` "orphan").
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from torch import Tensor, nn
 
 from specbuild.disk import ensure_free_space, train_need
 from specbuild.io import atomic_path, read_json, write_json, write_jsonl
+from specbuild.run_lock import run_ended
 
 if TYPE_CHECKING:  # annotations only
     from specbuild.drafter.data import ShardSet
@@ -111,14 +116,17 @@ def job_key(
 
 def resume_status(state_dir: str | os.PathLike, *, job: str) -> str:
     """What `state_dir` holds for this job: "none", "other-job" (other inputs, hyper-parameters
-    or code), "complete" (a finished run of this job) or "resumable" (an interrupted one)."""
+    or code), "complete" (a finished run of this job), "orphan" (one that finished after its
+    snakemake ended, its outputs never recorded) or "resumable" (an interrupted one)."""
     latest = Path(state_dir) / LATEST
     if not latest.exists():
         return "none"
     entry = read_json(latest)
     if entry.get("job") != job:
         return "other-job"
-    return "complete" if entry.get("complete") else "resumable"
+    if entry.get("complete"):
+        return "orphan" if entry.get("orphan") else "complete"
+    return "resumable"
 
 
 def _optimizer_flat(opt: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:
@@ -187,12 +195,13 @@ def save_checkpoint(
     return final
 
 
-def mark_complete(state_dir: str | os.PathLike, *, job: str) -> None:
-    """Record that this job's run finished: its state is never resumed again."""
+def mark_complete(state_dir: str | os.PathLike, *, job: str, orphan: bool = False) -> None:
+    """Record that this job's run finished: its state is never resumed again, unless it
+    finished as an `orphan` (its snakemake ended first: no run recorded its outputs)."""
     latest = read_json(Path(state_dir) / LATEST)
     if latest.get("job") != job:
         raise ValueError(f"{state_dir}: {LATEST} belongs to another job; not marking it complete")
-    write_json(Path(state_dir) / LATEST, latest | {"complete": True})
+    write_json(Path(state_dir) / LATEST, latest | {"complete": True, "orphan": orphan})
 
 
 def load_checkpoint(
@@ -200,10 +209,11 @@ def load_checkpoint(
 ) -> tuple[TrainState, dict[str, Tensor], dict] | None:
     """(state, model tensors, optimizer state_dict) of this job's interrupted run.
 
-    Restores the RNG state as a side effect. None unless `resume_status` is "resumable".
+    Restores the RNG state as a side effect. None unless `resume_status` is "resumable" or
+    "orphan".
     """
     state_dir = Path(state_dir)
-    if resume_status(state_dir, job=job) != "resumable":
+    if resume_status(state_dir, job=job) not in ("resumable", "orphan"):
         return None
     latest = read_json(state_dir / LATEST)
     ckpt = state_dir / latest["checkpoint"]
@@ -231,7 +241,13 @@ def resume(
     status = resume_status(state_dir, job=job)
     if status in _NOT_RESUMED:
         log.info("starting fresh: %s holds %s", state_dir, _NOT_RESUMED[status])
-    loaded = load_checkpoint(state_dir, job=job) if status == "resumable" else None
+    if status == "orphan":
+        log.info(
+            "%s holds a run of this job that finished after its snakemake ended (killed), so "
+            "no run recorded its outputs: they are written again from its last checkpoint",
+            state_dir,
+        )
+    loaded = load_checkpoint(state_dir, job=job) if status in ("resumable", "orphan") else None
     if loaded is None:
         return None
     state, weights, opt_state = loaded
@@ -297,11 +313,11 @@ def write_outputs(
 ) -> None:
     """A finished run's outputs: the best drafter to `best_out`, the eval rows to `metrics_out`;
     then the job marked complete, last, so that a kill before the mark leaves the run resumable
-    (it writes the outputs again)."""
+    (it writes the outputs again); marked an orphan when the run that started it has ended."""
     with atomic_path(best_out) as tmp:
         tmp.write_bytes((Path(state_dir) / BEST).read_bytes())
     write_jsonl(metrics_out, state.metrics)
-    mark_complete(state_dir, job=job)
+    mark_complete(state_dir, job=job, orphan=run_ended())
     best = state.best_row()
     log.info(
         "best: step %d accept_len %.3f -> %s", best["step"], best["acceptance_length"], best_out

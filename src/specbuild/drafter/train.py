@@ -186,13 +186,17 @@ def train_drafter(
 
     Resume or fresh start: Snakemake cannot tell the job whether it was forced, so the state
     folder says what the last run of this job did. Every checkpoint carries the job key
-    (`state.job_key`: hyper-parameters, each input's path, size and mtime, target fingerprint,
+    (`state.job_key`: hyper-parameters but TRAIN_CADENCE, each input's path, size and mtime,
+    target fingerprint,
     world size, and the code: specbuild's version, a digest of its sources, torch's version).
     The last thing a finished run does is mark `latest.json` complete. So:
 
         state of this job, not complete   an interrupted run (killed, preempted): resume it
         state of this job, complete       a finished job run again: `--forcerun train`, or its
                                           outputs deleted: clear the folder, train from step 0
+        state of this job, complete as    a run that finished after its snakemake was killed
+          an orphan                       (no run recorded its outputs): resume at its last
+                                          checkpoint, write the outputs again, no step trained
         state of another key              other inputs, hyper-parameters or code: clear, step 0
         no state                          step 0
 
