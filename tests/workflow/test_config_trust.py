@@ -69,7 +69,8 @@ def test_make_refuses_a_yte_config_before_it_runs(tmp_path):
     evil_config(workdir)
     venv = SNAKEMAKE.parent.parent
     proc = subprocess.run(
-        ["make", "dry-run", "CONFIG=shared.yaml", f"VENV={venv}"],
+        # -o: the venv is the repo's, set up already; never rebuilt from this copy
+        ["make", "-o", f"{venv}/.setup-done", "dry-run", "CONFIG=shared.yaml", f"VENV={venv}"],
         cwd=workdir,
         capture_output=True,
         text=True,
