@@ -190,20 +190,22 @@ def lock_holders(workdir: str | os.PathLike) -> list[Holder]:
     return sorted(holders, key=lambda h: h.pid)
 
 
-def runs_with_live_jobs() -> set[str]:
-    """Run ids that a live snakemake job carries in its environment ($SPECBUILD_RUN)."""
-    runs = set()
-    for _pid, _argv, entry in _snakemake_processes():
+def runs_with_live_jobs() -> dict[str, list[int]]:
+    """{run id: pids of its live jobs}, from the id each snakemake job carries in its
+    environment ($SPECBUILD_RUN)."""
+    runs: dict[str, list[int]] = {}
+    prefix = f"{RUN_ENV}=".encode()
+    for pid, _argv, entry in _snakemake_processes():
         try:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        prefix = f"{RUN_ENV}=".encode()
-        runs |= {e[len(prefix) :].decode() for e in environ if e.startswith(prefix)}
+        for run in {e[len(prefix) :].decode() for e in environ if e.startswith(prefix)}:
+            runs.setdefault(run, []).append(pid)
     return runs
 
 
-def run_state(owner: RunOwner, jobs: set[str] | None = None) -> str:
+def run_state(owner: RunOwner, jobs: dict[str, list[int]] | None = None) -> str:
     """ "live": its snakemake process (the same one: pid and start time) or a job it started
     runs here; "unseen": it ran on another host, or its snakemake ended while its jobs ran on
     a cluster, where this machine cannot look; "ended" otherwise. `jobs`:

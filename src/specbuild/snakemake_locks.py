@@ -25,7 +25,9 @@ from specbuild.run_lock import (
     LOCK_DIR,
     RUN_ENV,
     LockFile,
+    RunOwner,
     lock_holders,
+    process_start,
     read_lock_files,
     run_state,
     runs_with_live_jobs,
@@ -60,6 +62,8 @@ def _mutex(workdir: Path) -> Iterator[None]:
 def _states(workdir: Path, locks: list[LockFile]) -> dict[Path, str]:
     """Each lock file's run: "live", "ended" or "unseen" (`run_state`); a lock naming no run
     is live while a snakemake process works here, unseen where processes cannot be listed."""
+    if not locks:
+        return {}
     try:
         jobs = runs_with_live_jobs()
         holders = lock_holders(workdir) if any(not lk.owner for lk in locks) else []
@@ -70,6 +74,9 @@ def _states(workdir: Path, locks: list[LockFile]) -> dict[Path, str]:
 
 
 def _who(lock: LockFile, state: str, workdir: Path) -> str:
+    if lock.owner and state == "live" and process_start(lock.owner.pid) != lock.owner.start:
+        jobs = ", ".join(str(p) for p in _pids_to_stop(lock.owner))
+        return f"the run {lock.owner.describe()}, its snakemake killed, its jobs live (pid {jobs})"
     if lock.owner and state == "live":
         return f"the live run {lock.owner.describe()}"
     if lock.owner:
@@ -110,14 +117,22 @@ def _overlap(lock: LockFile, inputs: set[str], outputs: set[str]) -> set[str]:
     return lock.files & (outputs if lock.kind == "input" else outputs | inputs)
 
 
+def _pids_to_stop(owner: RunOwner) -> list[int]:
+    """A live run's snakemake, or where it was killed, the jobs of it that still run."""
+    if process_start(owner.pid) == owner.start:
+        return [owner.pid]
+    return sorted(runs_with_live_jobs().get(owner.run_id, []))
+
+
 def _refusal(conflicts: list[tuple[LockFile, set[str]]], states: dict, workdir: Path) -> str:
     lines = ["specbuild: this run would write files that a live run writes or reads:"]
-    pids, unseen = set(), False
+    pids: set[str] = set()
+    unseen = False
     for lock, files in conflicts:
         state = states[lock.path]
         lines.append(f"  {_who(lock, state, workdir)} locks {_files(files)}")
         if lock.owner and state == "live":
-            pids.add(str(lock.owner.pid))
+            pids |= {str(p) for p in _pids_to_stop(lock.owner)}
         unseen |= state == "unseen"
     stop = f" or stop it (kill {' '.join(sorted(pids))})" if pids else ""
     lines.append(
@@ -200,7 +215,11 @@ def one_writer_per_output() -> bool:
             "another live run's locks"
         )
         return False
-    os.environ[RUN_ENV] = this_run().run_id
+    try:
+        os.environ[RUN_ENV] = this_run().run_id
+    except OSError as err:  # no /proc (macOS): Snakemake's own locks, which a run's end frees
+        _say(f"{err}; runs at once are guarded by Snakemake's own locks only")
+        return False
     Persistence.lock = _lock
     Persistence._delete_locks = _delete_own_locks
     Persistence.cleanup_locks = _cleanup_locks

@@ -29,7 +29,7 @@ from specbuild.run_lock import (
     this_run,
     write_lock_file,
 )
-from specbuild.snakemake_locks import _cleanup_locks
+from specbuild.snakemake_locks import _cleanup_locks, _lock
 
 
 def _fake_snakemake(tmp_path: Path, cwd: Path, env: dict | None = None) -> subprocess.Popen:
@@ -132,3 +132,39 @@ def test_a_lock_naming_no_run_is_live_while_a_snakemake_process_works_here(tmp_p
         proc.wait()
     _cleanup_locks(SimpleNamespace(_lockdir=str(work / LOCK_DIR)))
     assert not is_locked(work)
+
+
+def _persistence(workdir: Path, outputs: list[str]) -> SimpleNamespace:
+    """What the lock reads of Snakemake's persistence: the run's files and targets."""
+    return SimpleNamespace(
+        _lockdir=str(workdir / LOCK_DIR),
+        all_inputfiles=lambda: [],
+        all_outputfiles=lambda: outputs,
+        dag=SimpleNamespace(
+            targetfiles=outputs, targetrules=[], workflow=SimpleNamespace(local_exec=True)
+        ),
+        unlock=lambda: None,
+    )
+
+
+def test_a_run_on_the_files_of_a_killed_runs_live_job_is_refused_naming_that_job(tmp_path, capsys):
+    best = "results/train/base/best.safetensors"
+    pid, start = _ended_run()
+    killed = replace(this_run([best]), pid=pid, start=start)
+    write_lock_file(tmp_path, "output", [best], killed)
+    orphan = _fake_snakemake(tmp_path, tmp_path, env=os.environ | {RUN_ENV: killed.run_id})
+    try:
+        with pytest.raises(SystemExit) as refused, _lock(_persistence(tmp_path, [best])):
+            pass
+    finally:
+        orphan.kill()
+        orphan.wait()
+    message = str(refused.value)
+    assert f"the run pid {pid} " in message
+    assert f"its snakemake killed, its jobs live (pid {orphan.pid}) locks {best}" in message
+    assert f"or stop it (kill {orphan.pid})" in message  # never the dead snakemake's pid
+    with _lock(_persistence(tmp_path, [best])):  # the job ended: its run's locks go
+        assert [lk.owner.pid for lk in read_lock_files(tmp_path)] == [os.getpid()]
+    assert f"removed the locks of a run that is no longer live (pid {pid} " in (
+        capsys.readouterr().err
+    )
