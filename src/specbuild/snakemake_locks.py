@@ -1,11 +1,13 @@
 """Snakemake's locks taken, checked and freed per run (`specbuild.run_lock` says why).
 
-`one_writer_per_output` replaces three methods of Snakemake's file persistence (the default
+`one_writer_per_output` replaces four methods of Snakemake's file persistence (the default
 backend; `--nolock` takes no lock at all):
 
 - `lock`: under a mutex (flock), removes the locks of runs no longer live, refuses a run whose
   files overlap a live run's (naming its pid and targets; nothing starts), notes a live run it
   goes on beside, then writes this run's lock files with their owner.
+- `lock_warn_only`, a dry-run's: says what a run would meet (Snakemake's says "Another
+  Snakemake instance is running" for a killed run's lock too).
 - `_delete_locks`, at a run's end: its own lock files only (Snakemake deleted the folder, live
   runs' locks included).
 - `cleanup_locks`, `snakemake --unlock`: every lock but live runs' (those of a run this
@@ -147,34 +149,48 @@ def _refusal(conflicts: list[tuple[LockFile, set[str]]], states: dict, workdir: 
     return "\n".join(lines)
 
 
+def _check(self, workdir: Path, *, dry_run: bool) -> tuple[set[str], set[str]]:
+    """This run's (inputs, outputs), checked against the locks here: those of runs no longer
+    live removed (a dry-run only says it would), a live run's overlap refused (a dry-run only
+    says it would be), a live run beside this one noted."""
+    inputs = {str(f) for f in self.all_inputfiles()}
+    outputs = {str(f) for f in self.all_outputfiles()}
+    locks = read_lock_files(workdir)
+    states = _states(workdir, locks)
+    dead = [lk for lk in locks if states[lk.path] == "ended"]
+    if dead:
+        runs = "; ".join(sorted({_describe_dead(lk) for lk in dead}))
+        if dry_run:
+            _say(f"the locks of a run that is no longer live ({runs}) go when a run starts")
+        else:
+            _remove(dead)
+            _say(
+                f"removed the locks of a run that is no longer live ({runs}): it was killed; "
+                "the jobs it left unfinished rerun with --rerun-incomplete"
+            )
+    others = [lk for lk in locks if states[lk.path] != "ended"]
+    conflicts = [(lk, f) for lk in others if (f := _overlap(lk, inputs, outputs))]
+    if conflicts and dry_run:
+        _say("a run of these targets now would be refused (a dry-run goes on):")
+        print(_refusal(conflicts, states, workdir), file=sys.stderr, flush=True)
+    elif conflicts:  # the message alone: Snakemake's errors carry frames and --unlock advice
+        raise SystemExit(_refusal(conflicts, states, workdir))
+    beside = sorted({lk.owner.describe() for lk in others if lk.owner})
+    if beside and not conflicts:
+        _say(
+            f"a live run works here too ({'; '.join(beside)}); this run writes none of its "
+            "files and reads none it writes, so both go on"
+        )
+    return inputs, outputs
+
+
 @contextmanager
 def _lock(self) -> Iterator[None]:
     workdir = Path(self._lockdir).parents[1]
-    inputs = {str(f) for f in self.all_inputfiles()}
-    outputs = {str(f) for f in self.all_outputfiles()}
     elsewhere = not self.dag.workflow.local_exec
     owner = this_run(_run_targets(self.dag), jobs_elsewhere=elsewhere)
     with _mutex(workdir):
-        locks = read_lock_files(workdir)
-        states = _states(workdir, locks)
-        dead = [lk for lk in locks if states[lk.path] == "ended"]
-        if dead:
-            runs = sorted({_describe_dead(lk) for lk in dead})
-            _remove(dead)
-            _say(
-                f"removed the locks of a run that is no longer live ({'; '.join(runs)}): it "
-                "was killed; the jobs it left unfinished rerun with --rerun-incomplete"
-            )
-        others = [lk for lk in locks if states[lk.path] != "ended"]
-        conflicts = [(lk, f) for lk in others if (f := _overlap(lk, inputs, outputs))]
-        if conflicts:  # the message alone: Snakemake's errors carry frames and --unlock advice
-            raise SystemExit(_refusal(conflicts, states, workdir))
-        beside = sorted({lk.owner.describe() for lk in others if lk.owner})
-        if beside:
-            _say(
-                f"a live run works here too ({'; '.join(beside)}); this run writes none of "
-                "its files and reads none it writes, so both go on"
-            )
+        inputs, outputs = _check(self, workdir, dry_run=False)
         self._lockfile = {}
         for kind, files in (("input", inputs), ("output", outputs)):
             if files:
@@ -183,6 +199,13 @@ def _lock(self) -> Iterator[None]:
         yield
     finally:
         self.unlock()
+
+
+@contextmanager
+def _lock_warn_only(self) -> Iterator[None]:
+    """A dry-run's check: what a run would meet, said, nothing removed or written."""
+    _check(self, Path(self._lockdir).parents[1], dry_run=True)
+    yield
 
 
 def _delete_own_locks(self) -> None:
@@ -209,7 +232,8 @@ def one_writer_per_output() -> bool:
 
     if getattr(Persistence, "owns_locks", False):
         return True
-    if not all(hasattr(Persistence, m) for m in ("lock", "_delete_locks", "cleanup_locks")):
+    methods = ("lock", "lock_warn_only", "_delete_locks", "cleanup_locks")
+    if not all(hasattr(Persistence, m) for m in methods):
         _say(
             "this Snakemake's persistence has no lock methods to guard: a run ending may free "
             "another live run's locks"
@@ -221,6 +245,7 @@ def one_writer_per_output() -> bool:
         _say(f"{err}; runs at once are guarded by Snakemake's own locks only")
         return False
     Persistence.lock = _lock
+    Persistence.lock_warn_only = _lock_warn_only
     Persistence._delete_locks = _delete_own_locks
     Persistence.cleanup_locks = _cleanup_locks
     Persistence.owns_locks = True

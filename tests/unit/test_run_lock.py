@@ -29,7 +29,7 @@ from specbuild.run_lock import (
     this_run,
     write_lock_file,
 )
-from specbuild.snakemake_locks import _cleanup_locks, _lock
+from specbuild.snakemake_locks import _cleanup_locks, _lock, _lock_warn_only
 
 
 def _fake_snakemake(tmp_path: Path, cwd: Path, env: dict | None = None) -> subprocess.Popen:
@@ -168,3 +168,18 @@ def test_a_run_on_the_files_of_a_killed_runs_live_job_is_refused_naming_that_job
     assert f"removed the locks of a run that is no longer live (pid {pid} " in (
         capsys.readouterr().err
     )
+
+
+def test_a_dry_run_says_what_a_run_would_meet_and_removes_nothing(tmp_path, capsys):
+    pid, start = _ended_run()
+    write_lock_file(
+        tmp_path, "output", ["results/a.jsonl"], replace(this_run(), pid=pid, start=start)
+    )
+    write_lock_file(tmp_path, "output", ["results/b.jsonl"], this_run(["results/b.jsonl"]))
+    with _lock_warn_only(_persistence(tmp_path, ["results/a.jsonl", "results/b.jsonl"])):
+        pass
+    err = capsys.readouterr().err
+    assert f"the locks of a run that is no longer live (pid {pid} " in err
+    assert "a run of these targets now would be refused (a dry-run goes on):" in err
+    assert f"the live run pid {os.getpid()} " in err and "locks results/b.jsonl" in err
+    assert len(read_lock_files(tmp_path)) == 2  # nothing removed, nothing written

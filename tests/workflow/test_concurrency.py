@@ -168,6 +168,9 @@ def test_a_run_frees_only_its_own_locks_and_one_on_a_live_runs_files_is_refused(
         assert "so both go on" in run_b.stderr
         assert _lock_owner_pids(wd) == {run_a.pid}  # B ended and freed its own locks only
         before = sorted(p.name for p in (wd / "results" / "samples" / DATASET).iterdir())
+        dry = snakemake(wd, "-n", "--cores", "1", shard_a)  # C's dry-run says what C will meet
+        assert "a run of these targets now would be refused (a dry-run goes on):" in dry.stderr
+        assert "Another Snakemake instance is running" not in dry.stdout + dry.stderr
         run_c = snakemake(wd, "--cores", "1", shard_a, check=False)  # C: A's target
         assert run_c.returncode == 1
         refusal = (
