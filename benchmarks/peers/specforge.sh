@@ -8,13 +8,13 @@
 #
 # usage, on the GPU host after run.sh's three staging calls (SGLang in /tmp/site, SmolLM2 in
 # /tmp/smol), from the project root:
-#   bash benchmarks/peers/specforge.sh [KIT]    again until it prints "peers: done"
-#   KIT: SpecForge's EAGLE-3 kit: its run_specforge.sh drives SpecForge's scripts/train_eagle3.py
-#        offline on one GPU (default: ../shared/tools/specforge-side, else .sfkit, a copy that
-#        travels with the tree). Without the kit: `pip install` SpecForge from its repository
+#   bash benchmarks/peers/specforge.sh [SPECFORGE_DIR]    again until it prints "peers: done"
+#   SPECFORGE_DIR: SpecForge's offline EAGLE-3 bundle: its run_specforge.sh drives SpecForge's scripts/train_eagle3.py
+#        offline on one GPU (default: ../shared/tools/specforge-side, else .specforge, a copy that
+#        travels with the tree). Without that bundle: `pip install` SpecForge from its repository
 #        (github.com/sgl-project/SpecForge, README "Installation") on a host with network and
 #        train with its scripts/train_eagle3.py on the conversations that
-#        `python3 <kit>/convert_seed.py SEED_DIR out.jsonl` writes; point bench.drafters at
+#        `python3 <bundle>/convert_seed.py SEED_DIR out.jsonl` writes; point bench.drafters at
 #        its output folder.
 # Each call picks up where the last left off (state in $PEERS, default /tmp/peers):
 #   1. the data seed (SEED, default .seed/variants-data.tar.gz; benchmarks/h200/seed/README.md)
@@ -31,12 +31,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-KIT=${1:-}
-if [ -z "$KIT" ]; then
-  for k in ../shared/tools/specforge-side .sfkit; do [ -f "$k/run_specforge.sh" ] && { KIT=$k; break; }; done
+SF_DIR=${1:-}
+if [ -z "$SF_DIR" ]; then
+  for k in ../shared/tools/specforge-side .specforge; do [ -f "$k/run_specforge.sh" ] && { SF_DIR=$k; break; }; done
 fi
-[ -n "$KIT" ] && [ -f "$KIT/run_specforge.sh" ] || { echo "peers: no SpecForge kit (run_specforge.sh) at '${KIT:-?}': see this header"; exit 2; }
-KIT=$(cd "$KIT" && pwd)
+[ -n "$SF_DIR" ] && [ -f "$SF_DIR/run_specforge.sh" ] || { echo "peers: no SpecForge bundle (run_specforge.sh) at '${SF_DIR:-?}': see this header"; exit 2; }
+SF_DIR=$(cd "$SF_DIR" && pwd)
 PEERS=${PEERS:-/tmp/peers}
 SEED=$(realpath -m "${SEED:-.seed/variants-data.tar.gz}")
 TARGET=${TARGET_DIR:-/tmp/smol}
@@ -62,8 +62,8 @@ if [ ! -d "$PEERS/seed/results/generated" ]; then
   [ -f "$SEED" ] || { echo "peers: no data seed at $SEED (benchmarks/h200/seed/README.md)"; exit 2; }
   mkdir -p "$PEERS/seed" && tar -xzf "$SEED" -C "$PEERS/seed" || exit 1
 fi
-sf() {  # run_specforge.sh with the kit's own site folders; returns at once (SF_WAIT_S=1)
-  SF_WAIT_S=${SF_WAIT_S:-1} bash "$KIT/run_specforge.sh" "$@" >>"$PEERS/specforge-calls.log" 2>&1
+sf() {  # run_specforge.sh with the bundle's own site folders; returns at once (SF_WAIT_S=1)
+  SF_WAIT_S=${SF_WAIT_S:-1} bash "$SF_DIR/run_specforge.sh" "$@" >>"$PEERS/specforge-calls.log" 2>&1
 }
 if [ ! -f "$PEERS/sf/started_at" ]; then
   [ -f "$TARGET/config.json" ] || { echo "peers: no target at $TARGET (the staging's model.sh)"; exit 2; }
