@@ -9,8 +9,8 @@
 # usage, on the GPU host after run.sh's three staging calls (SGLang in /tmp/site, SmolLM2 in
 # /tmp/smol), from the project root:
 #   bash benchmarks/peers/specforge.sh [SPECFORGE_DIR]    again until it prints "peers: done"
-#   SPECFORGE_DIR: SpecForge's offline EAGLE-3 bundle: its run_specforge.sh drives SpecForge's scripts/train_eagle3.py
-#        offline on one GPU (default: ../shared/tools/specforge-side, else .specforge, a copy that
+#   SPECFORGE_DIR: SpecForge's offline EAGLE-3 bundle, whose run_specforge.sh drives SpecForge's
+#        scripts/train_eagle3.py offline on one GPU (default: ../shared/tools/specforge-side, else .specforge, a copy that
 #        travels with the tree). Without that bundle: `pip install` SpecForge from its repository
 #        (github.com/sgl-project/SpecForge, README "Installation") on a host with network and
 #        train with its scripts/train_eagle3.py on the conversations that
