@@ -10,12 +10,12 @@
 # /tmp/smol), from the project root:
 #   bash benchmarks/peers/specforge.sh [SPECFORGE_DIR]    again until it prints "peers: done"
 #   SPECFORGE_DIR: SpecForge's offline EAGLE-3 bundle, whose run_specforge.sh drives SpecForge's
-#        scripts/train_eagle3.py offline on one GPU (default: ../shared/tools/specforge-side, else .specforge, a copy that
-#        travels with the tree). Without that bundle: `pip install` SpecForge from its repository
-#        (github.com/sgl-project/SpecForge, README "Installation") on a host with network and
-#        train with its scripts/train_eagle3.py on the conversations that
-#        `python3 <bundle>/convert_seed.py SEED_DIR out.jsonl` writes; point bench.drafters at
-#        its output folder.
+#        scripts/train_eagle3.py offline on one GPU (default: ../shared/tools/specforge-side,
+#        else .specforge, a copy that travels with the tree). Without that bundle: install
+#        SpecForge from its repository (github.com/sgl-project/SpecForge, README
+#        "Installation") on a host with network, train with its scripts/train_eagle3.py on the
+#        conversations that `python3 <bundle>/convert_seed.py SEED_DIR out.jsonl` writes, and
+#        point bench.drafters at its output folder.
 # Each call picks up where the last left off (state in $PEERS, default /tmp/peers):
 #   1. the data seed (SEED, default .seed/variants-data.tar.gz; benchmarks/h200/seed/README.md)
 #      unpacked for SpecForge, which starts detached at once (setsid: it outlives the call)
