@@ -10,9 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from workflow_helpers import REPO, SNAKEMAKE, snakemake, tiny_config, write_config
-
-from benchmarks.workflow import WORKFLOW_FILES
+from workflow_helpers import REPO, SNAKEMAKE, copy_workflow, snakemake
 
 # A YTE expression that leaves a file behind when it runs: the proof that it did not.
 EVIL = """\
@@ -24,19 +22,6 @@ generate:
 """
 
 YTE_REFUSED = re.compile(r"shared\.yaml, line \d+: __use_yte__: YTE templates run Python")
-
-
-def scratch_workflow(workdir: Path) -> Path:
-    """The workflow's files and a valid tiny config, no target or data (nothing gets that far)."""
-    for name in WORKFLOW_FILES:
-        src, dst = REPO / name, workdir / name
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(src, dst)
-    write_config(workdir, tiny_config())
-    return workdir
 
 
 def evil_config(workdir: Path, body: str = EVIL) -> Path:
@@ -51,7 +36,7 @@ def files_of(workdir: Path) -> set[str]:
 
 
 def test_plain_snakemake_refuses_a_yte_config_before_it_runs(tmp_path):
-    workdir = scratch_workflow(tmp_path / "wf")
+    workdir = copy_workflow(tmp_path / "wf")
     evil_config(workdir)
     before = files_of(workdir)
     proc = snakemake(workdir, "-n", "--configfile", "shared.yaml", check=False, timeout=120)
@@ -63,7 +48,7 @@ def test_plain_snakemake_refuses_a_yte_config_before_it_runs(tmp_path):
 
 
 def test_make_refuses_a_yte_config_before_it_runs(tmp_path):
-    workdir = scratch_workflow(tmp_path / "wf")
+    workdir = copy_workflow(tmp_path / "wf")
     shutil.copy2(REPO / "Makefile", workdir / "Makefile")
     shutil.copy2(REPO / "pyproject.toml", workdir / "pyproject.toml")
     evil_config(workdir)
@@ -83,7 +68,7 @@ def test_make_refuses_a_yte_config_before_it_runs(tmp_path):
 
 
 def test_a_python_tag_is_named_with_its_key_not_as_mixed_indentation(tmp_path):
-    workdir = scratch_workflow(tmp_path / "wf")
+    workdir = copy_workflow(tmp_path / "wf")
     evil_config(workdir, "sglang:\n  env:\n    HOOK: !!python/name:os.system\n")
     proc = snakemake(workdir, "-n", "--configfile", "shared.yaml", check=False, timeout=120)
     assert proc.returncode != 0
@@ -93,7 +78,7 @@ def test_a_python_tag_is_named_with_its_key_not_as_mixed_indentation(tmp_path):
 
 
 def test_an_alias_bomb_in_server_args_is_refused_at_its_key(tmp_path):
-    workdir = scratch_workflow(tmp_path / "wf")
+    workdir = copy_workflow(tmp_path / "wf")
     bomb = "".join(f"    b{i}: &b{i} [{', '.join([f'*b{i - 1}'] * 9)}]\n" for i in range(1, 12))
     evil_config(workdir, "sglang:\n  server_args:\n    b0: &b0 [x, x, x]\n" + bomb)
     # 3 x 9**11 values expanded: a bound far above a refusal's milliseconds, below the expansion
@@ -104,7 +89,7 @@ def test_an_alias_bomb_in_server_args_is_refused_at_its_key(tmp_path):
 
 
 def test_without_the_profile_the_snakefile_still_refuses_the_file(tmp_path):
-    workdir = scratch_workflow(tmp_path / "wf")
+    workdir = copy_workflow(tmp_path / "wf")
     evil_config(workdir)
     args = ("-n", "--workflow-profile", "none", "--cores", "1", "--configfile", "shared.yaml")
     proc = snakemake(workdir, *args, check=False, timeout=300)
@@ -116,7 +101,7 @@ def test_without_the_profile_the_snakefile_still_refuses_the_file(tmp_path):
 
 
 def test_an_alias_bomb_given_with_config_is_refused_before_snakemake_merges_it(tmp_path):
-    workdir = scratch_workflow(tmp_path / "wf")
+    workdir = copy_workflow(tmp_path / "wf")
     levels = ", ".join(
         f"m{i}: &m{i} {{{', '.join(f'k{j}: *m{i - 1}' for j in range(10))}}}"
         if i

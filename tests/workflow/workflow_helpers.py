@@ -163,8 +163,9 @@ def link_target(workdir: Path, target_dir: Path, name: str = TARGET_NAME) -> Non
             (out / src.name).symlink_to(src.resolve())
 
 
-def make_workdir(path: Path, target_dir: Path, n_records: int = N_RECORDS) -> Path:
-    """A fresh copy of the workflow with the tiny config, raw data and the cached target."""
+def copy_workflow(path: Path) -> Path:
+    """The workflow's files (Snakefile, rules, scripts, config, ...) copied into `path`, with
+    the tiny config: no data, no target."""
     path.mkdir(parents=True, exist_ok=True)
     for name in WORKFLOW_FILES:
         src = REPO / name
@@ -177,6 +178,12 @@ def make_workdir(path: Path, target_dir: Path, n_records: int = N_RECORDS) -> Pa
         else:
             shutil.copy2(src, dst)
     write_config(path, tiny_config())
+    return path
+
+
+def make_workdir(path: Path, target_dir: Path, n_records: int = N_RECORDS) -> Path:
+    """A fresh copy of the workflow with the tiny config, raw data and the cached target."""
+    copy_workflow(path)
     write_records(path, n_records)
     link_target(path, target_dir)
     return path
