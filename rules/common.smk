@@ -16,7 +16,7 @@ from specbuild.rejects import check_rejected_share
 from specbuild.workflow import bench_plan, datasets, engines, features, paths, rejects
 from specbuild.workflow import report_plan, scheduling, targets, training, tuning_plan
 from specbuild.workflow.scheduling import PRIORITY, engine_env
-from specbuild.workflow.shards import DatasetFaults, ShardIndex
+from specbuild.workflow.shards import DatasetFaults, ShardIndex, earlier_samples
 
 
 def config_source():

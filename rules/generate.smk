@@ -6,7 +6,7 @@ rule generate:
         # the samples shard passed its rejected-row check (rules/rejects.smk)
         checked="results/checks/samples/{dataset}/{shard}.json",
         # prompts are checked against these for near-duplicates (none when that is off)
-        earlier=job(datasets.earlier_samples, config, SHARDS),
+        earlier=job(earlier_samples, config, SHARDS),
     output:
         generated="results/generated/{dataset}/{shard}.jsonl",
         rejected="results/generated/{dataset}/{shard}.rejected.jsonl",

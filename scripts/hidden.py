@@ -1,6 +1,6 @@
 from specbuild.engine_memory import sharing_seconds, with_memory
 from specbuild.gpus import pin_gpus
-from specbuild.hidden.extract import extract_shard
+from specbuild.hidden.shard_job import extract_shard
 from specbuild.joblog import start_job_log
 
 start_job_log(snakemake.log[0])

@@ -11,14 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specbuild.hidden.extract import (
-    Features,
-    extract_shard,
-    plan_batches,
-    resolve_layer_ids,
-)
+from specbuild.hidden.extract import Features, plan_batches, resolve_layer_ids
 from specbuild.hidden.fp8 import dequantize_fp8, parse_storage, quantize_fp8
 from specbuild.hidden.hf import HFFeatureBackend
+from specbuild.hidden.shard_job import extract_shard
 from specbuild.hidden.shards import (
     ShardError,
     check_shard,

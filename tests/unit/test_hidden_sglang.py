@@ -308,7 +308,7 @@ def _extract_in_subprocess(tokenized: Path, target_dir: Path, out: Path, **kw) -
     """One SGLang runner per process: SGLang sets up torch.distributed process-wide. Returns
     the process's stderr (its log)."""
     call = (
-        "from specbuild.hidden.extract import extract_shard; from specbuild.io import "
+        "from specbuild.hidden.shard_job import extract_shard; from specbuild.io import "
         "setup_logging; import json, sys; setup_logging(None); "
         "extract_shard(**json.loads(sys.argv[1]))"
     )

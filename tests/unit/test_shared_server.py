@@ -120,8 +120,7 @@ def test_inside_a_slurm_job_each_job_starts_its_own_server(registry, target_dir,
 
 
 def test_the_key_ignores_the_api_key_but_not_the_flags_or_the_gpus(monkeypatch, target_dir):
-    from specbuild.backends.server import ServerOptions
-    from specbuild.backends.shared_server import server_key
+    from specbuild.backends.server import ServerOptions, server_key
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     options = ServerOptions(launcher=(sys.executable, str(STUB)))

@@ -2,13 +2,12 @@ from specbuild.workflow.datasets import (
     conversation_turns,
     dataset_setting,
     datasets_regex,
-    earlier_samples,
     follow_up_sampling,
     sampling_params,
     shard_range,
     synthesize_sampling,
 )
-from specbuild.workflow.shards import ShardIndex
+from specbuild.workflow.shards import ShardIndex, earlier_samples
 
 
 def test_each_shard_samples_with_its_own_seed(default_config):

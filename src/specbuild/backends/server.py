@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specbuild import keepers
 from specbuild.gpus import startup_lock
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "build_server_args",
     "model_path_arg",
     "release_idle_servers",
+    "server_key",
     "is_secret_name",
     "mask_env",
     "new_api_key",
@@ -492,13 +494,27 @@ def model_path_arg(model_path: str) -> str:
     return str(Path(model_path).resolve()) if Path(model_path).exists() else model_path
 
 
+# the keepers' kind of a shared server (backends.shared_server)
+KEEPER_KIND = "server"
+
+
+def server_key(spec: ServerSpec) -> str:
+    """What makes two jobs' servers the same one (the API key and port do not): the keeper
+    folder a shared server of `spec` lives in."""
+    ident = {
+        "model_path": model_path_arg(spec.model_path),
+        "launcher": list(spec.launcher),
+        "server_args": list(spec.server_args),
+        "env": dict(sorted(spec.env.items())),
+        "host": spec.host,
+    }
+    return keepers.keeper_key(KEEPER_KIND, ident)
+
+
 def release_idle_servers(*, keep_spec: ServerSpec | None = None) -> None:
     """Stop the idle shared servers on this process's GPUs (backends.shared_server), but the
     one `keep_spec` would share: an engine or a training is about to need that memory."""
-    from specbuild.backends import shared_server  # it builds on this module
-
-    keep = shared_server.server_key(keep_spec) if keep_spec is not None else None
-    shared_server.release_idle(keep=keep)
+    keepers.release_idle(keep=server_key(keep_spec) if keep_spec is not None else None)
 
 
 def _get(url: str, api_key: str | None) -> urllib.request.Request:

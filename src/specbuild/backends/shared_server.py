@@ -32,7 +32,7 @@ from typing import Any
 
 from specbuild import keepers
 from specbuild.backends.openai import get_json
-from specbuild.backends.server import ServerSpec, ServerStartError, SGLangServer, model_path_arg
+from specbuild.backends.server import ServerSpec, ServerStartError, SGLangServer, server_key
 from specbuild.io import write_json
 
 __all__ = [
@@ -40,14 +40,12 @@ __all__ = [
     "failure",
     "job_server",
     "release_idle",
-    "server_key",
     "shared_server",
     "stop_all",
 ]
 
 log = logging.getLogger("specbuild")
 
-KIND = "server"
 # the keepers' own, under the names generation has always used
 release_idle = keepers.release_idle
 stop_all = keepers.stop_all
@@ -64,18 +62,6 @@ class Endpoint:
 
     def get_json(self, path: str, timeout: float = 30.0) -> Any:
         return get_json(self.base_url + path, api_key=self.api_key, timeout=timeout)
-
-
-def server_key(spec: ServerSpec) -> str:
-    """What makes two jobs' servers the same one (the API key and port do not)."""
-    ident = {
-        "model_path": model_path_arg(spec.model_path),
-        "launcher": list(spec.launcher),
-        "server_args": list(spec.server_args),
-        "env": dict(sorted(spec.env.items())),
-        "host": spec.host,
-    }
-    return keepers.keeper_key(KIND, ident)
 
 
 def _wait_endpoint(folder: Path, name: str, timeout_s: float) -> dict[str, Any]:

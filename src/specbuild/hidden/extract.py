@@ -15,6 +15,8 @@ model loads.
 
 A backend is chosen at construction (`hf` and `sglang`, each in its own module) and implements
 only the forward pass; batching, storage, copies, checks and writing are written once, here.
+The job's entry point, which picks the job's own engine or a shared one (hidden.shared), is
+hidden.shard_job.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -47,7 +48,6 @@ from specbuild.hidden.shards import (
 )
 from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
 from specbuild.hidden.writer import shard_writer
-from specbuild.keepers import sharing_allowed
 from specbuild.registry import lazy_class
 from specbuild.target import TargetInfo, read_target_info
 
@@ -62,7 +62,6 @@ __all__ = [
     "open_backend",
     "extract_features",
     "write_features",
-    "extract_shard",
     "EngineSpec",
     "ShardInputs",
     "read_shard_inputs",
@@ -389,71 +388,6 @@ def read_shard_inputs(
         nbytes / 1e9,
     )
     return ShardInputs(target, ids, shard, storage, fp8_group_size)
-
-
-def extract_shard(
-    *,
-    tokens: str | os.PathLike,
-    meta: str | os.PathLike,
-    fingerprint: str | os.PathLike,
-    out: str | os.PathLike,
-    backend: str = "hf",
-    layer_ids: list[int] | None = None,
-    storage: str = "bf16",
-    dtype: str = "float32",
-    batch_tokens: int = 2048,
-    device: str = "auto",
-    backend_options: Mapping[str, Any] | None = None,
-    threads: int | None = None,
-    share_idle_s: float = 0.0,
-) -> ExtractStats:
-    """Extract, verify and publish `out` for the tokenized shard `tokens` (see module doc).
-
-    `share_idle_s` > 0: the engine is the one a keeper holds for every job that opens the
-    same (hidden.shared), kept for that many idle seconds; 0 opens one for this shard alone.
-    The shard's bytes are the same either way.
-    """
-    if threads:
-        torch.set_num_threads(threads)  # the job's Snakemake `threads:`, not every core
-    inputs = read_shard_inputs(
-        tokens=tokens,
-        meta=meta,
-        fingerprint=fingerprint,
-        out=out,
-        layer_ids=layer_ids,
-        storage=storage,
-    )
-    spec = EngineSpec(
-        backend=backend,
-        folder=str(Path(fingerprint).parent.resolve()),
-        layer_ids=inputs.layer_ids,
-        dtype=dtype,
-        device=device,
-        options=dict(backend_options or {}),
-    )
-    if sharing_allowed(share_idle_s):
-        from specbuild.hidden.shared import extract_shared  # it builds on this module
-
-        return extract_shared(
-            spec,
-            tokens=tokens,
-            meta=meta,
-            fingerprint=fingerprint,
-            out=out,
-            layer_ids=layer_ids,
-            storage=storage,
-            batch_tokens=batch_tokens,
-            threads=threads,
-            idle_s=share_idle_s,
-            target_fingerprint=inputs.target.fingerprint,
-        )
-    engine = spec.open()
-    try:
-        return extract_with(engine, inputs, out=out, batch_tokens=batch_tokens)
-    finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
 
 
 @dataclass(frozen=True)

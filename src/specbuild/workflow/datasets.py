@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # shards reads dataset sizes from here
-    from specbuild.workflow.shards import ShardIndex
+from typing import Any
 
 __all__ = [
     "conversation_turns",
     "dataset_size_limit",
     "dataset_setting",
     "datasets_regex",
-    "earlier_samples",
     "follow_up_sampling",
     "is_synthetic",
     "sampling_params",
@@ -89,13 +85,3 @@ def shard_range(config: Mapping, dataset: str, shard: str) -> list[int]:
     limit = dataset_size_limit(config, dataset)
     start = int(shard) * size
     return [start, start + size if limit is None else min(start + size, limit)]
-
-
-def earlier_samples(config: Mapping, shards: ShardIndex, dataset: str, shard: str) -> list[str]:
-    """The samples shards before this one of its dataset, which near-duplicate removal checks
-    this shard's prompts against ([] when it is off). Each shard reads only earlier ones, so
-    appending records never reruns a shard (the DAG holds k inputs for shard k)."""
-    if config["datasets"][dataset]["near_duplicate_threshold"] is None:
-        return []
-    before = shards.ids(dataset)[: int(shard)]
-    return [f"results/samples/{dataset}/{s}.jsonl" for s in before]

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from specbuild.samples import record_digests
 from specbuild.workflow.datasets import dataset_size_limit, is_synthetic
 
-__all__ = ["DatasetFaults", "ShardIndex", "shard_digests"]
+__all__ = ["DatasetFaults", "ShardIndex", "earlier_samples", "shard_digests"]
 
 
 class DatasetFaults(Exception):
@@ -71,3 +71,13 @@ class ShardIndex:
             for d in (self.digests if datasets is None else datasets)
             for s in self.ids(d)
         ]
+
+
+def earlier_samples(config: Mapping, shards: ShardIndex, dataset: str, shard: str) -> list[str]:
+    """The samples shards before this one of its dataset, which near-duplicate removal checks
+    this shard's prompts against ([] when it is off). Each shard reads only earlier ones, so
+    appending records never reruns a shard (the DAG holds k inputs for shard k)."""
+    if config["datasets"][dataset]["near_duplicate_threshold"] is None:
+        return []
+    before = shards.ids(dataset)[: int(shard)]
+    return [f"results/samples/{dataset}/{s}.jsonl" for s in before]
