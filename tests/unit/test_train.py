@@ -24,8 +24,9 @@ from specbuild.drafter.data import (
     split_held_out_shards,
     split_samples,
 )
+from specbuild.drafter.launch import Ranks
 from specbuild.drafter.metrics import acceptance_length
-from specbuild.drafter.objective import TTTObjective
+from specbuild.drafter.objective import TTTObjective, loss_rows
 from specbuild.drafter.observer import Observer
 from specbuild.drafter.state import (
     TrainState,
@@ -35,7 +36,13 @@ from specbuild.drafter.state import (
     save_checkpoint,
     source_digest,
 )
-from specbuild.drafter.train import TrainConfig, TrainingDiverged, lr_at, train_drafter
+from specbuild.drafter.train import (
+    FiniteSteps,
+    TrainConfig,
+    TrainingDiverged,
+    lr_at,
+    train_drafter,
+)
 from specbuild.hidden.shards import ShardError, read_shard, write_shard
 from specbuild.run_lock import RUN_ENV, process_start, this_run
 
@@ -555,6 +562,45 @@ def test_a_non_finite_loss_stops_training_at_that_step_naming_the_batch_shards(w
     assert any(p in msg for p in huge["shards"]) and "lower train.lr" in msg
     assert not (tmp_path / "out" / "best.safetensors").exists()
     assert not list((tmp_path / "out" / "state").glob("step-*"))
+
+
+def test_loss_rows_pick_what_boolean_masks_pick():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.rand(5, 11, generator=g) > 0.4  # shape: [B,L]
+    last = torch.randn(5, 11, 3, generator=g)
+    picks = loss_rows(mask, 4, torch.device("cpu"))
+    assert torch.equal(last.flatten(0, 1)[picks.taught], last[mask])
+    row = torch.full(mask.shape, -1, dtype=torch.int64)
+    row[mask] = torch.arange(int(mask.sum()))
+    for i, (at, r) in enumerate(picks.steps):
+        h = torch.randn(5, 11 - i, 3, generator=g)  # step i's hidden over indices 0 .. L-1-i
+        assert torch.equal(h.flatten(0, 1)[at], h[mask[:, i:]])
+        assert torch.equal(r, row[:, i:][mask[:, i:]])
+
+
+def test_a_fused_optimizer_skips_a_non_finite_step_on_the_device_and_stops_at_the_next_line(ws):
+    # the CUDA path (fused AdamW, flags read back at log lines), here on the CPU's fused kernel
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.AdamW([weight], lr=0.1, fused=True)
+    data = ShardSet(ws["shards"], hidden_size=64)
+    finite = FiniteSteps(optimizer, Ranks(0, 1, torch.device("cpu")), data)
+    assert finite.deferred
+    losses = [torch.tensor(1.0), torch.tensor(float("nan")), torch.tensor(1.0)]
+    seen = []
+    for step, loss in enumerate(losses, 1):
+        weight.grad = torch.full((3,), loss.item())
+        finite.check(loss, weight.grad.norm(), f"step {step}", data.refs[step : step + 1])
+        optimizer.step()  # no host read of the flag before it
+        seen.append(weight.detach().clone())
+    assert not torch.equal(seen[0], torch.ones(3))  # step 1 applied
+    assert torch.equal(seen[1], seen[0])  # step 2 skipped on the device, no NaN reached it
+    assert torch.isfinite(seen[2]).all() and not torch.equal(seen[2], seen[1])
+    assert optimizer.state[weight]["step"].item() == 2
+    with pytest.raises(TrainingDiverged) as err:
+        finite.settle()
+    assert str(err.value).startswith("step 2: loss nan") and "was not applied" in str(err.value)
+    assert data.paths[data.refs[2].shard].name in str(err.value)
+    finite.settle()  # settled: nothing pending
 
 
 @pytest.mark.skipif(not cpu_bf16_supported(), reason="CPU without native bf16")

@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -103,14 +103,23 @@ class Batch:
     valid: Tensor  # bool [B,L]
     position_ids: Tensor  # int64 [B,L], -1 on padding
     refs: list[SampleRef]
+    # The batch on the host this one was copied from (`to`): what the step reads of the
+    # batch's layout (its token count, which rows it trains) is read there, so a step on the
+    # GPU never waits for the host to read a device tensor back.
+    host: Batch | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def on_host(self) -> Batch:
+        return self.host or self
 
     @property
     def num_tokens(self) -> int:
-        return int((self.position_ids >= 0).sum())
+        return int((self.on_host.position_ids >= 0).sum())
 
     def to(self, device: torch.device | str) -> Batch:
         tensors = (self.input_ids, self.aux, self.last_next, self.valid, self.position_ids)
-        return Batch(*(t.to(device, non_blocking=True) for t in tensors), refs=self.refs)
+        moved = (t.to(device, non_blocking=True) for t in tensors)
+        return Batch(*moved, refs=self.refs, host=self.on_host)
 
 
 def sample_key(path: str | os.PathLike, index: int) -> str:

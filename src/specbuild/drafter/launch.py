@@ -45,11 +45,11 @@ class Ranks:
         dist.all_reduce(t)
         return t.tolist()
 
-    def all(self, flag: torch.Tensor) -> bool:
-        """True where every rank's `flag` (an int32 scalar tensor) is nonzero."""
+    def min(self, flag: torch.Tensor) -> torch.Tensor:
+        """`flag` (an int32 scalar tensor) as its minimum over the ranks, left on the device."""
         if self.world > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return bool(flag)
+        return flag
 
     def barrier(self) -> None:
         if self.world > 1:

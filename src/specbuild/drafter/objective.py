@@ -9,6 +9,8 @@ step i reads it shifted by i (step i at index t predicts what index t+i's teache
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
@@ -21,7 +23,40 @@ from specbuild.drafter.metrics import StepCounts, step_counts
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.teacher import Teacher
 
-__all__ = ["TTTObjective", "evaluate"]
+__all__ = ["LossRows", "TTTObjective", "evaluate", "loss_rows"]
+
+
+@dataclass(frozen=True)
+class LossRows:
+    """Where a batch's loss is taken, as indices on the step's device.
+
+    taught [M]: the flat [B*L] indices of the loss mask's positions (row-major, as boolean
+    indexing orders them), whose teacher rows the step computes; steps[i] = (flat [B*(L-i)]
+    indices of the positions step i is scored at, the teacher row each one reads).
+    """
+
+    taught: Tensor
+    steps: list[tuple[Tensor, Tensor]]
+
+
+def loss_rows(mask: Tensor, steps: int, device: torch.device) -> LossRows:
+    """The LossRows of host `mask` [B,L] for `steps` unroll steps.
+
+    Picked on the host and copied in one transfer: boolean indexing on the GPU reads the
+    count back to the host, a wait on every queued kernel, once per unroll step.
+    """
+    row = torch.full(mask.shape, -1, dtype=torch.int64)  # shape: [B,L] -> teacher row
+    row[mask] = torch.arange(int(mask.sum()))
+    parts = [mask.flatten().nonzero().squeeze(1)]
+    for i in range(steps):
+        m = mask[:, i:]
+        parts += [m.flatten().nonzero().squeeze(1), row[:, i:][m]]
+    sizes = [len(p) for p in parts]
+    flat = torch.cat(parts)
+    if device.type == "cuda":  # page-locked: the copy does not block the host
+        flat = flat.pin_memory()
+    moved = flat.to(device, non_blocking=True).split(sizes)
+    return LossRows(moved[0], [(moved[1 + 2 * i], moved[2 + 2 * i]) for i in range(steps)])
 
 
 class TTTObjective(nn.Module):
@@ -51,13 +86,14 @@ class TTTObjective(nn.Module):
         self.fused_loss = fused_loss  # training's lm_head + loss in one pass (config.LOSS)
 
     def _mask(self, batch: Batch) -> tuple[Tensor, int]:
-        """(loss mask [B,L], rows the full-vocabulary head ran over for it)."""
-        mask, full_rows = batch.valid.clone(), 0  # shape: [B,L]
+        """(loss mask [B,L] on the host, rows the full-vocabulary head ran over for it)."""
+        valid = batch.on_host.valid
+        mask, full_rows = valid.clone(), 0  # shape: [B,L]
         for b, ref in enumerate(batch.refs):
             if ref not in self.in_draft:
                 ok, _, _ = self.teacher.targets(batch.last_next[b][batch.valid[b]], with_lse=False)
                 self.in_draft[ref], full_rows = ok.cpu(), full_rows + ok.numel()
-            mask[b, batch.valid[b]] = self.in_draft[ref].to(mask.device)
+            mask[b, valid[b]] = self.in_draft[ref]
         return mask, full_rows  # the target's argmax cannot be drafted: no loss there
 
     def _soft_targets(self, t_logits: Tensor) -> Tensor:
@@ -69,13 +105,13 @@ class TTTObjective(nn.Module):
         # record_function labels: where the step profile (benchmarks/) puts the time (free when off)
         with record_function("specbuild::teacher_full_vocab"):
             mask, full_rows = self._mask(batch)
+            picks = loss_rows(mask, min(self.steps, mask.shape[1]), batch.last_next.device)
+            last = batch.last_next.flatten(0, 1)[picks.taught]  # = last_next[mask]: [M,H]
             if counts is not None:  # metrics want the target's argmax and full-vocab logsumexp
-                _, top, lse = self.teacher.targets(batch.last_next[mask])
+                _, top, lse = self.teacher.targets(last)
                 full_rows += top.numel()
-        row = torch.full_like(batch.input_ids, -1)  # shape: [B,L] -> row of the teacher tables
-        row[mask] = torch.arange(int(mask.sum()), device=row.device)
         with record_function("specbuild::teacher_draft"):
-            t_logits = self.teacher.draft_logits(batch.last_next[mask])  # shape: [M,Vd]
+            t_logits = self.teacher.draft_logits(last)  # shape: [M,Vd]
             t_probs = self._soft_targets(t_logits)
         device_type = batch.aux.device.type
         with (
@@ -87,31 +123,31 @@ class TTTObjective(nn.Module):
                 batch.input_ids, batch.aux, positions, self.steps, self.attention
             )
         # float32 whatever the features' dtype (the batch keeps the shards' bf16)
-        loss, loss_rows = torch.zeros((), device=batch.aux.device), []
+        loss, step_rows = torch.zeros((), device=batch.aux.device), []
         # training: lm_head and loss fused over row chunks (drafter/fused_loss.py); metrics
         # want each step's logits, so evaluation keeps the plain expression
         fused = counts is None and torch.is_grad_enabled()
         fused = fused and self.fused_loss
         head = self.drafter.lm_head.weight
         for i, h in enumerate(hiddens):
-            m = mask[:, i:]  # shape: [B,L-i] step i at index t targets index t+i
-            r = row[:, i:][m]  # shape: [N_i]
+            at, r = picks.steps[i]  # step i at index t targets index t+i
+            h = h.flatten(0, 1)[at]  # = h[mask[:, i:]]: [N_i,H]
             if fused:
                 with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
-                    x = self.drafter.norm(h[m])  # shape: [N_i,H]
+                    x = self.drafter.norm(h)  # shape: [N_i,H]
                 dtype = torch.bfloat16 if self.amp else head.dtype
                 ce = linear_soft_cross_entropy(x, head, t_probs, r, compute_dtype=dtype)
             else:
                 with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
-                    logits = self.drafter.logits(h[m]).float()  # shape: [N_i,Vd]
+                    logits = self.drafter.logits(h).float()  # shape: [N_i,Vd]
                 ce = -(t_probs[r] * logits.log_softmax(-1)).sum()
             loss = loss + self.decay**i * ce / max(r.numel(), 1)
-            loss_rows.append(r.numel())
+            step_rows.append(r.numel())
             if counts is not None:
                 stats = step_counts(logits, t_logits[r], lse[r], top[r], self.teacher.draft_ids)
                 counts.add(i, *stats)
         B, L = batch.input_ids.shape
-        self.work = StepWork(B, L, tuple(loss_rows), t_logits.shape[0], full_rows)
+        self.work = StepWork(B, L, tuple(step_rows), t_logits.shape[0], full_rows)
         return loss
 
 

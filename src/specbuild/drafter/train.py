@@ -115,20 +115,51 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def _check_finite(
-    loss: torch.Tensor, grad_norm: torch.Tensor, ranks: Ranks, where: str, shards: list[str]
-) -> None:
-    """Stop before a non-finite step is applied: a NaN model would later win "best" and export."""
-    finite = (torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)).to(torch.int32)
-    if ranks.all(finite):  # every rank stops at the same step
-        return
-    raise TrainingDiverged(
-        f"{where}: loss {loss.item()}, gradient norm {grad_norm.item()}; the step was not "
-        f"applied and nothing after the last checkpoint is saved. The batch's samples come "
-        f"from {', '.join(shards)}. Every shard passed verification (finite features), so the "
-        "training diverged: lower train.lr or raise train.warmup_fraction (or use precision "
-        "float32), then rerun."
-    )
+class FiniteSteps:
+    """Stops the run at the first step whose loss or gradient norm is not finite, that step
+    not applied: a NaN model would later win "best" and export.
+
+    With a fused AdamW (CUDA) the host does not wait for the flag: it reaches the optimizer as
+    `found_inf`, which skips the step on the device, and the host reads the flags at `settle`
+    (each log line, eval and checkpoint, where it waits for the GPU anyway), before anything
+    is saved. A wait every step would leave the GPU idle while the host queues the next one.
+    Elsewhere each step is checked as it is taken.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, ranks: Ranks, data: ShardSet) -> None:
+        self.optimizer, self.ranks, self.data = optimizer, ranks, data
+        self.deferred = bool(optimizer.defaults.get("fused"))
+        self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, str, list]] = []
+
+    def check(self, loss: torch.Tensor, grad_norm: torch.Tensor, where: str, refs: list) -> None:
+        """Before `optimizer.step()`: the flag of this step, on every rank at once."""
+        finite = (torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)).to(torch.int32)
+        finite = self.ranks.min(finite)  # every rank skips and stops at the same step
+        if self.deferred:
+            self.optimizer.found_inf = (1 - finite).float()
+            self.pending.append((finite, loss.detach(), grad_norm, where, refs))
+        elif not bool(finite):
+            self._stop(loss, grad_norm, where, refs)
+
+    def settle(self) -> None:
+        """Raise TrainingDiverged for the first non-finite step since the last settle."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        flags = torch.stack([p[0] for p in pending]).tolist()
+        for flag, (_, loss, grad_norm, where, refs) in zip(flags, pending, strict=True):
+            if not flag:
+                self._stop(loss, grad_norm, where, refs)
+
+    def _stop(self, loss: torch.Tensor, grad_norm: torch.Tensor, where: str, refs: list) -> None:
+        shards = sorted({str(self.data.paths[r.shard]) for r in refs})
+        raise TrainingDiverged(
+            f"{where}: loss {loss.item()}, gradient norm {grad_norm.item()}; the step was not "
+            f"applied and nothing after the last checkpoint is saved. The batch's samples come "
+            f"from {', '.join(shards)}. Every shard passed verification (finite features), so "
+            "the training diverged: lower train.lr or raise train.warmup_fraction (or use "
+            "precision float32), then rerun."
+        )
 
 
 def _job_key(cfg: TrainConfig, shards: list[str], vocab: str, fingerprint: str, world: int) -> str:
@@ -266,6 +297,7 @@ def train_drafter(
     batches, best_path = batches_ahead(load, order), Path(state_dir) / BEST
     run = TrainRun(cfg, ranks, objective, state, total, progress.speed, attention, loss_path)
     observer.on_start(run)
+    finite = FiniteSteps(optimizer, ranks, data)
     for epoch, b in order:
         with record_function("specbuild::data"):  # the wait for the loader, then the copy
             batch = next(batches).to(device)  # pinned on CUDA: the copy does not block the host
@@ -278,8 +310,7 @@ def train_drafter(
         with record_function("specbuild::optimizer"):
             grad_norm = nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             where = f"step {state.step + 1} (epoch {epoch}, batch {b})"
-            batch_shards = sorted({str(data.paths[r.shard]) for r in batch.refs})
-            _check_finite(loss, grad_norm, ranks, where, batch_shards)
+            finite.check(loss, grad_norm, where, batch.refs)
             optimizer.step()
         state.step, state.epoch, state.batch = state.step + 1, epoch, b + 1
         progress.add(batch.num_tokens, sum(step_flops(model.config, objective.work).values()), loss)
@@ -287,7 +318,8 @@ def train_drafter(
         eval_due = end_of_epoch or (cfg.eval_interval and state.step % cfg.eval_interval == 0)
         save_due = state.step % cfg.save_interval == 0 or state.step == total
         line_due = eval_due or save_due or state.step % cfg.log_interval == 0
-        if line_due:
+        if line_due:  # evals and checkpoints come with a line
+            finite.settle()
             state.tokens += progress.line(state.step, epoch, lr_at(state.step - 1, total, cfg))
         if eval_due:
             row = {"step": state.step, "epoch": epoch, "tokens": state.tokens}
@@ -312,6 +344,7 @@ def train_drafter(
         observer.on_step(run)
         if line_due:  # the next window's clock starts after this one's eval and checkpoint
             progress.restart()
+    finite.settle()
     progress.close()
     observer.on_end(run)
     best_row = state.best_row()
