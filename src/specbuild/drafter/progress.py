@@ -37,7 +37,7 @@ class RunPlan:
     train_samples: int
     eval_samples: int
     held_out: bool  # the eval samples are `train.eval_set`'s (else the `eval_fraction` split)
-    skipped: int  # samples too short to train on
+    skipped: int  # samples too short or without a predicted response token
     steps: int
     kinds: str  # the attention, loss and precision resolved for the device
 
