@@ -221,12 +221,14 @@ def main(argv: list[str] | None = None) -> None:
     outputs = {"profile_out": str(out / "profile.json")} if args.profile else {}
     outputs = outputs or {"bench_out": str(out / "result.json")}
     spec = {
-        "shards": paths["shards"],
-        "vocab": paths["vocab"],
-        "target_fingerprint": paths["target_fingerprint"],
-        "best_out": str(out / "train" / "best.safetensors"),
-        "metrics_out": str(out / "train" / "metrics.jsonl"),
-        "state_dir": str(out / "train" / "state"),
+        "files": {
+            "shards": paths["shards"],
+            "vocab": paths["vocab"],
+            "target_fingerprint": paths["target_fingerprint"],
+            "best_out": str(out / "train" / "best.safetensors"),
+            "metrics_out": str(out / "train" / "metrics.jsonl"),
+            "state_dir": str(out / "train" / "state"),
+        },
         "log_path": str(out / "train" / "train.log"),
         **outputs,
         "config": {

@@ -26,7 +26,7 @@ import torch
 from benchmarks.train_profile import StepProfiler
 from specbuild.drafter.observer import Observer, TrainRun
 from specbuild.drafter.throughput import Throughput, Window, format_mfu
-from specbuild.drafter.train import TrainConfig, train_drafter
+from specbuild.drafter.train import TrainConfig, TrainFiles, train_drafter
 from specbuild.io import write_json
 
 __all__ = ["SpeedResult", "benchmarks_row", "speed_result", "steady"]
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{argv[0]}: give bench_out or profile_out, not both or neither")
     observer = SpeedResult(bench_out) if bench_out else StepProfiler(profile_out)
     spec["config"] = TrainConfig.from_params(spec["config"])
+    spec["files"] = TrainFiles(**spec["files"])
     train_drafter(**spec, observer=observer)
 
 

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from specbuild.align import check_alignment
+from specbuild.align import AlignSettings, check_alignment
 from specbuild.engine_memory import sharing_seconds, with_memory
 from specbuild.gpus import pin_gpus
 from specbuild.joblog import start_job_log
@@ -11,16 +11,18 @@ check_alignment(
     shards=list(snakemake.input.shards),
     target_dir=Path(snakemake.input.fp).parent,
     report=snakemake.output.report,
-    backend=snakemake.params.backend,
-    backend_options=with_memory(
-        snakemake.params.backend_options, snakemake.resources.engine_memory
+    settings=AlignSettings(
+        backend=snakemake.params.backend,
+        backend_options=with_memory(
+            snakemake.params.backend_options, snakemake.resources.engine_memory
+        ),
+        samples=snakemake.params.samples,
+        seed=snakemake.params.seed,
+        min_cosine=snakemake.params.min_cosine,
+        max_abs_diff=snakemake.params.max_abs_diff,
+        norm_ratio_tolerance=snakemake.params.norm_ratio_tolerance,
+        dtype=snakemake.params.dtype,
+        device=snakemake.params.device,
     ),
-    samples=snakemake.params.samples,
-    seed=snakemake.params.seed,
-    min_cosine=snakemake.params.min_cosine,
-    max_abs_diff=snakemake.params.max_abs_diff,
-    norm_ratio_tolerance=snakemake.params.norm_ratio_tolerance,
-    dtype=snakemake.params.dtype,
-    device=snakemake.params.device,
     share_idle_s=sharing_seconds(snakemake.resources.engine_sharing),
 )

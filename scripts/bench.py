@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from specbuild.bench.run import run_bench
+from specbuild.bench.run import BenchSettings, run_bench
 from specbuild.engine_memory import with_sharing
 from specbuild.gpus import pin_gpus
 from specbuild.joblog import start_job_log
@@ -12,13 +12,15 @@ run_bench(
     engine=snakemake.wildcards.engine,
     target_dir=Path(snakemake.input.fp).parent,
     chain=snakemake.wildcards.chain,
-    sets=snakemake.params.sets,
     out=snakemake.output[0],
     options=with_sharing(snakemake.params.options, snakemake.resources.engine_sharing),
+    settings=BenchSettings(
+        sets=snakemake.params.sets,
+        max_new_tokens=snakemake.params.max_new_tokens,
+        prompt_limit=snakemake.params.prompt_limit,
+        concurrency=snakemake.params.concurrency,
+        sweep_min_requests=snakemake.params.sweep_min_requests,
+    ),
     drafter_dir=str(Path(drafter[0]).parent) if drafter else None,
     drafter_name=snakemake.wildcards.drafter,
-    max_new_tokens=snakemake.params.max_new_tokens,
-    prompt_limit=snakemake.params.prompt_limit,
-    concurrency=snakemake.params.concurrency,
-    sweep_min_requests=snakemake.params.sweep_min_requests,
 )

@@ -2,28 +2,33 @@ from functools import partial
 
 from specbuild.backends import SamplingParams, make_backend
 from specbuild.engine_memory import with_sharing
-from specbuild.generate import generate_shard
+from specbuild.generate import GenerateSettings, generate_shard
 from specbuild.gpus import pin_gpus
 from specbuild.joblog import start_job_log
+from specbuild.rejects import ShardFiles
 
 start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 generate_shard(
     samples=snakemake.input.samples,
     fingerprint=snakemake.input.fp,
-    out=snakemake.output.generated,
-    rejected=snakemake.output.rejected,
-    counts=snakemake.output.counts,
+    files=ShardFiles(
+        out=snakemake.output.generated,
+        rejected=snakemake.output.rejected,
+        counts=snakemake.output.counts,
+    ),
     backend=partial(
         make_backend,
         snakemake.params.backend,
         **with_sharing(snakemake.params.backend_args, snakemake.resources.engine_sharing),
     ),
-    mode=snakemake.params.mode,
-    sampling=SamplingParams(**snakemake.params.sampling),
-    batch_size=snakemake.params.batch_size,
-    turns=snakemake.params.turns,
-    follow_up=SamplingParams(**snakemake.params.follow_up),
+    settings=GenerateSettings(
+        mode=snakemake.params.mode,
+        sampling=SamplingParams(**snakemake.params.sampling),
+        batch_size=snakemake.params.batch_size,
+        turns=snakemake.params.turns,
+        follow_up=SamplingParams(**snakemake.params.follow_up),
+        near_duplicate_threshold=snakemake.params.near_duplicate_threshold,
+    ),
     earlier=list(snakemake.input.earlier),
-    near_duplicate_threshold=snakemake.params.near_duplicate_threshold,
 )

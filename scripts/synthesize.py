@@ -1,20 +1,21 @@
 from functools import partial
-from pathlib import Path
 
 from specbuild.backends import SamplingParams, make_backend
 from specbuild.engine_memory import with_sharing
 from specbuild.gpus import pin_gpus
 from specbuild.joblog import start_job_log
+from specbuild.rejects import ShardFiles
 from specbuild.synthesize import synthesize_shard
 
 start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 synthesize_shard(
-    target_dir=Path(snakemake.input.fp).parent,
     fingerprint=snakemake.input.fp,
-    out=snakemake.output.samples,
-    rejected=snakemake.output.rejected,
-    counts=snakemake.output.counts,
+    files=ShardFiles(
+        out=snakemake.output.samples,
+        rejected=snakemake.output.rejected,
+        counts=snakemake.output.counts,
+    ),
     dataset=snakemake.wildcards.dataset,
     start=snakemake.params.span[0],
     stop=snakemake.params.span[1],

@@ -1,4 +1,4 @@
-from specbuild.drafter.train import TrainConfig, train_drafter
+from specbuild.drafter.train import TrainConfig, TrainFiles, train_drafter
 from specbuild.gpus import pin_gpus, train_slots
 from specbuild.joblog import start_job_log
 
@@ -7,14 +7,16 @@ start_job_log(snakemake.log[0])
 # each GPU's slots)
 pin_gpus(snakemake.resources.gpu // train_slots(), slots_each=train_slots())
 train_drafter(
-    shards=list(snakemake.input.shards),
-    eval_shards=list(snakemake.input.eval_shards),
-    vocab=snakemake.input.vocab,
-    target_fingerprint=snakemake.input.fp,
-    best_out=snakemake.output.best,
-    metrics_out=snakemake.output.metrics,
-    state_dir=snakemake.params.state_dir,
-    tensorboard_dir=snakemake.params.tensorboard_dir,
+    files=TrainFiles(
+        shards=list(snakemake.input.shards),
+        eval_shards=list(snakemake.input.eval_shards),
+        vocab=snakemake.input.vocab,
+        target_fingerprint=snakemake.input.fp,
+        best_out=snakemake.output.best,
+        metrics_out=snakemake.output.metrics,
+        state_dir=snakemake.params.state_dir,
+        tensorboard_dir=snakemake.params.tensorboard_dir,
+    ),
     config=TrainConfig.from_params(
         snakemake.params.hparams,
         log_interval=snakemake.resources.log_interval,

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from specbuild.io import read_jsonl
-from specbuild.rejects import check_rejected_share, publish_shard
+from specbuild.rejects import ShardFiles, check_rejected_share, publish_shard
 from specbuild.seed import pack
 
 LOST = "not returned by the run that built it (benchmarks/h200/restore_seed.py): text lost"
@@ -52,10 +52,12 @@ def restore(built: Path, out: Path) -> None:
             base = work / f"results/samples/{dataset}/{shard}"
             base.parent.mkdir(parents=True, exist_ok=True)
             publish_shard(
-                out=f"{base}.jsonl",
+                ShardFiles(
+                    out=f"{base}.jsonl",
+                    rejected=f"{base}.rejected.jsonl",
+                    counts=f"{base}.counts.json",
+                ),
                 rows=rows,
-                rejected=f"{base}.rejected.jsonl",
-                counts=f"{base}.counts.json",
                 bad=bad,
                 n_in=n_in,
                 label=f"restored {dataset}/{shard}",

@@ -29,7 +29,7 @@ import logging
 import os
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +40,15 @@ from specbuild.io import write_json
 
 __all__ = [
     "ALIGN_KEYS",
+    "AlignSettings",
     "AlignmentError",
+    "AlignmentPlan",
     "LayerAlignment",
     "pick_samples",
     "compare_layer",
     "alignment_faults",
+    "plan_alignment",
+    "compare_alignment",
     "check_alignment",
 ]
 
@@ -163,75 +167,76 @@ def _markdown(layers: Sequence[LayerAlignment], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def check_alignment(
-    *,
-    shards: Sequence[str | os.PathLike],
-    target_dir: str | os.PathLike,
-    report: str | os.PathLike,
-    backend: str = "hf",
-    backend_options: Mapping[str, Any] | None = None,
-    samples: int = 8,
-    seed: int = 0,
-    min_cosine: float = 0.99,
-    max_abs_diff: float | None = None,
-    norm_ratio_tolerance: float = 0.05,
-    dtype: str = "float32",
-    device: str = "auto",
-    share_idle_s: float = 0.0,
-) -> list[LayerAlignment]:
-    """Compare a fixed sample of shard rows with the serving backend; write the report (its
-    table: specbuild.report.pipeline); raise AlignmentError naming every layer outside the
-    thresholds. `share_idle_s` > 0: where the hidden jobs' shared engine is the serving one
-    (same backend, options, dtype, device), it computes the sample: no second load."""
-    from specbuild.hidden.extract import EngineSpec
-    from specbuild.hidden.shards import dequantize_state, read_shard
-    from specbuild.hidden.shared import open_engine
-    from specbuild.target import read_target_info
+@dataclass(frozen=True)
+class AlignSettings:
+    """The serving engine that recomputes the sample, the sample, and the thresholds its
+    features must meet (the align rule's params)."""
 
-    loaded = [read_shard(p) for p in shards]
-    layer_sets = {m["layer_ids"] for _, m in loaded}
+    backend: str = "hf"  # the serving engine's feature backend (the hidden stage's registry)
+    backend_options: Mapping[str, Any] = field(default_factory=dict)
+    samples: int = 8  # rows recomputed
+    seed: int = 0  # picks the rows
+    min_cosine: float = 0.99  # per layer, mean over the tokens
+    max_abs_diff: float | None = None  # None: not checked
+    norm_ratio_tolerance: float = 0.05  # |serving norm / training norm - 1|
+    dtype: str = "float32"
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class AlignmentPlan:
+    """The training side of the comparison, read from the shards before any engine loads:
+    the rows picked (shard, row), their token ids, and their features as float32."""
+
+    layer_ids: list[int]
+    picks: list[tuple[int, int]]
+    batch: list[list[int]]  # token ids of each picked row
+    train_aux: Tensor  # shape: [T, 3H], T the picked rows' tokens
+    train_last: Tensor  # shape: [T, H]
+    shard_backends: list[str]  # the engines that made the shards
+
+    @property
+    def hidden(self) -> int:
+        return int(self.train_last.shape[1])
+
+
+def plan_alignment(
+    shards: Sequence[tuple[Mapping[str, Tensor], Mapping[str, str]]], *, samples: int, seed: int
+) -> AlignmentPlan:
+    """The rows of `shards` (each read: tensors, metadata) to recompute, `samples` of them
+    picked with `seed` (`pick_samples`), with their training features."""
+    from specbuild.hidden.shards import dequantize_state
+
+    layer_sets = {m["layer_ids"] for _, m in shards}
     if len(layer_sets) != 1:
         raise AlignmentError(f"align: shards disagree on layer_ids {sorted(layer_sets)}")
     layer_ids = [int(i) for i in json.loads(layer_sets.pop())]
-    counts = [int(t["offsets"].numel()) - 1 for t, _ in loaded]
+    counts = [int(t["offsets"].numel()) - 1 for t, _ in shards]
     picks = pick_samples(counts, samples, seed)
     train_aux, train_last, batch = [], [], []
     for s, i in picks:
-        t, _ = loaded[s]
+        t, _ = shards[s]
         a, b = int(t["offsets"][i]), int(t["offsets"][i + 1])
         batch.append(t["input_ids"][a:b].tolist())
         rows = {k: v[a:b] for k, v in t.items() if v.dim() == 2}  # aux, last and scales
         train_aux.append(dequantize_state(rows, "aux"))
         train_last.append(dequantize_state(rows, "last"))
-    log.info(
-        "align: %d rows (%d tokens) from %d shard(s), layer ids %s; serving backend %s",
-        len(batch),
-        sum(map(len, batch)),
-        len(shards),
-        layer_ids,
-        backend,
-    )
-    # the hidden stage's own registry: align serves with exactly the classes that extract
-    spec = EngineSpec(
-        backend=backend,
-        folder=str(Path(target_dir).resolve()),
+    return AlignmentPlan(
         layer_ids=layer_ids,
-        dtype=dtype,
-        device=device,
-        options=dict(backend_options or {}),
+        picks=picks,
+        batch=batch,
+        train_aux=torch.cat(train_aux),
+        train_last=torch.cat(train_last),
+        shard_backends=sorted({m.get("backend", "?") for _, m in shards}),
     )
-    fingerprint = read_target_info(Path(target_dir) / "fingerprint.json").fingerprint
-    engine = open_engine(spec, idle_s=share_idle_s, target_fingerprint=fingerprint, name="align")
-    try:
-        served = engine.extract(batch)
-    finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
-    serve_aux = served.aux.float().cpu()  # shape: [T, 3H]
-    serve_last = served.last.float().cpu()  # shape: [T, H]
-    t_aux, t_last = torch.cat(train_aux), torch.cat(train_last)
-    hidden = t_last.shape[1]
+
+
+def compare_alignment(
+    plan: AlignmentPlan, serve_aux: Tensor, serve_last: Tensor
+) -> list[LayerAlignment]:
+    """Each layer of the plan's training features against the serving engine's (float32,
+    `serve_aux` [T, 3H], `serve_last` [T, H]): low, mid, high, last."""
+    hidden = plan.hidden
 
     def part(x: Tensor, k: int) -> Tensor:
         return x[:, k * hidden : (k + 1) * hidden]
@@ -242,23 +247,82 @@ def check_alignment(
         compare_layer(
             name,
             lid,
-            part(t_aux, k),
+            part(plan.train_aux, k),
             part(serve_aux, k),
             part(serve_aux, k + 1 if k + 1 < len(AUX_NAMES) else k - 1),
         )
-        for k, (name, lid) in enumerate(zip(AUX_NAMES, layer_ids, strict=True))
+        for k, (name, lid) in enumerate(zip(AUX_NAMES, plan.layer_ids, strict=True))
     ]
-    layers.append(compare_layer("last", None, t_last, serve_last, part(serve_aux, 2)))
+    layers.append(compare_layer("last", None, plan.train_last, serve_last, part(serve_aux, 2)))
+    return layers
+
+
+def _serve(
+    plan: AlignmentPlan,
+    target_dir: str | os.PathLike,
+    settings: AlignSettings,
+    share_idle_s: float,
+) -> tuple[str, Tensor, Tensor]:
+    """The serving engine's name and its features of the plan's rows (float32, on the CPU)."""
+    from specbuild.hidden.extract import EngineSpec
+    from specbuild.hidden.shared import open_engine
+    from specbuild.target import read_target_info
+
+    # the hidden stage's own registry: align serves with exactly the classes that extract
+    spec = EngineSpec(
+        backend=settings.backend,
+        folder=str(Path(target_dir).resolve()),
+        layer_ids=plan.layer_ids,
+        dtype=settings.dtype,
+        device=settings.device,
+        options=dict(settings.backend_options or {}),
+    )
+    fingerprint = read_target_info(Path(target_dir) / "fingerprint.json").fingerprint
+    engine = open_engine(spec, idle_s=share_idle_s, target_fingerprint=fingerprint, name="align")
+    try:
+        served = engine.extract(plan.batch)
+    finally:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
+    return engine.name, served.aux.float().cpu(), served.last.float().cpu()
+
+
+def check_alignment(
+    *,
+    shards: Sequence[str | os.PathLike],
+    target_dir: str | os.PathLike,
+    report: str | os.PathLike,
+    settings: AlignSettings = AlignSettings(),
+    share_idle_s: float = 0.0,
+) -> list[LayerAlignment]:
+    """Compare a fixed sample of shard rows with the serving backend; write the report (its
+    table: specbuild.report.pipeline); raise AlignmentError naming every layer outside the
+    thresholds. `share_idle_s` > 0: where the hidden jobs' shared engine is the serving one
+    (same backend, options, dtype, device), it computes the sample: no second load."""
+    from specbuild.hidden.shards import read_shard
+
+    s = settings
+    plan = plan_alignment([read_shard(p) for p in shards], samples=s.samples, seed=s.seed)
+    log.info(
+        "align: %d rows (%d tokens) from %d shard(s), layer ids %s; serving backend %s",
+        len(plan.batch),
+        sum(map(len, plan.batch)),
+        len(shards),
+        plan.layer_ids,
+        s.backend,
+    )
+    serving, serve_aux, serve_last = _serve(plan, target_dir, s, share_idle_s)
+    layers = compare_alignment(plan, serve_aux, serve_last)
     faults = alignment_faults(
         layers,
-        min_cosine=min_cosine,
-        max_abs_diff=max_abs_diff,
-        norm_ratio_tolerance=norm_ratio_tolerance,
+        min_cosine=s.min_cosine,
+        max_abs_diff=s.max_abs_diff,
+        norm_ratio_tolerance=s.norm_ratio_tolerance,
     )
-    shard_backends = sorted({m.get("backend", "?") for _, m in loaded})
     header = (
-        f"Training features ({', '.join(shard_backends)} shards) vs serving features "
-        f"({engine.name}), {len(batch)} rows, {int(t_last.shape[0])} tokens"
+        f"Training features ({', '.join(plan.shard_backends)} shards) vs serving features "
+        f"({serving}), {len(plan.batch)} rows, {int(plan.train_last.shape[0])} tokens"
     )
     md = _markdown(layers, header)
     log.info("align table:\n%s", md)
@@ -267,14 +331,14 @@ def check_alignment(
         {
             "ok": not faults,
             "faults": faults,
-            "shard_backends": shard_backends,
-            "serving_backend": engine.name,
-            "layer_ids": layer_ids,
-            "rows": [list(p) for p in picks],
+            "shard_backends": plan.shard_backends,
+            "serving_backend": serving,
+            "layer_ids": plan.layer_ids,
+            "rows": [list(p) for p in plan.picks],
             "thresholds": {
-                "min_cosine": min_cosine,
-                "max_abs_diff": max_abs_diff,
-                "norm_ratio_tolerance": norm_ratio_tolerance,
+                "min_cosine": s.min_cosine,
+                "max_abs_diff": s.max_abs_diff,
+                "norm_ratio_tolerance": s.norm_ratio_tolerance,
             },
             "layers": [asdict(la) for la in layers],
         },
@@ -284,7 +348,7 @@ def check_alignment(
             "align: the training features do not match what the serving engine computes:\n  "
             + "\n  ".join(faults)
             + "\nFix: extract hidden states with the serving engine (hidden.backend: "
-            f"{backend}) and the same dtype, or serve with the engine that made the shards "
-            f"({', '.join(shard_backends)}); the table above is in this job's log."
+            f"{s.backend}) and the same dtype, or serve with the engine that made the shards "
+            f"({', '.join(plan.shard_backends)}); the table above is in this job's log."
         )
     return layers

@@ -38,7 +38,9 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -52,13 +54,23 @@ from specbuild.backends.base import (
 from specbuild.disk import ensure_free_space, generate_need
 from specbuild.io import read_jsonl
 from specbuild.near_dup import find_near_duplicates
-from specbuild.rejects import error_text, publish_shard
+from specbuild.rejects import ShardFiles, error_text, publish_shard
 from specbuild.samples import split_prompt
 from specbuild.special_text import special_text_fault
 from specbuild.target import load_tokenizer, read_target_info
 from specbuild.user_turn import follow_up_seed, open_user_turn, written_user_turn
 
-__all__ = ["generate_shard", "generate_each", "split_prompt", "answer_contexts", "most_new_tokens"]
+__all__ = [
+    "AnswerRounds",
+    "GenerateSettings",
+    "GenerationPlan",
+    "generate_shard",
+    "generate_each",
+    "plan_generation",
+    "split_prompt",
+    "answer_contexts",
+    "most_new_tokens",
+]
 
 MODES = ("regenerate", "keep")
 log = logging.getLogger("specbuild")
@@ -124,6 +136,11 @@ def _answer_failure(gen: Generation | str) -> str | None:
     if gen.finish_reason not in ("stop", "length"):
         return "backend error: " + str(gen.extra.get("error", gen.finish_reason))
     return None
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"generate.mode {mode!r}: allowed {', '.join(MODES)}")
 
 
 def answer_contexts(messages: list[dict]) -> list[list[dict]]:
@@ -202,87 +219,58 @@ def _follow_ups(
     return answers, ended
 
 
-def generate_shard(
-    *,
-    samples: str | os.PathLike,
-    fingerprint: str | os.PathLike,
-    out: str | os.PathLike,
-    rejected: str | os.PathLike,
-    counts: str | os.PathLike,
-    backend: Callable[[], GenerationBackend],
-    mode: str,
-    sampling: SamplingParams,
-    batch_size: int,
-    turns: int = 1,
-    follow_up: SamplingParams | None = None,
-    earlier: Sequence[str | os.PathLike] = (),
-    near_duplicate_threshold: float | None = None,
-) -> tuple[int, int]:
-    """Write one generated row per sample of `samples`; failures go to `rejected`, the numbers
-    to `counts`.
+@dataclass(frozen=True)
+class GenerateSettings:
+    """How a shard's answers are made (the generate rule's params)."""
 
-    `backend` is a constructor, called only if some sample needs the model (keep mode may not).
-    `mode`: `regenerate` answers every assistant turn anew, `keep` reuses finished
-    conversations (module docstring).
+    mode: str  # regenerate | keep (module docstring)
+    sampling: SamplingParams
+    batch_size: int
+    turns: int = 1  # answers per self-written conversation (synthesize.turns)
+    follow_up: SamplingParams | None = None  # how the target writes a follow-up user turn
+    near_duplicate_threshold: float | None = None  # Jaccard; None: no near-duplicate check
 
-    `turns` > 1 (self-written conversations, `synthesize.turns`): after the target answers, it
-    writes the next user turn itself with `follow_up` sampling (the open user turn of
-    `specbuild.user_turn`, continued on the conversation so far) and answers that, until each
-    generated conversation has `turns` answers, in this one job through the same backend. A
-    conversation ends early, keeping every turn it has, when an answer stops at max_new_tokens
-    (a follow-up would build on an answer the target never finished) or a follow-up is not
-    written (unfinished, empty, the backend failed); the log counts each reason. Only a failed
-    first answer rejects the sample. `finish_reason` is the last answer's, `usage` the sum.
 
-    `near_duplicate_threshold` (None: off) rejects, before any answer is generated, each sample
-    whose prompt is a near-duplicate of an earlier kept one of its dataset: in the `earlier`
-    samples shards (every shard before this one, in order) or earlier in this shard
-    (`specbuild.near_dup`).
+@dataclass(frozen=True)
+class GenerationPlan:
+    """What a shard asks of the target, decided before any model loads.
+
+    `kept`: rows reused as they are (keep mode), by id. `first`: each conversation's first
+    request. `later`: per conversation, the contexts answered after its first answer, in order
+    (regenerate mode, `answer_contexts`). `bad`: the samples rejected before any answer.
     """
-    if mode not in MODES:
-        raise ValueError(f"generate.mode {mode!r}: allowed {', '.join(MODES)}")
-    if turns > 1 and follow_up is None:
-        raise ValueError(f"turns {turns} needs the follow-up sampling (synthesize settings)")
-    target = read_target_info(fingerprint)
-    rows = list(read_jsonl(samples))
-    ensure_free_space(
-        out,
-        generate_need(
-            samples=samples,
-            new_tokens=most_new_tokens(
-                rows,
-                mode=mode,
-                turns=turns,
-                answer_tokens=sampling.max_new_tokens,
-                follow_up_tokens=follow_up.max_new_tokens if follow_up is not None else 0,
-            ),
-        ),
-        "a generated shard",
-        hint="lower generate.max_new_tokens",
-    )
-    tokenizer = load_tokenizer(Path(fingerprint).parent)
-    bad: list[dict] = []
-    dups: dict[str, str] = {}
-    if near_duplicate_threshold is not None:
-        dups, n_earlier = find_near_duplicates(earlier, rows, near_duplicate_threshold)
-        bad += [{"id": row_id, "reason": reason} for row_id, reason in dups.items()]
-        log.info(
-            "near-duplicates: %d of %d prompts (Jaccard >= %g), against %d kept prompts of %d "
-            "earlier shard(s) and the shard itself",
-            len(dups),
-            len(rows),
-            near_duplicate_threshold,
-            n_earlier,
-            len(earlier),
-        )
+
+    kept: Mapping[str, dict]
+    first: tuple[GenerationRequest, ...]
+    later: Mapping[str, tuple[list[dict], ...]]
+    bad: tuple[dict, ...]
+
+    @property
+    def n_answers(self) -> int:
+        return len(self.first) + sum(map(len, self.later.values()))
+
+
+def plan_generation(
+    rows: Sequence[dict],
+    *,
+    mode: str,
+    duplicates: Mapping[str, str],
+    special_fault: Callable[[list[dict]], str | None],
+) -> GenerationPlan:
+    """The plan of a shard's `rows`: `duplicates` (id -> reason) are rejected first, then each
+    row whose messages `special_fault` names (a special token written as text), or which
+    regenerate cannot answer (an assistant turn before any user turn, a tool result after an
+    assistant turn); the rest are kept (keep mode, a finished conversation) or asked."""
+    _check_mode(mode)
+    bad = [{"id": row_id, "reason": reason} for row_id, reason in duplicates.items()]
     kept: dict[str, dict] = {}
-    todo: list[GenerationRequest] = []
-    rest: dict[str, list[list[dict]]] = {}  # contexts still to answer, per conversation
+    first: list[GenerationRequest] = []
+    later: dict[str, tuple[list[dict], ...]] = {}
     for row in rows:
-        if row["id"] in dups:
+        if row["id"] in duplicates:
             continue
         # samples checks its records; a self-written prompt (synthesize) is checked here
-        forged = special_text_fault(tokenizer, row["messages"])
+        forged = special_fault(row["messages"])
         if forged:
             bad.append({"id": row["id"], "reason": forged})
             continue
@@ -296,7 +284,7 @@ def generate_shard(
                     "response_source": "dataset",
                 }
             else:
-                todo.append(GenerationRequest(id=row["id"], messages=prompt))
+                first.append(GenerationRequest(id=row["id"], messages=prompt))
             continue
         roles = [m["role"] for m in row["messages"]]
         if "assistant" in roles[: roles.index("user") if "user" in roles else len(roles)]:
@@ -320,81 +308,184 @@ def generate_shard(
                 }
             )
             continue
-        first, *later = answer_contexts(row["messages"])
-        todo.append(GenerationRequest(id=row["id"], messages=first))
-        rest[row["id"]] = later
-    n_answers = len(todo) + sum(map(len, rest.values()))
-    multi = turns > 1 or n_answers > len(todo)
+        context, *rest = answer_contexts(row["messages"])
+        first.append(GenerationRequest(id=row["id"], messages=context))
+        later[row["id"]] = tuple(rest)
+    return GenerationPlan(kept=kept, first=tuple(first), later=later, bad=tuple(bad))
+
+
+class AnswerRounds:
+    """The answering loop of one shard on one engine: round k sends the k-th answer of every
+    conversation that has one, then asks the target for the follow-up user turns of those
+    answered to the end with turns to go. Fills `made` (each conversation so far, by id),
+    `bad` (samples whose first answer failed) and `ended` (why conversations ended early)."""
+
+    def __init__(
+        self,
+        engine: GenerationBackend,
+        tokenizer,
+        settings: GenerateSettings,
+        later: Mapping[str, Sequence[list[dict]]],
+    ) -> None:
+        self.engine, self.tokenizer, self.settings = engine, tokenizer, settings
+        self.rest = {cid: list(contexts) for cid, contexts in later.items()}  # still to answer
+        self.made: dict[str, dict] = {}
+        self.bad: list[dict] = []
+        self.ended: Counter = Counter()
+
+    def run(self, first: Sequence[GenerationRequest], *, multi: bool) -> None:
+        """Answer `first`, then every answer and follow-up they lead to."""
+        pending, round_ = list(first), 0
+        while pending:
+            round_ += 1
+            pending = self._round(pending, f"generate answer {round_}" if multi else "generate")
+
+    def _round(self, pending: list[GenerationRequest], what: str) -> list[GenerationRequest]:
+        s, made, rest = self.settings, self.made, self.rest
+        follow: dict[str, list[dict]] = {}  # answered to the end: the target goes on
+        after: list[GenerationRequest] = []
+        for req, gen in _run(self.engine, pending, s.sampling, s.batch_size, what):
+            n = _n_answers(req.messages) + 1
+            more = bool(rest.get(req.id)) or n < s.turns
+            reason = _answer_failure(gen)
+            if reason is None:
+                answer = {"role": "assistant", "content": gen.content}
+                if gen.reasoning:
+                    answer["reasoning_content"] = gen.reasoning
+                # the next turn would carry it back to the target as chat structure
+                forged = special_text_fault(self.tokenizer, [answer])
+                reason = forged and "the target's answer holds a special token as text"
+            if reason:
+                if req.id not in made:
+                    self.bad.append({"id": req.id, "reason": reason})
+                else:  # the conversation keeps its earlier answers
+                    self.ended[f"answer {n}: {reason}"] += 1
+                continue
+            usage = (made.get(req.id) or {}).get("usage") or {}
+            made[req.id] = {
+                "messages": req.messages + [answer],
+                "finish_reason": gen.finish_reason,
+                "usage": {
+                    "prompt_tokens": usage.get("prompt_tokens", 0) + gen.prompt_tokens,
+                    "completion_tokens": usage.get("completion_tokens", 0) + gen.completion_tokens,
+                },
+                "response_source": "generated",
+            }
+            if gen.finish_reason != "stop":
+                if more:
+                    self.ended[f"answer {n}: stopped at max_new_tokens"] += 1
+            elif rest.get(req.id):
+                context = made[req.id]["messages"] + rest[req.id].pop(0)
+                after.append(GenerationRequest(id=req.id, messages=context))
+            elif n < s.turns:
+                follow[req.id] = made[req.id]["messages"]
+        if follow:
+            asked, why = _follow_ups(
+                self.engine,
+                self.tokenizer,
+                follow,
+                sampling=s.follow_up,
+                batch_size=s.batch_size,
+            )
+            after += asked
+            self.ended += why
+        return after
+
+
+def generate_shard(
+    *,
+    samples: str | os.PathLike,
+    fingerprint: str | os.PathLike,
+    files: ShardFiles,
+    backend: Callable[[], GenerationBackend],
+    settings: GenerateSettings,
+    earlier: Sequence[str | os.PathLike] = (),
+) -> tuple[int, int]:
+    """Write one generated row per sample of `samples`; failures go to `files.rejected`, the
+    numbers to `files.counts`.
+
+    `backend` is a constructor, called only if some sample needs the model (keep mode may not).
+    `settings.mode`: `regenerate` answers every assistant turn anew, `keep` reuses finished
+    conversations (module docstring).
+
+    `settings.turns` > 1 (self-written conversations, `synthesize.turns`): after the target
+    answers, it writes the next user turn itself with `settings.follow_up` sampling (the open
+    user turn of `specbuild.user_turn`, continued on the conversation so far) and answers that,
+    until each generated conversation has `turns` answers, in this one job through the same
+    backend. A conversation ends early, keeping every turn it has, when an answer stops at
+    max_new_tokens (a follow-up would build on an answer the target never finished) or a
+    follow-up is not written (unfinished, empty, the backend failed); the log counts each
+    reason. Only a failed first answer rejects the sample. `finish_reason` is the last
+    answer's, `usage` the sum.
+
+    `settings.near_duplicate_threshold` (None: off) rejects, before any answer is generated,
+    each sample whose prompt is a near-duplicate of an earlier kept one of its dataset: in the
+    `earlier` samples shards (every shard before this one, in order) or earlier in this shard
+    (`specbuild.near_dup`).
+    """
+    s = settings
+    _check_mode(s.mode)
+    if s.turns > 1 and s.follow_up is None:
+        raise ValueError(f"turns {s.turns} needs the follow-up sampling (synthesize settings)")
+    target = read_target_info(fingerprint)
+    rows = list(read_jsonl(samples))
+    ensure_free_space(
+        files.out,
+        generate_need(
+            samples=samples,
+            new_tokens=most_new_tokens(
+                rows,
+                mode=s.mode,
+                turns=s.turns,
+                answer_tokens=s.sampling.max_new_tokens,
+                follow_up_tokens=s.follow_up.max_new_tokens if s.follow_up is not None else 0,
+            ),
+        ),
+        "a generated shard",
+        hint="lower generate.max_new_tokens",
+    )
+    tokenizer = load_tokenizer(Path(fingerprint).parent)
+    dups: dict[str, str] = {}
+    if s.near_duplicate_threshold is not None:
+        dups, n_earlier = find_near_duplicates(earlier, rows, s.near_duplicate_threshold)
+        log.info(
+            "near-duplicates: %d of %d prompts (Jaccard >= %g), against %d kept prompts of %d "
+            "earlier shard(s) and the shard itself",
+            len(dups),
+            len(rows),
+            s.near_duplicate_threshold,
+            n_earlier,
+            len(earlier),
+        )
+    plan = plan_generation(
+        rows, mode=s.mode, duplicates=dups, special_fault=partial(special_text_fault, tokenizer)
+    )
+    multi = s.turns > 1 or plan.n_answers > len(plan.first)
     log.info(
         "generate %s: %d samples, %d kept from the dataset, %d to generate (%d answers%s)",
         samples,
         len(rows),
-        len(kept),
-        len(todo),
-        n_answers,
-        f", {turns} turns each" if turns > 1 else "",
+        len(plan.kept),
+        len(plan.first),
+        plan.n_answers,
+        f", {s.turns} turns each" if s.turns > 1 else "",
     )
 
     made: dict[str, dict] = {}
-    ended: Counter = Counter()
-    if todo:
-        torch.manual_seed(sampling.seed)
+    bad = list(plan.bad)
+    if plan.first:
+        torch.manual_seed(s.sampling.seed)
         engine = backend()
         try:
-            pending, round_ = todo, 0
-            while pending:
-                round_ += 1
-                follow: dict[str, list[dict]] = {}  # answered to the end: the target goes on
-                after: list[GenerationRequest] = []
-                what = f"generate answer {round_}" if multi else "generate"
-                for req, gen in _run(engine, pending, sampling, batch_size, what):
-                    n = _n_answers(req.messages) + 1
-                    more = bool(rest.get(req.id)) or n < turns
-                    reason = _answer_failure(gen)
-                    if reason is None:
-                        answer = {"role": "assistant", "content": gen.content}
-                        if gen.reasoning:
-                            answer["reasoning_content"] = gen.reasoning
-                        # the next turn would carry it back to the target as chat structure
-                        forged = special_text_fault(tokenizer, [answer])
-                        reason = forged and "the target's answer holds a special token as text"
-                    if reason:
-                        if req.id not in made:
-                            bad.append({"id": req.id, "reason": reason})
-                        else:  # the conversation keeps its earlier answers
-                            ended[f"answer {n}: {reason}"] += 1
-                        continue
-                    usage = (made.get(req.id) or {}).get("usage") or {}
-                    made[req.id] = {
-                        "messages": req.messages + [answer],
-                        "finish_reason": gen.finish_reason,
-                        "usage": {
-                            "prompt_tokens": usage.get("prompt_tokens", 0) + gen.prompt_tokens,
-                            "completion_tokens": usage.get("completion_tokens", 0)
-                            + gen.completion_tokens,
-                        },
-                        "response_source": "generated",
-                    }
-                    if gen.finish_reason != "stop":
-                        if more:
-                            ended[f"answer {n}: stopped at max_new_tokens"] += 1
-                    elif rest.get(req.id):
-                        context = made[req.id]["messages"] + rest[req.id].pop(0)
-                        after.append(GenerationRequest(id=req.id, messages=context))
-                    elif n < turns:
-                        follow[req.id] = made[req.id]["messages"]
-                if follow:
-                    asked, why = _follow_ups(
-                        engine, tokenizer, follow, sampling=follow_up, batch_size=batch_size
-                    )
-                    after += asked
-                    ended += why
-                pending = after
+            rounds = AnswerRounds(engine, tokenizer, s, plan.later)
+            rounds.run(plan.first, multi=multi)
             producer = {"backend": engine.name, "model": engine.model}
         finally:
             engine.close()
+        made, ended = rounds.made, rounds.ended
+        bad += rounds.bad
     else:
-        producer = {"backend": None, "model": None}
+        producer, ended = {"backend": None, "model": None}, Counter()
     if multi:
         answers = Counter(_n_answers(r["messages"]) for r in made.values())
         log.info(
@@ -405,7 +496,7 @@ def generate_shard(
 
     def rows_out():
         for row in rows:
-            res = kept.get(row["id"]) or made.get(row["id"])
+            res = plan.kept.get(row["id"]) or made.get(row["id"])
             if res is None:
                 continue
             src = (
@@ -416,10 +507,8 @@ def generate_shard(
             yield {"id": row["id"], **res, **src, "target_fingerprint": target.fingerprint}
 
     n = publish_shard(
-        out=out,
+        files,
         rows=rows_out(),
-        rejected=rejected,
-        counts=counts,
         bad=bad,
         n_in=len(rows),
         label=f"generate {samples}",

@@ -17,12 +17,14 @@ import os
 import shutil
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild.io import atomic_open, read_json, write_json, write_jsonl
 
 __all__ = [
     "COUNTS_KEYS",
+    "ShardFiles",
     "error_text",
     "log_rejected",
     "publish_shard",
@@ -62,12 +64,20 @@ def log_rejected(bad: Sequence[Mapping], rejected: str | os.PathLike) -> None:
         log.warning("rejected %d rows in all, each in %s; most often: %s", len(bad), rejected, top)
 
 
+@dataclass(frozen=True)
+class ShardFiles:
+    """The three files a shard's job publishes: its rows, its rejected rows (each with a
+    "reason") and its counts."""
+
+    out: str | os.PathLike
+    rejected: str | os.PathLike
+    counts: str | os.PathLike
+
+
 def publish_shard(
+    files: ShardFiles,
     *,
-    out: str | os.PathLike,
     rows: Iterable[dict],
-    rejected: str | os.PathLike,
-    counts: str | os.PathLike,
     bad: list[dict],
     n_in: int,
     label: str,
@@ -75,13 +85,14 @@ def publish_shard(
     log_rejects: bool = True,
     n_kept: int | None = None,
 ) -> int:
-    """Write `bad` (rows with a "reason") to `rejected`, then `rows` to `out`, then the counts to
-    `counts`; check and log in = kept + rejected. Returns the rows written.
+    """Write `bad` (rows with a "reason") to `files.rejected`, then `rows` to `files.out`, then
+    the counts to `files.counts`; check and log in = kept + rejected. Returns the rows written.
 
     `log_rejects=False` where the caller already logged each reject with more context.
     `n_kept`: the input records kept, where one record may make several output rows (the
     counts then count records; None: every row is one record).
     """
+    out, rejected = files.out, files.rejected
     if log_rejects:
         log_rejected(bad, rejected)
     write_jsonl(rejected, bad)
@@ -91,7 +102,7 @@ def publish_shard(
         raise RuntimeError(f"{out}: in={n_in} but kept {kept} + rejected {len(bad)}")
     log.info("%s: in=%d = kept %d + rejected %d%s", label, n_in, kept, len(bad), detail)
     write_json(
-        counts,
+        files.counts,
         {
             "label": label,
             "in": n_in,

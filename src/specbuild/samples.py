@@ -32,12 +32,13 @@ from pathlib import Path
 
 from specbuild.io import GZIP_SUFFIX, iter_utf8_lines, read_text_any
 from specbuild.records import RecordError, parse_record
-from specbuild.rejects import publish_shard
+from specbuild.rejects import ShardFiles, publish_shard
 from specbuild.special_text import special_text_fault
 
 __all__ = [
     "RawRecord",
     "SampleError",
+    "SampleSettings",
     "PromptLength",
     "iter_raw_records",
     "record_digests",
@@ -406,30 +407,38 @@ class PromptLength:
         return n
 
 
+@dataclass(frozen=True)
+class SampleSettings:
+    """How a dataset's records are read (its `datasets.<name>` settings)."""
+
+    fmt: str = "auto"  # one of FORMATS; auto detects per record
+    prompt_key: str = "prompt"  # the text of a plain-prompt record
+    id_key: str | None = None  # the record's own id (None: its position)
+    max_prompt_tokens: int | None = None  # longer prompts are rejected (needs the target)
+
+
 def write_sample_shard(
     *,
     raw: str | os.PathLike,
-    out: str | os.PathLike,
-    rejected: str | os.PathLike,
-    counts: str | os.PathLike,
+    files: ShardFiles,
     dataset: str,
     start: int,
     stop: int,
-    fmt: str = "auto",
-    prompt_key: str = "prompt",
-    id_key: str | None = None,
+    settings: SampleSettings = SampleSettings(),
     target_dir: str | os.PathLike | None = None,
-    max_prompt_tokens: int | None = None,
 ) -> tuple[int, int]:
-    """Normalize records [start, stop) of `raw` into `out`; rejects go to `rejected`, the
-    numbers to `counts`. Returns (kept, rejected).
+    """Normalize records [start, stop) of `raw` into `files.out`; rejects go to
+    `files.rejected`, the numbers to `files.counts`. Returns (kept, rejected).
 
     Ids are `<dataset>-<record index>` (stable when records are appended), or
-    `<dataset>-<value of id_key>`; a record whose id an earlier record of the file already has
-    is rejected (so with `id_key` the records before `start` are read for their ids).
-    With `target_dir` (the target's folder), a record whose text holds one of its special
-    tokens is rejected (specbuild.special_text), and `max_prompt_tokens` rejects longer prompts.
+    `<dataset>-<value of settings.id_key>`; a record whose id an earlier record of the file
+    already has is rejected (so with `id_key` the records before `start` are read for their
+    ids). With `target_dir` (the target's folder), a record whose text holds one of its special
+    tokens is rejected (specbuild.special_text), and `settings.max_prompt_tokens` rejects
+    longer prompts.
     """
+    fmt, prompt_key, id_key = settings.fmt, settings.prompt_key, settings.id_key
+    max_prompt_tokens = settings.max_prompt_tokens
     if max_prompt_tokens is not None and target_dir is None:
         raise ValueError("max_prompt_tokens needs target_dir (its tokenizer)")
     length = None if max_prompt_tokens is None else PromptLength(target_dir, max_prompt_tokens)
@@ -483,10 +492,8 @@ def write_sample_shard(
     if n_in == 0:
         raise ValueError(f"{raw}: no records in [{start}, {stop}); the shard list is out of date")
     publish_shard(
-        out=out,
+        files,
         rows=kept,
-        rejected=rejected,
-        counts=counts,
         bad=bad,
         n_in=n_in,
         label=f"samples {dataset} [{start}, {stop})",

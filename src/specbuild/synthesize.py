@@ -19,10 +19,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 from specbuild.backends.base import GenerationBackend, GenerationRequest, SamplingParams
 from specbuild.generate import generate_each
-from specbuild.rejects import publish_shard
+from specbuild.rejects import ShardFiles, publish_shard
 from specbuild.target import load_tokenizer, read_target_info
 from specbuild.user_turn import open_user_turn, written_user_turn
 
@@ -33,11 +34,8 @@ log = logging.getLogger("specbuild")
 
 def synthesize_shard(
     *,
-    target_dir: str | os.PathLike,
     fingerprint: str | os.PathLike,
-    out: str | os.PathLike,
-    rejected: str | os.PathLike,
-    counts: str | os.PathLike,
+    files: ShardFiles,
     dataset: str,
     start: int,
     stop: int,
@@ -45,7 +43,8 @@ def synthesize_shard(
     sampling: SamplingParams,
     batch_size: int,
 ) -> tuple[int, int]:
-    """Write the self-written prompts [start, stop) of `dataset` as a samples shard.
+    """Write the self-written prompts [start, stop) of `dataset` as a samples shard, with the
+    target whose `fingerprint` (in the target's folder) is given.
 
     Rows look like the `samples` stage's (`id`, `messages` with one user turn, `source`), so
     every later stage treats them alike. Returns (kept, rejected).
@@ -53,7 +52,7 @@ def synthesize_shard(
     if stop <= start:
         raise ValueError(f"{dataset}: empty prompt range [{start}, {stop})")
     target = read_target_info(fingerprint)
-    tokenizer = load_tokenizer(target_dir)
+    tokenizer = load_tokenizer(Path(fingerprint).parent)
     # Token ids, not text: a server would tokenize the rendered text with its BOS in front
     # of the template's own (Llama 3), and the prompts would open on a context never served.
     prefix = tokenizer(open_user_turn(tokenizer), add_special_tokens=False)["input_ids"]
@@ -106,12 +105,10 @@ def synthesize_shard(
     finally:
         engine.close()
     publish_shard(
-        out=out,
+        files,
         rows=kept,
-        rejected=rejected,
-        counts=counts,
         bad=bad,
         n_in=len(requests),
-        label=f"synthesize {out}",
+        label=f"synthesize {files.out}",
     )
     return len(kept), len(bad)

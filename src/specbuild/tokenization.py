@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from specbuild.disk import ensure_free_space, tokenize_need
 from specbuild.io import read_jsonl, write_json
-from specbuild.rejects import error_text, publish_shard
+from specbuild.rejects import ShardFiles, error_text, publish_shard
 from specbuild.special_text import special_text_fault
 from specbuild.target import read_target_info
 
@@ -430,10 +430,8 @@ def tokenize_shard(
         ).hexdigest(),
     }
     publish_shard(
-        out=out,
+        ShardFiles(out=out, rejected=rejected, counts=counts),
         rows=rows,
-        rejected=rejected,
-        counts=counts,
         bad=bad,
         n_in=n_in,
         n_kept=n_kept,

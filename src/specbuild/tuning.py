@@ -24,10 +24,12 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from specbuild.backends.server import (
     ServerOptions,
+    ServerSpec,
     ServerStartError,
     launcher_help,
     mask_env,
@@ -43,8 +45,12 @@ from specbuild.io import atomic_open, write_json
 
 __all__ = [
     "TUNING_KEYS",
+    "TuningPlan",
+    "TuningPoint",
+    "TuningSettings",
     "env_faults",
     "ignored_flags",
+    "plan_tuning_point",
     "run_tuning_point",
     "write_launcher_help",
 ]
@@ -137,30 +143,49 @@ def _row(point: str, status: str, detail: str, args: Mapping, env: Mapping, **me
     return row
 
 
-def run_tuning_point(
+@dataclass(frozen=True)
+class TuningPoint:
+    """One point of the sweep: its name, and the flags and env it adds to the shared ones."""
+
+    name: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TuningSettings:
+    """How every point is measured (the tuning rule's params)."""
+
+    prompt_set: Mapping[str, Any]  # a bench set's config entry
+    prompts: int = 4  # of the set, their first turns
+    chain: str = BASELINE  # the speculation every point serves
+    max_new_tokens: int = 128
+    concurrency: Sequence[int] = (1, 8, 32, 64)  # the throughput sweep
+    sweep_min_requests: int = 16  # per concurrency
+
+
+@dataclass(frozen=True)
+class TuningPlan:
+    """A point's server, decided before any starts: its spec, the flags it runs with (shared,
+    the point's, the chain's) and why it must not start (none: it may)."""
+
+    spec: ServerSpec
+    args: Mapping[str, Any]
+    faults: tuple[str, ...]
+
+
+def plan_tuning_point(
+    point: TuningPoint,
     *,
-    target_dir: str | os.PathLike,
-    point: str,
-    point_args: Mapping[str, Any],
-    point_env: Mapping[str, str],
     server: ServerOptions,
-    out: str | os.PathLike,
-    prompt_set: Mapping[str, Any],
+    target_dir: str | os.PathLike,
     help_text: str,
-    prompts: int = 4,
     chain: str = BASELINE,
     drafter_dir: str | None = None,
-    max_new_tokens: int = 128,
-    concurrency: Sequence[int] = (1, 8, 32, 64),
-    sweep_min_requests: int = 16,
-    share_idle_s: float = 0.0,
-) -> dict:
-    """Check, start and measure one point (the shared `server` options plus its own flags and
-    env); write its row as JSON, also when it fails. `help_text` is the server's `--help`
-    (rule tuning_help writes it once per sweep). `share_idle_s` > 0: a point whose flags are
-    another job's (its chain's bench server, say) measures on that job's server, alone."""
-    from specbuild.target import load_tokenizer
-
+) -> TuningPlan:
+    """The server of `point` (the shared `server` options plus the point's and the chain's),
+    checked: env values NCCL would not honour and flags absent from `help_text` (the server's
+    `--help`) are its faults."""
     chain_args = (
         {}
         if chain == BASELINE
@@ -168,54 +193,102 @@ def run_tuning_point(
             str(drafter_dir), draft_attention_backend=server.draft_attention_backend
         )
     )
-    extra = {**dict(point_args), **chain_args}
-    spec = server.spec(target_dir, extra_args=extra, extra_env=point_env)
-    args = {**dict(server.server_args), **extra}
+    extra = {**dict(point.args), **chain_args}
+    spec = server.spec(target_dir, extra_args=extra, extra_env=point.env)
     faults = env_faults(spec.env)
     unknown = unknown_flags(spec.server_args, help_text)
     if unknown:
         flags = " ".join(unknown)
         faults.insert(0, f"unknown flag(s) {flags} (not in this SGLang's launch_server --help)")
-    if faults:
-        row = _row(point, "rejected", "; ".join(faults), args, spec.env)
+    return TuningPlan(spec=spec, args={**dict(server.server_args), **extra}, faults=tuple(faults))
+
+
+def run_tuning_point(
+    *,
+    target_dir: str | os.PathLike,
+    point: TuningPoint,
+    server: ServerOptions,
+    out: str | os.PathLike,
+    help_text: str,
+    settings: TuningSettings,
+    drafter_dir: str | None = None,
+    share_idle_s: float = 0.0,
+) -> dict:
+    """Check, start and measure one point (the shared `server` options plus its own flags and
+    env); write its row as JSON, also when it fails. `help_text` is the server's `--help`
+    (rule tuning_help writes it once per sweep). `share_idle_s` > 0: a point whose flags are
+    another job's (its chain's bench server, say) measures on that job's server, alone."""
+    plan = plan_tuning_point(
+        point,
+        server=server,
+        target_dir=target_dir,
+        help_text=help_text,
+        chain=settings.chain,
+        drafter_dir=drafter_dir,
+    )
+    if plan.faults:
+        row = _row(point.name, "rejected", "; ".join(plan.faults), plan.args, plan.spec.env)
     else:
-        tokenizer = load_tokenizer(target_dir)
-        read = read_bench_set(prompt_set, limit=prompts, tokenizer=tokenizer)
-        firsts = [BenchPrompt(p.id, p.turns[:1]) for p in read]
-        try:
-            name = f"sglang-tune-{point}"
-            with job_server(spec, name=name, idle_s=share_idle_s, exclusive=True) as srv:
-                engine = sglang_engine(
-                    srv, chain=chain, drafter="drafter", timeout=server.request_timeout_s
-                )
-                metrics = _measure(
-                    engine,
-                    firsts,
-                    tokenizer=tokenizer,
-                    max_new_tokens=max_new_tokens,
-                    concurrency=concurrency,
-                    min_requests=sweep_min_requests,
-                )
-                info = srv.get_json("/server_info")
-                start_s = srv.start_s
-        except ServerStartError as err:
-            lines = [ln for ln in str(err).splitlines() if ln.strip()]
-            detail = lines[0] + (" | " + lines[-1] if len(lines) > 1 else "")
-            row = _row(point, "start_failed", detail, args, spec.env)
-        else:
-            row = _row(point, "ok", "", args, spec.env, server_start_s=start_s, **metrics)
-            notes = ignored_flags(point_args, info)
-            if isinstance(srv, Endpoint):
-                notes.append("shared server: started once for the jobs with these flags")
-            if int(info.get("tp_size") or args.get("tp_size") or 1) == 1:
-                notes += [
-                    f"{k} has no effect at tp_size 1 (no collectives)"
-                    for k in spec.env
-                    if k.startswith("NCCL_") and k not in _UNSAFE_ENV
-                ]
-            row["notes"] = "; ".join(notes)
-    log.info("tuning point %s: %s %s", point, row["status"], row["detail"])
+        row = _start_and_measure(
+            point,
+            plan,
+            target_dir=target_dir,
+            server=server,
+            settings=settings,
+            share_idle_s=share_idle_s,
+        )
+    log.info("tuning point %s: %s %s", point.name, row["status"], row["detail"])
     write_json(out, row)
+    return row
+
+
+def _start_and_measure(
+    point: TuningPoint,
+    plan: TuningPlan,
+    *,
+    target_dir: str | os.PathLike,
+    server: ServerOptions,
+    settings: TuningSettings,
+    share_idle_s: float,
+) -> dict:
+    """The row of a point whose plan has no fault: measured, or why its server did not start."""
+    from specbuild.target import load_tokenizer
+
+    s, spec, args = settings, plan.spec, plan.args
+    tokenizer = load_tokenizer(target_dir)
+    read = read_bench_set(s.prompt_set, limit=s.prompts, tokenizer=tokenizer)
+    firsts = [BenchPrompt(p.id, p.turns[:1]) for p in read]
+    try:
+        name = f"sglang-tune-{point.name}"
+        with job_server(spec, name=name, idle_s=share_idle_s, exclusive=True) as srv:
+            engine = sglang_engine(
+                srv, chain=s.chain, drafter="drafter", timeout=server.request_timeout_s
+            )
+            metrics = _measure(
+                engine,
+                firsts,
+                tokenizer=tokenizer,
+                max_new_tokens=s.max_new_tokens,
+                concurrency=s.concurrency,
+                min_requests=s.sweep_min_requests,
+            )
+            info = srv.get_json("/server_info")
+            start_s = srv.start_s
+    except ServerStartError as err:
+        lines = [ln for ln in str(err).splitlines() if ln.strip()]
+        detail = lines[0] + (" | " + lines[-1] if len(lines) > 1 else "")
+        return _row(point.name, "start_failed", detail, args, spec.env)
+    row = _row(point.name, "ok", "", args, spec.env, server_start_s=start_s, **metrics)
+    notes = ignored_flags(point.args, info)
+    if isinstance(srv, Endpoint):
+        notes.append("shared server: started once for the jobs with these flags")
+    if int(info.get("tp_size") or args.get("tp_size") or 1) == 1:
+        notes += [
+            f"{k} has no effect at tp_size 1 (no collectives)"
+            for k in spec.env
+            if k.startswith("NCCL_") and k not in _UNSAFE_ENV
+        ]
+    row["notes"] = "; ".join(notes)
     return row
 
 

@@ -10,10 +10,13 @@ import torch
 
 from specbuild.align import (
     AlignmentError,
+    AlignSettings,
     alignment_faults,
     check_alignment,
+    compare_alignment,
     compare_layer,
     pick_samples,
+    plan_alignment,
 )
 from specbuild.hidden.shards import write_shard
 
@@ -60,6 +63,53 @@ def test_faults_name_each_layer_and_threshold_it_breaks():
     assert faults[1].startswith("layer high (layer-output id 26): mean cosine")
 
 
+def _tiny_shard(lengths, hidden, *, first_token, backend="hf", layer_ids=LAYER_IDS):
+    """An in-memory shard (tensors, metadata) of rows of `lengths` tokens, each token's
+    features filled with its token id, so a picked row is known by its values."""
+    n = sum(lengths)
+    ids = torch.arange(first_token, first_token + n, dtype=torch.int32)
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64)
+    value = ids.float()[:, None]
+    tensors = {
+        "input_ids": ids,
+        "offsets": offsets,
+        "aux": value.expand(n, 3 * hidden).to(torch.bfloat16),
+        "last": value.expand(n, hidden).to(torch.bfloat16),
+    }
+    return tensors, {"layer_ids": json.dumps(layer_ids), "backend": backend}
+
+
+def test_the_plan_takes_the_picked_rows_token_ids_and_features_from_their_shards():
+    shards = [_tiny_shard([2, 3], 4, first_token=0), _tiny_shard([1], 4, first_token=100)]
+    plan = plan_alignment(shards, samples=2, seed=0)
+    assert plan.picks == pick_samples([2, 1], 2, seed=0)
+    spans = {(0, 0): [0, 1], (0, 1): [2, 3, 4], (1, 0): [100]}
+    assert plan.batch == [spans[p] for p in plan.picks]
+    tokens = [t for row in plan.batch for t in row]
+    assert plan.train_aux.shape == (len(tokens), 12) and plan.train_aux.dtype == torch.float32
+    assert plan.train_last[:, 0].tolist() == [float(t) for t in tokens]
+    assert plan.layer_ids == LAYER_IDS and plan.shard_backends == ["hf"] and plan.hidden == 4
+
+
+def test_the_plan_refuses_shards_of_different_layer_ids():
+    shards = [_tiny_shard([2], 4, first_token=0), _tiny_shard([2], 4, first_token=9)]
+    shards[1][1]["layer_ids"] = json.dumps([2, 14, 26])
+    with pytest.raises(AlignmentError, match="shards disagree on layer_ids"):
+        plan_alignment(shards, samples=1, seed=0)
+
+
+def test_served_features_equal_to_the_plans_align_on_every_layer():
+    plan = plan_alignment([_tiny_shard([3, 2], 4, first_token=1)], samples=2, seed=0)
+    layers = compare_alignment(plan, plan.train_aux.clone(), plan.train_last.clone())
+    assert [(la.layer, la.layer_id) for la in layers] == [
+        ("low", 1),
+        ("mid", 14),
+        ("high", 26),
+        ("last", None),
+    ]
+    assert all(la.max_abs_diff == 0.0 and la.tokens == 5 for la in layers)
+
+
 @pytest.fixture(scope="module")
 def hf_shard(tmp_path_factory, target_model) -> Path:
     """A real hf shard of three short samples (the layout stage hidden writes)."""
@@ -96,8 +146,7 @@ def _check(tmp_path, shard, target_dir, **kw):
         shards=[shard],
         target_dir=target_dir,
         report=tmp_path / "report.json",
-        samples=2,
-        **kw,
+        settings=AlignSettings(samples=2, **kw),
     )
 
 

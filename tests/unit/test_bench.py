@@ -27,7 +27,7 @@ from specbuild.bench.metrics import (
     summarize,
 )
 from specbuild.bench.rows import ROW_KEYS
-from specbuild.bench.run import run_bench
+from specbuild.bench.run import BenchSettings, run_bench
 from specbuild.bench.served import sglang_engine, stream_generate
 from specbuild.chain import BASELINE, Chain
 from specbuild.io import read_json, read_jsonl
@@ -151,12 +151,14 @@ def _bench(tmp_path, target_dir, engine, chain, options, **kw):
         engine=engine,
         target_dir=target_dir,
         chain=chain,
-        sets={"mt_bench": {**MT_BENCH, "limit": 2}},
         out=out,
         options=options,
-        max_new_tokens=12,
-        concurrency=[1, 3],
-        sweep_min_requests=4,
+        settings=BenchSettings(
+            sets={"mt_bench": {**MT_BENCH, "limit": 2}},
+            max_new_tokens=12,
+            concurrency=[1, 3],
+            sweep_min_requests=4,
+        ),
         **kw,
     )
     return list(read_jsonl(out))

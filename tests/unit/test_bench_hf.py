@@ -26,7 +26,7 @@ from specbuild.bench.hf import (
 )
 from specbuild.bench.metrics import acceptance_length
 from specbuild.bench.rows import ROW_KEYS, Completion, check_rows, run_requests
-from specbuild.bench.run import merge_rows, run_bench, split_prompts
+from specbuild.bench.run import BenchSettings, merge_rows, plan_bench, run_bench, split_prompts
 from specbuild.bench.sets import BenchPrompt, read_bench_prompts, render_prompt
 from specbuild.chain import Chain
 
@@ -537,6 +537,19 @@ def test_prompts_dealt_over_workers_merge_back_in_one_process_order():
         merge_rows(sets, [rows(parts[0]), rows(parts[1]) + stray])
 
 
+def test_the_plan_deals_prompts_over_workers_and_only_the_first_part_sweeps():
+    sets = {"mt": [BenchPrompt("81", ("a", "b"))], "gsm8k": [BenchPrompt("0", ("c",))]}
+    settings = BenchSettings(sets={}, max_new_tokens=7, concurrency=[1, 4], sweep_min_requests=3)
+    plan = plan_bench(sets, workers=4, settings=settings)
+    assert plan.parts == tuple(split_prompts(sets, 4)) and len(plan.parts) == 2
+    assert plan.part_args == (
+        {"max_new_tokens": 7, "concurrency": [1, 4], "min_requests": 3},
+        {"max_new_tokens": 7},
+    )
+    alone = plan_bench(sets, workers=1, settings=settings)
+    assert alone.parts == (sets,) and alone.part_args == plan.part_args[:1]
+
+
 def test_a_repeated_prompt_id_is_refused_with_both_lines(tmp_path):
     p = write_lines(tmp_path / "dup.jsonl", [{"id": 7, "prompt": "x"}, {"id": 7, "prompt": "y"}])
     with pytest.raises(ValueError, match=r"dup.jsonl:2: id '7' repeats line 1"):
@@ -566,12 +579,11 @@ def test_two_worker_processes_write_the_rows_one_process_writes(target_dir, targ
             engine="hf",
             target_dir=target_dir,
             chain="3-1-4",
-            sets=sets,
             out=tmp_path / f"w{workers}.jsonl",
             options={"dtype": "float32", "device": "cpu", "threads": 1, "workers": workers},
+            settings=BenchSettings(sets=sets, max_new_tokens=MAX_NEW),
             drafter_dir=str(folder),
             drafter_name="random",
-            max_new_tokens=MAX_NEW,
         )
         got[workers] = [
             (r["set"], r["prompt_id"], r["turn"], r["completion_tokens"], r["verify_steps"])

@@ -200,7 +200,8 @@ def test_generate_refuses_a_too_small_disk_before_any_model_loads(
     tmp_path, target_dir, monkeypatch
 ):
     from specbuild.backends import SamplingParams
-    from specbuild.generate import generate_shard
+    from specbuild.generate import GenerateSettings, generate_shard
+    from specbuild.rejects import ShardFiles
 
     samples = tmp_path / "s.jsonl"
     rows = [{"id": f"d-{i}", "messages": [{"role": "user", "content": "Hi"}]} for i in range(4)]
@@ -212,13 +213,13 @@ def test_generate_refuses_a_too_small_disk_before_any_model_loads(
         generate_shard(
             samples=samples,
             fingerprint=target_dir / "fingerprint.json",
-            out=out,
-            rejected=tmp_path / "out" / "r.jsonl",
-            counts=tmp_path / "out" / "c.json",
+            files=ShardFiles(
+                out=out, rejected=tmp_path / "out" / "r.jsonl", counts=tmp_path / "out" / "c.json"
+            ),
             backend=lambda: loaded.append(1),
-            mode="regenerate",
-            sampling=SamplingParams(max_new_tokens=256),
-            batch_size=4,
+            settings=GenerateSettings(
+                mode="regenerate", sampling=SamplingParams(max_new_tokens=256), batch_size=4
+            ),
         )
     need = (samples.stat().st_size + 4 * 256 * BYTES_PER_GENERATED_TOKEN) * 1.05 / 1e6
     assert str(err.value).splitlines()[:2] == [

@@ -9,6 +9,7 @@ import pytest
 
 from specbuild.bench.sets import read_bench_prompts
 from specbuild.io import detect_encoding, iter_utf8_lines, read_jsonl, read_text_any
+from specbuild.rejects import ShardFiles
 from specbuild.samples import record_digests, write_sample_shard
 
 # Six records and a blank line; the fifth is broken, so line numbers can be checked.
@@ -27,7 +28,11 @@ TEXT = "\r\n".join(LINES) + "\r\n"  # Windows line ends, as its editors save
 def _shard(tmp_path, raw):
     out, rej, counts = tmp_path / "s.jsonl", tmp_path / "r.jsonl", tmp_path / "c.json"
     write_sample_shard(
-        raw=raw, out=out, rejected=rej, counts=counts, dataset="d", start=0, stop=100
+        raw=raw,
+        files=ShardFiles(out=out, rejected=rej, counts=counts),
+        dataset="d",
+        start=0,
+        stop=100,
     )
     return list(read_jsonl(out)), list(read_jsonl(rej)), json.loads(counts.read_text())
 

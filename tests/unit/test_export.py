@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from benchmarks.synthetic import SyntheticSpec, make_workspace
 from specbuild.drafter.model import DrafterConfig, Eagle3Drafter
 from specbuild.drafter.state import read_drafter, save_drafter
-from specbuild.drafter.train import TrainConfig, train_drafter
+from specbuild.drafter.train import TrainConfig, TrainFiles, train_drafter
 from specbuild.export import ExportError, check_export, export_for_sglang
 
 SGLANG_KEYS = {
@@ -43,12 +43,14 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
     ws = make_workspace(root / "ws", SyntheticSpec(samples=8, seq_len=16))
     train_drafter(
-        shards=ws["shards"],
-        vocab=ws["vocab"],
-        target_fingerprint=ws["target_fingerprint"],
-        best_out=str(root / "best.safetensors"),
-        metrics_out=str(root / "metrics.jsonl"),
-        state_dir=str(root / "state"),
+        files=TrainFiles(
+            shards=ws["shards"],
+            vocab=ws["vocab"],
+            target_fingerprint=ws["target_fingerprint"],
+            best_out=str(root / "best.safetensors"),
+            metrics_out=str(root / "metrics.jsonl"),
+            state_dir=str(root / "state"),
+        ),
         threads=1,
         config=TrainConfig(
             epochs=1, token_budget=64, max_length=16, eval_fraction=0, ttt_steps=2, lr=1e-3

@@ -10,8 +10,9 @@ import torch
 from specbuild.backends import SamplingParams, make_backend
 from specbuild.backends.base import Generation, GenerationRequest
 from specbuild.backends.hf import split_reasoning
-from specbuild.generate import generate_shard
+from specbuild.generate import GenerateSettings, generate_shard, plan_generation
 from specbuild.io import read_json, read_jsonl
+from specbuild.rejects import ShardFiles
 from specbuild.tokenization import tokenize_conversation
 from specbuild.user_turn import follow_up_seed, open_user_turn
 
@@ -63,16 +64,18 @@ def _samples(path, rows):
     return path
 
 
-def _generate(tmp_path, target_dir, rows, *, backend, samples="s.jsonl", **kw):
-    """generate_shard over `rows`, writing g.jsonl, r.jsonl and c.json in `tmp_path`."""
+def _generate(tmp_path, target_dir, rows, *, backend, samples="s.jsonl", earlier=(), **kw):
+    """generate_shard over `rows`, writing g.jsonl, r.jsonl and c.json in `tmp_path`; `kw`
+    are the settings."""
     return generate_shard(
         samples=_samples(tmp_path / samples, rows),
         fingerprint=target_dir / "fingerprint.json",
-        out=tmp_path / "g.jsonl",
-        rejected=tmp_path / "r.jsonl",
-        counts=tmp_path / "c.json",
+        files=ShardFiles(
+            out=tmp_path / "g.jsonl", rejected=tmp_path / "r.jsonl", counts=tmp_path / "c.json"
+        ),
         backend=backend,
-        **{"mode": "regenerate", "batch_size": 4, **kw},
+        settings=GenerateSettings(**{"mode": "regenerate", "batch_size": 4, **kw}),
+        earlier=earlier,
     )
 
 
@@ -499,3 +502,61 @@ def test_regenerate_rejects_a_tool_result_that_follows_an_assistant_turn(tmp_pat
     assert list(got) == ["context"] and [r.id for r in engine.asked] == ["context"]
     counts = read_json(tmp_path / "c.json")
     assert (counts["in"], counts["kept"], counts["rejected"]) == (2, 1, 1)
+
+
+def _msgs(*turns):
+    """Messages from (role, text) pairs."""
+    return [{"role": role, "content": text} for role, text in turns]
+
+
+def test_the_plan_queues_each_later_answer_after_the_first_under_regenerate():
+    two = _msgs(("user", "a"), ("assistant", "x"), ("user", "b"), ("assistant", "y"))
+    plan = plan_generation(
+        [{"id": "c", "messages": two}], mode="regenerate", duplicates={}, special_fault=_no_fault
+    )
+    assert plan.first == (GenerationRequest("c", _msgs(("user", "a"))),)
+    assert plan.later == {"c": (_msgs(("user", "b")),)}
+    assert plan.kept == {} and plan.bad == () and plan.n_answers == 2
+
+
+def test_the_plan_under_keep_reuses_finished_conversations_and_asks_open_ones():
+    rows = [
+        {"id": "done", "messages": _msgs(("user", "a"), ("assistant", "x"))},
+        {"id": "open", "messages": _msgs(("user", "a"), ("assistant", "x"), ("user", "b"))},
+    ]
+    plan = plan_generation(rows, mode="keep", duplicates={}, special_fault=_no_fault)
+    assert plan.kept["done"]["messages"] == rows[0]["messages"]
+    assert plan.kept["done"]["response_source"] == "dataset"
+    assert [r.id for r in plan.first] == ["open"] and plan.later == {}
+
+
+def test_the_plan_rejects_duplicates_first_then_rows_regenerate_cannot_answer():
+    rows = [
+        {"id": "forged", "messages": _msgs(("user", "<bad>"))},
+        {"id": "bot-first", "messages": _msgs(("assistant", "hello"), ("user", "a"))},
+        {"id": "dup", "messages": _msgs(("user", "a"))},
+        {
+            "id": "tool",
+            "messages": _msgs(("user", "a"), ("assistant", "call"), ("tool", "42")),
+        },
+        {"id": "ok", "messages": _msgs(("user", "a"))},
+    ]
+    plan = plan_generation(
+        rows,
+        mode="regenerate",
+        duplicates={"dup": "near-duplicate of ok"},
+        special_fault=lambda m: "forged" if "<bad>" in m[0]["content"] else None,
+    )
+    assert [(b["id"], b["reason"][:14]) for b in plan.bad] == [
+        ("dup", "near-duplicate"),
+        ("forged", "forged"),
+        ("bot-first", "an assistant t"),
+        ("tool", "a tool result "),
+    ]
+    assert [r.id for r in plan.first] == ["ok"]
+    with pytest.raises(ValueError, match="allowed regenerate, keep"):
+        plan_generation(rows, mode="rewrite", duplicates={}, special_fault=_no_fault)
+
+
+def _no_fault(messages):
+    return None

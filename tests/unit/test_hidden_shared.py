@@ -192,7 +192,7 @@ def test_align_on_the_kept_engine_reports_what_its_own_engine_does_without_a_sec
     target_dir,
     unshared,
 ):
-    from specbuild.align import check_alignment
+    from specbuild.align import AlignSettings, check_alignment
 
     _extract(tokenized, target_dir, tmp_path / "00000.safetensors", share_idle_s=30.0)
     reports = {}
@@ -202,8 +202,7 @@ def test_align_on_the_kept_engine_reports_what_its_own_engine_does_without_a_sec
             shards=[unshared],
             target_dir=target_dir,
             report=reports[name],
-            samples=2,
-            device="cpu",
+            settings=AlignSettings(samples=2, device="cpu"),
             share_idle_s=share_idle_s,
         )
     own, kept = (json.loads(reports[n].read_text()) for n in ("own", "kept"))

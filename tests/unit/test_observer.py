@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks.synthetic import SyntheticSpec, make_workspace, train_outputs
 from specbuild.drafter.observer import Observer, TrainRun
-from specbuild.drafter.train import TrainConfig, train_drafter
+from specbuild.drafter.train import TrainConfig, TrainFiles, train_drafter
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +46,12 @@ class Recorder(Observer):
 def _run(ws, out, observer, **cfg):
     base = dict(epochs=2, token_budget=96, max_length=24, eval_fraction=0, ttt_steps=2)
     return train_drafter(
-        shards=ws["shards"],
-        vocab=ws["vocab"],
-        target_fingerprint=ws["target_fingerprint"],
-        **train_outputs(out),
+        files=TrainFiles(
+            shards=ws["shards"],
+            vocab=ws["vocab"],
+            target_fingerprint=ws["target_fingerprint"],
+            **train_outputs(out),
+        ),
         config=TrainConfig(**(base | cfg), log_interval=2),
         threads=1,
         observer=observer,

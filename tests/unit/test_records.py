@@ -7,7 +7,8 @@ import pytest
 
 from specbuild.io import read_json, read_jsonl, write_jsonl
 from specbuild.records import MAX_DEPTH, RecordError, parse_record
-from specbuild.samples import iter_raw_records, record_digests, write_sample_shard
+from specbuild.rejects import ShardFiles
+from specbuild.samples import SampleSettings, iter_raw_records, record_digests, write_sample_shard
 
 DEEP = b'{"prompt": "a", "x": ' + b"[" * 1500 + b"]" * 1500 + b"}"
 
@@ -41,7 +42,9 @@ def test_a_record_as_deep_as_the_limit_and_an_astral_character_are_read():
 
 def _shard(tmp_path, raw, **kw):
     out, rej, counts = tmp_path / "s.jsonl", tmp_path / "r.jsonl", tmp_path / "c.json"
-    write_sample_shard(raw=raw, out=out, rejected=rej, counts=counts, dataset="d", **kw)
+    files = ShardFiles(out=out, rejected=rej, counts=counts)
+    fields = {k: kw.pop(k) for k in ("fmt", "prompt_key", "id_key", "max_prompt_tokens") if k in kw}
+    write_sample_shard(raw=raw, files=files, dataset="d", settings=SampleSettings(**fields), **kw)
     return list(read_jsonl(out)), list(read_jsonl(rej)), read_json(counts)
 
 

@@ -4,16 +4,18 @@ that keep the rejects where the message says."""
 import pytest
 
 from specbuild.io import read_json, read_jsonl
-from specbuild.rejects import check_reject_table, check_rejected_share, publish_shard
+from specbuild.rejects import ShardFiles, check_reject_table, check_rejected_share, publish_shard
 
 
 def _publish(folder, rows, bad, n_in):
     folder.mkdir(parents=True, exist_ok=True)
     n = publish_shard(
-        out=folder / "00000.jsonl",
+        ShardFiles(
+            out=folder / "00000.jsonl",
+            rejected=folder / "00000.rejected.jsonl",
+            counts=folder / "00000.counts.json",
+        ),
         rows=iter(rows),
-        rejected=folder / "00000.rejected.jsonl",
-        counts=folder / "00000.counts.json",
         bad=bad,
         n_in=n_in,
         label="test",

@@ -6,8 +6,10 @@ import re
 import pytest
 
 from specbuild.io import read_json, read_jsonl
+from specbuild.rejects import ShardFiles
 from specbuild.samples import (
     SampleError,
+    SampleSettings,
     normalize_sample,
     record_digests,
     write_sample_shard,
@@ -122,7 +124,9 @@ def _shard(tmp_path, raw, **kw):
     """write_sample_shard into tmp_path; (kept rows, rejects, counts)."""
     out, rej, counts = tmp_path / "s.jsonl", tmp_path / "r.jsonl", tmp_path / "c.json"
     kw = {"dataset": "d", "start": 0, "stop": 100, **kw}
-    write_sample_shard(raw=raw, out=out, rejected=rej, counts=counts, **kw)
+    files = ShardFiles(out=out, rejected=rej, counts=counts)
+    fields = {k: kw.pop(k) for k in ("fmt", "prompt_key", "id_key", "max_prompt_tokens") if k in kw}
+    write_sample_shard(raw=raw, files=files, settings=SampleSettings(**fields), **kw)
     return list(read_jsonl(out)), list(read_jsonl(rej)), read_json(counts)
 
 

@@ -8,8 +8,9 @@ import pytest
 
 from specbuild.backends.base import Generation, SamplingParams
 from specbuild.bench.sets import read_bench_prompts, render_prompt
-from specbuild.generate import generate_shard
+from specbuild.generate import GenerateSettings, generate_shard
 from specbuild.io import read_json, read_jsonl
+from specbuild.rejects import ShardFiles
 from specbuild.samples import write_sample_shard
 from specbuild.special_text import special_text_fault, special_token_strings
 from specbuild.tokenization import RowRejected, tokenize_conversation, tokenize_shard
@@ -90,9 +91,7 @@ def test_samples_rejects_forged_turns_with_file_and_line_and_keeps_the_rest(tmp_
     out, rej, counts = tmp_path / "s.jsonl", tmp_path / "r.jsonl", tmp_path / "c.json"
     kept, bad = write_sample_shard(
         raw=raw,
-        out=out,
-        rejected=rej,
-        counts=counts,
+        files=ShardFiles(out=out, rejected=rej, counts=counts),
         dataset="d",
         start=0,
         stop=6,
@@ -151,13 +150,13 @@ def test_generate_sends_no_forged_prompt_and_keeps_no_forged_answer(tmp_path, ta
     kept, bad = generate_shard(
         samples=samples,
         fingerprint=target_dir / "fingerprint.json",
-        out=tmp_path / "g.jsonl",
-        rejected=tmp_path / "r.jsonl",
-        counts=tmp_path / "c.json",
+        files=ShardFiles(
+            out=tmp_path / "g.jsonl", rejected=tmp_path / "r.jsonl", counts=tmp_path / "c.json"
+        ),
         backend=lambda: engine,
-        mode="regenerate",
-        sampling=SamplingParams(max_new_tokens=4),
-        batch_size=4,
+        settings=GenerateSettings(
+            mode="regenerate", sampling=SamplingParams(max_new_tokens=4), batch_size=4
+        ),
     )
     assert (kept, bad) == (1, 3)
     assert sorted(engine.asked) == ["forged-answer", "good"]  # forged prompts never sent

@@ -10,7 +10,7 @@ import pytest
 from specbuild.backends import make_backend
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
 from specbuild.io import read_jsonl
-from specbuild.rejects import check_rejected_share
+from specbuild.rejects import ShardFiles, check_rejected_share
 from specbuild.synthesize import open_user_turn, synthesize_shard
 
 STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
@@ -42,11 +42,8 @@ def test_a_request_has_exactly_one_of_messages_and_prompt():
 def _synth(tmp_path, target_dir, backend, *, start=0, stop=6, max_tokens=24):
     out, rej = tmp_path / f"s{start}.jsonl", tmp_path / f"s{start}.rejected.jsonl"
     kept, bad = synthesize_shard(
-        target_dir=target_dir,
         fingerprint=target_dir / "fingerprint.json",
-        out=out,
-        rejected=rej,
-        counts=tmp_path / f"s{start}.counts.json",
+        files=ShardFiles(out=out, rejected=rej, counts=tmp_path / f"s{start}.counts.json"),
         dataset="chat",
         start=start,
         stop=stop,

@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from benchmarks.synthetic import SyntheticSpec, make_workspace, train_outputs
 from specbuild.drafter.config import cpu_bf16_supported
 from specbuild.drafter.data import (
+    BatchOrder,
     ShardSet,
     plan_batches,
     split_held_out_shards,
@@ -39,6 +40,7 @@ from specbuild.drafter.state import (
 from specbuild.drafter.train import (
     FiniteSteps,
     TrainConfig,
+    TrainFiles,
     TrainingDiverged,
     lr_at,
     train_drafter,
@@ -71,15 +73,17 @@ def run(ws, out, stop_after=None, log_path=None, tensorboard_dir=None, **cfg):
         log_interval=100,
     )
     return train_drafter(
-        shards=ws["shards"],
-        vocab=ws["vocab"],
-        target_fingerprint=ws["target_fingerprint"],
-        **train_outputs(out),
+        files=TrainFiles(
+            shards=ws["shards"],
+            vocab=ws["vocab"],
+            target_fingerprint=ws["target_fingerprint"],
+            **train_outputs(out),
+            tensorboard_dir=tensorboard_dir,
+        ),
         config=TrainConfig(**(base | cfg)),
         threads=1,
         observer=KillAfter(stop_after) if stop_after else None,
         log_path=log_path,
-        tensorboard_dir=tensorboard_dir,
     )
 
 
@@ -111,31 +115,29 @@ def test_max_length_keeps_the_first_tokens(ws):
 
 def test_batches_respect_the_token_budget_and_ranks_step_together():
     lengths = [5, 9, 3, 12, 7, 7, 2, 11, 4]
+    kw = dict(token_budget=24, max_length=12)
+    first = BatchOrder(seed=1, epoch=0)
     for rank in (0, 1):
-        plan = plan_batches(
-            lengths, token_budget=24, max_length=12, seed=1, epoch=0, rank=rank, world_size=2
-        )
+        plan = plan_batches(lengths, **kw, order=first, rank=rank, world_size=2)
         assert all(len(b) * max(lengths[i] for i in b) <= 24 for b in plan)
-    r0 = plan_batches(lengths, token_budget=24, max_length=12, seed=1, epoch=0, world_size=2)
-    r1 = plan_batches(
-        lengths, token_budget=24, max_length=12, seed=1, epoch=0, rank=1, world_size=2
-    )
+    r0 = plan_batches(lengths, **kw, order=first, world_size=2)
+    r1 = plan_batches(lengths, **kw, order=first, rank=1, world_size=2)
     assert len(r0) == len(r1) and not {i for b in r0 for i in b} & {i for b in r1 for i in b}
-    again = plan_batches(lengths, token_budget=24, max_length=12, seed=1, epoch=1)
-    assert again != plan_batches(lengths, token_budget=24, max_length=12, seed=1, epoch=0)
+    again = plan_batches(lengths, **kw, order=BatchOrder(seed=1, epoch=1))
+    assert again != plan_batches(lengths, **kw, order=first)
 
 
 def test_length_grouped_batches_pad_less_and_keep_every_sample_once():
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(3, 200, (3000,), generator=g).tolist()
-    kw = dict(token_budget=800, max_length=150, seed=3)
+    kw = dict(token_budget=800, max_length=150)
 
     def padding(plan):  # padded positions over all positions the batches hold
         held = sum(len(b) * max(min(lengths[i], 150) for i in b) for b in plan)
         return 1 - sum(min(lengths[i], 150) for b in plan for i in b) / held
 
-    plain = plan_batches(lengths, epoch=0, **kw)
-    grouped = plan_batches(lengths, epoch=0, group_by_length=True, **kw)
+    plain = plan_batches(lengths, order=BatchOrder(seed=3, epoch=0), **kw)
+    grouped = plan_batches(lengths, order=BatchOrder(3, 0, group_by_length=True), **kw)
     assert all(len(b) * max(min(lengths[i], 150) for i in b) <= 800 for b in grouped)
     assert sorted(i for b in grouped for i in b) == list(range(3000))  # each sample, once
     assert padding(grouped) < 0.1 < 0.3 < padding(plain)
@@ -143,8 +145,8 @@ def test_length_grouped_batches_pad_less_and_keep_every_sample_once():
     # the batches' order is shuffled (not longest first) and differs between epochs
     longest = [max(lengths[i] for i in b) for b in grouped]
     assert longest != sorted(longest, reverse=True)
-    assert grouped != plan_batches(lengths, epoch=1, group_by_length=True, **kw)
-    assert grouped == plan_batches(lengths, epoch=0, group_by_length=True, **kw)
+    assert grouped != plan_batches(lengths, order=BatchOrder(3, 1, group_by_length=True), **kw)
+    assert grouped == plan_batches(lengths, order=BatchOrder(3, 0, group_by_length=True), **kw)
 
 
 def test_held_out_split_stays_put_when_shards_are_appended():
@@ -633,13 +635,15 @@ def test_cuda_bf16_autocast_run_overfits_like_the_cpu_one(ws, tmp_path):
 def test_an_eval_set_picks_the_best_epoch_and_is_never_trained_on(ws, tmp_path):
     train_shard, held_shard = ws["shards"]
     best = train_drafter(
-        shards=[train_shard],
-        eval_shards=[held_shard],
-        vocab=ws["vocab"],
-        target_fingerprint=ws["target_fingerprint"],
-        best_out=str(tmp_path / "best.safetensors"),
-        metrics_out=str(tmp_path / "metrics.jsonl"),
-        state_dir=str(tmp_path / "state"),
+        files=TrainFiles(
+            shards=[train_shard],
+            eval_shards=[held_shard],
+            vocab=ws["vocab"],
+            target_fingerprint=ws["target_fingerprint"],
+            best_out=str(tmp_path / "best.safetensors"),
+            metrics_out=str(tmp_path / "metrics.jsonl"),
+            state_dir=str(tmp_path / "state"),
+        ),
         config=TrainConfig(
             epochs=3, token_budget=96, max_length=24, eval_fraction=0, eval_set="held", lr=3e-3
         ),

@@ -15,7 +15,7 @@ from benchmarks.train_profile import GROUPS, StepProfiler
 from benchmarks.train_speed import SpeedResult, steady
 from specbuild.drafter.flops import peak_tflops
 from specbuild.drafter.throughput import Throughput, Window
-from specbuild.drafter.train import TrainConfig, train_drafter
+from specbuild.drafter.train import TrainConfig, TrainFiles, train_drafter
 
 H, V = 64, 256  # the tiny preset's hidden size and target vocabulary
 
@@ -42,10 +42,12 @@ def _train(ws, out: Path, **kw):
     cfg = dict(epochs=2, token_budget=96, max_length=24, eval_fraction=0, ttt_steps=3)
     cfg |= kw.pop("config", {})
     return train_drafter(
-        shards=ws["shards"],
-        vocab=ws["vocab"],
-        target_fingerprint=ws["target_fingerprint"],
-        **train_outputs(out),
+        files=TrainFiles(
+            shards=ws["shards"],
+            vocab=ws["vocab"],
+            target_fingerprint=ws["target_fingerprint"],
+            **train_outputs(out),
+        ),
         config=TrainConfig(**cfg, log_interval=100),
         threads=1,
         **kw,
@@ -85,13 +87,13 @@ def test_spec_only_reuses_the_workspace_and_refuses_one_that_is_not_there(tmp_pa
     with pytest.raises(SystemExit, match="holds no tiny workspace"):
         main([str(tmp_path), "--spec-only"])
     main([str(tmp_path)])
-    shard = Path(json.loads((tmp_path / "spec.json").read_text())["shards"][0])
+    shard = Path(json.loads((tmp_path / "spec.json").read_text())["files"]["shards"][0])
     mtime = shard.stat().st_mtime_ns
     main([str(tmp_path), "--spec-only", "--profile", "--nproc", "2"])
     spec = json.loads((tmp_path / "spec.json").read_text())
     assert shard.stat().st_mtime_ns == mtime  # not written again
     assert spec["profile_out"].endswith("profile.json") and "bench_out" not in spec
-    assert spec["config"]["nproc"] == 2 and len(spec["shards"]) == PRESETS["tiny"].shards
+    assert spec["config"]["nproc"] == 2 and len(spec["files"]["shards"]) == PRESETS["tiny"].shards
     with pytest.raises(SystemExit, match="holds no llama8b workspace .missing .*00002"):
         main([str(tmp_path), "--spec-only", "--preset", "llama8b"])
 

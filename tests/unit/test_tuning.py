@@ -12,7 +12,15 @@ from bench_cases import LAUNCHER, MT_BENCH
 
 from specbuild.backends.server import ServerOptions
 from specbuild.io import read_json
-from specbuild.tuning import TUNING_KEYS, env_faults, ignored_flags, run_tuning_point
+from specbuild.tuning import (
+    TUNING_KEYS,
+    TuningPoint,
+    TuningSettings,
+    env_faults,
+    ignored_flags,
+    plan_tuning_point,
+    run_tuning_point,
+)
 
 
 def test_env_faults_name_bad_nccl_values_and_refuse_nvlink_multicast():
@@ -39,6 +47,38 @@ def test_ignored_flags_reports_values_the_server_overrode():
     ]
 
 
+HELP = "usage: launch_server [--model-path PATH] [--tp-size N] [--cuda-graph-max-bs N]"
+
+
+def test_a_points_plan_runs_the_shared_flags_then_its_own_then_its_chains():
+    server = ServerOptions(launcher=LAUNCHER, server_args={"tp_size": 1, "cuda_graph_max_bs": 4})
+    point = TuningPoint("graphs", {"cuda_graph_max_bs": 8}, {"NCCL_PROTO": "LL"})
+    plan = plan_tuning_point(point, server=server, target_dir="/models/t", help_text=HELP)
+    assert plan.faults == ()
+    assert plan.args == {"tp_size": 1, "cuda_graph_max_bs": 8}
+    assert plan.spec.env["NCCL_PROTO"] == "LL" and plan.spec.model_path == "/models/t"
+    chained = plan_tuning_point(
+        point,
+        server=server,
+        target_dir="/models/t",
+        help_text=HELP,
+        chain="3-1-4",
+        drafter_dir="/drafters/d",
+    )
+    assert chained.args["speculative_algorithm"] == "EAGLE3"
+    assert chained.args["speculative_draft_model_path"] == "/drafters/d"
+
+
+def test_a_points_plan_lists_unknown_flags_first_then_bad_env_values():
+    point = TuningPoint("typo", {"cuda_graph_max_bz": 8}, {"NCCL_PROTO": "LL256"})
+    plan = plan_tuning_point(
+        point, server=ServerOptions(launcher=LAUNCHER), target_dir="/models/t", help_text=HELP
+    )
+    assert len(plan.faults) == 2
+    assert plan.faults[0].startswith("unknown flag(s) --cuda-graph-max-bz")
+    assert plan.faults[1].startswith("NCCL_PROTO=LL256")
+
+
 @pytest.fixture(scope="module")
 def stub_help() -> str:
     from specbuild.backends.server import launcher_help
@@ -52,17 +92,17 @@ def _point(tmp_path, target_dir, help_text, name, args=None, env=None, share_idl
     )
     return run_tuning_point(
         target_dir=target_dir,
-        point=name,
-        point_args=args or {},
-        point_env=env or {},
+        point=TuningPoint(name, args or {}, env or {}),
         server=server,
         out=tmp_path / f"{name}.json",
-        prompt_set=MT_BENCH,
         help_text=help_text,
-        prompts=2,
-        max_new_tokens=8,
-        concurrency=[1, 2],
-        sweep_min_requests=2,
+        settings=TuningSettings(
+            prompt_set=MT_BENCH,
+            prompts=2,
+            max_new_tokens=8,
+            concurrency=[1, 2],
+            sweep_min_requests=2,
+        ),
         share_idle_s=share_idle_s,
     )
 

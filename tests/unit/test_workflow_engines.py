@@ -1,4 +1,5 @@
 import inspect
+from dataclasses import fields
 
 from specbuild.backends.server import ServerOptions
 from specbuild.backends.sglang import SGLangBackend
@@ -33,7 +34,9 @@ def test_the_server_options_param_rebuilds_the_same_server(default_config):
 
 def test_the_generation_server_gets_exactly_the_sglang_backends_fields(default_config):
     args = generate_backend_args(_sglang(default_config))
-    accepted = set(inspect.signature(SGLangBackend).parameters)
+    # its own keywords, and the server's by ServerOptions' field names
+    own = set(inspect.signature(SGLangBackend).parameters) - {"server"}
+    accepted = own | {f.name for f in fields(ServerOptions)}
     assert set(args) <= accepted
     assert "draft_attention_backend" not in args  # generation serves no drafter
     assert args["target_dir"] == f"results/target/{default_config['target']['name']}"

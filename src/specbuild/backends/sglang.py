@@ -9,14 +9,13 @@ produced by exactly the weights, tokenizer and chat template the fingerprint nam
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
 
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
 from specbuild.backends.openai import OpenAIBackend
 from specbuild.backends.server import (
-    DEFAULT_LAUNCHER,
     ServerOptions,
     ServerStartError,
 )
@@ -34,23 +33,14 @@ class SGLangBackend:
         self,
         *,
         target_dir: str,
-        launcher: Sequence[str] = DEFAULT_LAUNCHER,
-        server_args: Mapping[str, Any] | None = None,
-        env: Mapping[str, str] | None = None,
-        host: str = "127.0.0.1",
-        startup_timeout_s: float = 900.0,
         max_concurrency: int = 16,
-        request_timeout_s: float = 600.0,
         share_idle_s: float = 0.0,
+        **server: Any,
     ) -> None:
-        options = ServerOptions(
-            launcher=tuple(launcher),
-            server_args=dict(server_args or {}),
-            env=dict(env or {}),
-            host=host,
-            startup_timeout_s=startup_timeout_s,
-            request_timeout_s=request_timeout_s,
-        )
+        """`server`: how the server is launched, by ServerOptions' own field names (launcher,
+        server_args, env, host, startup_timeout_s, request_timeout_s): the generate rule's
+        `backend_args` param holds them flat, and a param must keep its shape."""
+        options = ServerOptions(**server)
         self.spec = options.spec(target_dir)
         self._stack = ExitStack()
         try:
@@ -62,7 +52,7 @@ class SGLangBackend:
                 base_url=self.server.base_url,
                 api_key=self.server.api_key,
                 max_concurrency=max_concurrency,
-                request_timeout_s=request_timeout_s,
+                request_timeout_s=options.request_timeout_s,
             )
         except BaseException:
             self._stack.close()

@@ -23,7 +23,7 @@ import multiprocessing
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from functools import partial
+from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
 
@@ -31,7 +31,16 @@ from specbuild.bench.rows import bench_engine, check_rows
 from specbuild.bench.sets import BenchPrompt, read_bench_set
 from specbuild.io import write_jsonl
 
-__all__ = ["ENGINES", "merge_rows", "run_bench", "split_prompts"]
+__all__ = [
+    "ENGINES",
+    "BenchPart",
+    "BenchPlan",
+    "BenchSettings",
+    "merge_rows",
+    "plan_bench",
+    "run_bench",
+    "split_prompts",
+]
 
 log = logging.getLogger("specbuild")
 
@@ -55,34 +64,80 @@ def _limit(*limits: int | None) -> int | None:
     return min(given) if given else None
 
 
+@dataclass(frozen=True)
+class BenchSettings:
+    """What every engine of a job is measured on (the bench rule's params)."""
+
+    sets: Mapping[str, Mapping[str, Any]]  # name -> path, format, key, id_key, limit, turns
+    max_new_tokens: int = 64
+    prompt_limit: int | None = None  # prompts of each set at most (None: the set's own limit)
+    concurrency: Sequence[int] = ()  # a served engine's throughput sweep
+    sweep_min_requests: int = 16  # per concurrency
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """A job's prompts dealt over its worker processes (`split_prompts`), with each part's
+    `bench_engine` keywords, the tokenizer aside: the first part also sweeps."""
+
+    parts: tuple[dict[str, list[BenchPrompt]], ...]
+    part_args: tuple[dict[str, Any], ...]
+
+
+def plan_bench(
+    prompt_sets: Mapping[str, Sequence[BenchPrompt]], *, workers: int, settings: BenchSettings
+) -> BenchPlan:
+    """The plan of benching `prompt_sets` in at most `workers` processes."""
+    parts = split_prompts(prompt_sets, workers)
+    bench_args = {"max_new_tokens": settings.max_new_tokens}
+    sweep = {"concurrency": settings.concurrency, "min_requests": settings.sweep_min_requests}
+    part_args = [{**bench_args, **sweep}] + [bench_args] * (len(parts) - 1)
+    return BenchPlan(parts=tuple(parts), part_args=tuple(part_args))
+
+
+@dataclass(frozen=True)
+class BenchPart:
+    """Benches one part of a plan on an engine of its own, opened in the process that runs
+    it; called with the part's prompt sets and `bench_engine` keywords."""
+
+    engine: str
+    engine_args: Mapping[str, Any]  # the opener's keywords
+    tokenizer: Any
+
+    def __call__(
+        self, prompt_sets: Mapping[str, Sequence[BenchPrompt]], bench_args: Mapping[str, Any]
+    ) -> list[dict]:
+        with _opener(self.engine)(**self.engine_args) as eng:
+            sets = list(prompt_sets)
+            log.info("bench %s / %s on %s: sets %s", self.engine, eng.chain, eng.device, sets)
+            return bench_engine(eng, prompt_sets, tokenizer=self.tokenizer, **bench_args)
+
+
 def run_bench(
     *,
     engine: str,
     target_dir: str | os.PathLike,
     chain: str,
-    sets: Mapping[str, Mapping[str, Any]],
     out: str | os.PathLike,
     options: Mapping[str, Any],
+    settings: BenchSettings,
     drafter_dir: str | None = None,
     drafter_name: str = "drafter",
-    max_new_tokens: int = 64,
-    prompt_limit: int | None = None,
-    concurrency: Sequence[int] = (),
-    sweep_min_requests: int = 16,
 ) -> list[dict]:
-    """Bench every set (its config entry: path, format, key, id_key, limit, turns; at most
-    `prompt_limit` prompts each), sweep `concurrency` on the first set's first turns, write
-    the rows. `options` are the engine's own (see each opener); `drafter_name` names the
-    drafter in the rows of a chain (a baseline's say "none")."""
+    """Bench every set of `settings.sets` (at most `settings.prompt_limit` prompts each), sweep
+    `settings.concurrency` on the first set's first turns, write the rows. `options` are the
+    engine's own (see each opener); `drafter_name` names the drafter in the rows of a chain (a
+    baseline's say "none")."""
     from specbuild.target import load_tokenizer
 
     tokenizer = load_tokenizer(target_dir)
     prompt_sets = {
         name: read_bench_set(
-            spec, limit=_limit(spec.get("limit"), prompt_limit), tokenizer=tokenizer
+            spec, limit=_limit(spec.get("limit"), settings.prompt_limit), tokenizer=tokenizer
         )
-        for name, spec in sets.items()
+        for name, spec in settings.sets.items()
     }
+    plan = plan_bench(prompt_sets, workers=int(options.get("workers", 1)), settings=settings)
     engine_args = {
         "target_dir": target_dir,
         "chain": chain,
@@ -90,36 +145,19 @@ def run_bench(
         "drafter_name": drafter_name,
         "options": options,
     }
-    parts = split_prompts(prompt_sets, int(options.get("workers", 1)))
-    bench_args = {"tokenizer": tokenizer, "max_new_tokens": max_new_tokens}
-    sweep = {"concurrency": concurrency, "min_requests": sweep_min_requests}
-    args = [{**bench_args, **sweep}] + [bench_args] * (len(parts) - 1)  # the first part sweeps
-    work = partial(_bench_part, engine=engine, engine_args=engine_args)
-    if len(parts) == 1:
-        rows = work(parts[0], args[0])
+    work = BenchPart(engine, engine_args, tokenizer)
+    if len(plan.parts) == 1:
+        rows = work(plan.parts[0], plan.part_args[0])
     else:
         # fork, not spawn: the workers start with this process's imports (~6 s each otherwise);
         # no engine, so no torch thread pool, exists here yet
-        log.info("bench %s / %s: %d worker processes", engine, chain, len(parts))
-        pool = ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("fork"))
+        log.info("bench %s / %s: %d worker processes", engine, chain, len(plan.parts))
+        pool = ProcessPoolExecutor(len(plan.parts), mp_context=multiprocessing.get_context("fork"))
         with pool:
-            rows = merge_rows(prompt_sets, list(pool.map(work, parts, args)))
+            rows = merge_rows(prompt_sets, list(pool.map(work, plan.parts, plan.part_args)))
     check_rows(rows, source=str(out))
     write_jsonl(out, rows)
     return rows
-
-
-def _bench_part(
-    prompt_sets: Mapping[str, Sequence[BenchPrompt]],
-    bench_args: Mapping[str, Any],
-    *,
-    engine: str,
-    engine_args: Mapping[str, Any],
-) -> list[dict]:
-    with _opener(engine)(**engine_args) as eng:
-        sets = list(prompt_sets)
-        log.info("bench %s / %s on %s: sets %s", engine, eng.chain, eng.device, sets)
-        return bench_engine(eng, prompt_sets, **bench_args)
 
 
 def split_prompts(

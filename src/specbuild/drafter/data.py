@@ -59,6 +59,7 @@ __all__ = [
     "verify_for_training",
     "split_samples",
     "split_held_out_shards",
+    "BatchOrder",
     "plan_batches",
     "sample_key",
     "read_training_data",
@@ -386,44 +387,56 @@ def split_held_out_shards(
 GROUP_SAMPLES = 1024  # group_by_length: samples sorted together (a shuffled window)
 
 
+@dataclass(frozen=True)
+class BatchOrder:
+    """The order samples fill batches in: a permutation seeded by (seed, epoch) when
+    `shuffle`, else as given (evaluation)."""
+
+    seed: int = 0
+    epoch: int = 0
+    shuffle: bool = True
+    group_by_length: bool = False  # batches of like-length samples, then shuffled
+
+
 def plan_batches(
     lengths: Sequence[int],
     *,
     token_budget: int,
     max_length: int,
-    seed: int,
-    epoch: int,
+    order: BatchOrder,
     rank: int = 0,
     world_size: int = 1,
-    shuffle: bool = True,
     drop_tail: bool = True,
-    group_by_length: bool = False,
 ) -> list[list[int]]:
     """Batches (lists of positions into `lengths`) for one rank in one epoch.
 
-    Order: a permutation seeded by (seed, epoch); batches fill greedily until
+    Order: `order` (a permutation seeded by (seed, epoch)); batches fill greedily until
     size x longest > token_budget. Every rank plans the same list and takes every
     world_size-th batch; for training (`drop_tail`) the tail that does not divide evenly is
     dropped so DDP ranks step together.
 
-    `group_by_length`: each window of GROUP_SAMPLES samples of the permutation is sorted by
-    length before batches fill, so a batch holds samples of like length (a batch is padded to
-    its longest), and the batches are then shuffled (seeded likewise): what a step sees stays
-    random, its padding shrinks.
+    `order.group_by_length`: each window of GROUP_SAMPLES samples of the permutation is sorted
+    by length before batches fill, so a batch holds samples of like length (a batch is padded
+    to its longest), and the batches are then shuffled (seeded likewise): what a step sees
+    stays random, its padding shrinks.
     """
-    order = list(range(len(lengths)))
+    seed, epoch = order.seed, order.epoch
+    shuffle, group_by_length = order.shuffle, order.group_by_length
+    positions = list(range(len(lengths)))
     g = torch.Generator().manual_seed(seed * 100_003 + epoch)
     if shuffle:
-        order = torch.randperm(len(lengths), generator=g).tolist()
+        positions = torch.randperm(len(lengths), generator=g).tolist()
     if group_by_length:
         clipped = [min(n, max_length) for n in lengths]
-        windows = [order[i : i + GROUP_SAMPLES] for i in range(0, len(order), GROUP_SAMPLES)]
+        windows = [
+            positions[i : i + GROUP_SAMPLES] for i in range(0, len(positions), GROUP_SAMPLES)
+        ]
         # stable: like lengths keep the permutation's order
-        order = [i for w in windows for i in sorted(w, key=lambda j: -clipped[j])]
+        positions = [i for w in windows for i in sorted(w, key=lambda j: -clipped[j])]
     batches: list[list[int]] = []
     cur: list[int] = []
     longest = 0
-    for i in order:
+    for i in positions:
         n = min(lengths[i], max_length)
         if cur and (len(cur) + 1) * max(longest, n) > token_budget:
             batches.append(cur)
@@ -469,11 +482,9 @@ def plan_epochs(cfg: TrainConfig, refs: list[SampleRef], ranks: Ranks) -> list[l
             [r.length for r in refs],
             token_budget=cfg.token_budget,
             max_length=cfg.max_length,
-            seed=cfg.seed,
-            epoch=e,
+            order=BatchOrder(seed=cfg.seed, epoch=e, group_by_length=cfg.group_by_length),
             rank=ranks.rank,
             world_size=ranks.world,
-            group_by_length=cfg.group_by_length,
         )
         for e in range(cfg.epochs)
     ]

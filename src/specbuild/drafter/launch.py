@@ -86,7 +86,7 @@ def data_parallel(module: nn.Module, ranks: Ranks) -> nn.Module:
 
 
 def launch_torchrun(spec: dict, nproc: int, *, observer: object | None = None) -> dict:
-    """Run the job of `spec` (train_drafter's arguments, the config as a dict) as `nproc`
+    """Run the job of `spec` (train_drafter's arguments, files and config as dicts) as `nproc`
     torchrun workers; wait for them and return the best eval row they wrote. An `observer`
     is refused: the workers could not get it (an object, not a JSON value)."""
     if observer is not None:
@@ -94,7 +94,8 @@ def launch_torchrun(spec: dict, nproc: int, *, observer: object | None = None) -
             f"train.nproc {nproc} with an observer: start the {nproc} processes with "
             "torchrun, each calling train_drafter with its observer (benchmarks.train_speed)"
         )
-    spec_path = Path(spec["state_dir"]).parent / f".{Path(spec['state_dir']).name}.launch.json"
+    state_dir = Path(spec["files"]["state_dir"])
+    spec_path = state_dir.parent / f".{state_dir.name}.launch.json"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(json.dumps(spec, indent=2, default=str))  # paths as strings
     cmd = [
@@ -109,5 +110,5 @@ def launch_torchrun(spec: dict, nproc: int, *, observer: object | None = None) -
     ]
     log.info("launching %s", " ".join(cmd))
     subprocess.run(cmd, check=True)
-    rows = [json.loads(line) for line in open(spec["metrics_out"], encoding="utf-8")]
+    rows = [json.loads(line) for line in open(spec["files"]["metrics_out"], encoding="utf-8")]
     return max(rows, key=lambda r: r["acceptance_length"])

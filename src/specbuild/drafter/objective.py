@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.profiler import record_function
 
-from specbuild.drafter.data import Batch, SampleRef, ShardSet, plan_batches
+from specbuild.drafter.data import Batch, BatchOrder, SampleRef, ShardSet, plan_batches
 from specbuild.drafter.flops import StepWork
 from specbuild.drafter.fused_loss import linear_soft_cross_entropy
 from specbuild.drafter.metrics import StepCounts, step_counts
@@ -169,11 +169,9 @@ def evaluate(
         [r.length for r in refs],
         token_budget=token_budget,
         max_length=max_length,
-        seed=0,
-        epoch=0,
+        order=BatchOrder(shuffle=False),  # every sample once, as given
         rank=rank,
         world_size=world_size,
-        shuffle=False,
         drop_tail=False,
     )
     for idx in plan:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -23,39 +24,40 @@ from specbuild.drafter.flops import device_name, peak_tflops
 from specbuild.drafter.launch import Ranks
 from specbuild.drafter.throughput import Throughput, Window, format_mfu
 
-__all__ = ["Progress", "log_plan"]
+__all__ = ["Progress", "RunPlan", "log_plan"]
 
 log = logging.getLogger("specbuild")
 
 
-def log_plan(
-    *,
-    cfg: TrainConfig,
-    ranks: Ranks,
-    trainable: int,
-    train_samples: int,
-    eval_samples: int,
-    held_out: bool,
-    skipped: int,
-    steps: int,
-    kinds: str,
-) -> None:
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run is about to do, as its first line says."""
+
+    trainable: int  # parameters
+    train_samples: int
+    eval_samples: int
+    held_out: bool  # the eval samples are `train.eval_set`'s (else the `eval_fraction` split)
+    skipped: int  # samples too short or without a predicted response token
+    steps: int
+    kinds: str  # the attention, loss and precision resolved for the device
+
+
+def log_plan(plan: RunPlan, *, cfg: TrainConfig, ranks: Ranks) -> None:
     """The line before the first step: the drafter's size, the data, the steps and where they
-    run. `held_out`: the eval samples are `train.eval_set`'s (else the `eval_fraction` split);
-    `kinds`: the attention, loss and precision resolved for the device."""
+    run."""
     log.info(
         "drafter %.1fM trainable params; %d train / %d eval samples%s (%d skipped); %d steps "
         "of <= %d tokens x %d rank(s) on %s; %s",
-        trainable / 1e6,
-        train_samples,
-        eval_samples,
-        f" of eval set {cfg.eval_set!r}" if held_out else "",
-        skipped,
-        steps,
+        plan.trainable / 1e6,
+        plan.train_samples,
+        plan.eval_samples,
+        f" of eval set {cfg.eval_set!r}" if plan.held_out else "",
+        plan.skipped,
+        plan.steps,
         cfg.token_budget,
         ranks.world,
         ranks.device,
-        kinds,
+        plan.kinds,
     )
 
 

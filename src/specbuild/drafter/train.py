@@ -34,7 +34,8 @@ import logging
 import math
 import os
 import sys
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -74,7 +75,7 @@ from specbuild.drafter.launch import (
 )
 from specbuild.drafter.objective import evaluate
 from specbuild.drafter.observer import Observer, TrainRun
-from specbuild.drafter.progress import Progress, log_plan
+from specbuild.drafter.progress import Progress, RunPlan, log_plan
 from specbuild.drafter.state import (
     BEST,
     TrainState,
@@ -93,6 +94,7 @@ from specbuild.target import read_target_info
 
 __all__ = [
     "TrainConfig",
+    "TrainFiles",
     "TrainingDiverged",
     "evaluate_drafter",
     "lr_at",
@@ -188,27 +190,35 @@ def _evaluate(
     )
 
 
+@dataclass(frozen=True)
+class TrainFiles:
+    """What a training job reads and writes."""
+
+    shards: Sequence[str]  # hidden-state shards trained on
+    vocab: str  # the draft vocabulary (d2t, t2d)
+    target_fingerprint: str  # in the target's folder
+    best_out: str  # the best drafter's weights
+    metrics_out: str  # the eval rows
+    # resumable checkpoints: not an output (a failed job's outputs are deleted)
+    state_dir: str
+    eval_shards: Sequence[str] = ()  # the held-out `train.eval_set` (none: a split of shards)
+    tensorboard_dir: str | None = None  # training curves, kept across a resume
+
+
 def train_drafter(
     *,
-    shards: list[str],
-    vocab: str,
-    target_fingerprint: str,
-    best_out: str,
-    metrics_out: str,
-    state_dir: str,
+    files: TrainFiles,
     config: TrainConfig,
     log_path: str | None = None,
     threads: int | None = None,
-    tensorboard_dir: str | None = None,
-    eval_shards: list[str] | None = None,
     observer: Observer | None = None,
 ) -> dict:
-    """Train and write the best drafter to `best_out` and the eval rows to `metrics_out`.
-    Returns the best eval row.
+    """Train and write the best drafter to `files.best_out` and the eval rows to
+    `files.metrics_out`. Returns the best eval row.
 
     Eval samples, whose simulated acceptance length picks the best checkpoint: every sample of
-    `eval_shards` (the held-out `train.eval_set`, never trained on) when given, else the
-    `eval_fraction` split of `shards`.
+    `files.eval_shards` (the held-out `train.eval_set`, never trained on) when given, else the
+    `eval_fraction` split of `files.shards`.
 
     Before any step every shard is read whole once and verified (`data.verify_for_training`:
     checksums, NaN/Inf, shapes, offsets); one broken shard stops the job, listing all of them.
@@ -237,13 +247,11 @@ def train_drafter(
     `observer` (`drafter.observer`; benchmarks and tests) watches the steps of each process;
     it needs the run's processes started by torchrun when `train.nproc` > 1.
     """
-    cfg = config
+    cfg, f = config, files
     if needs_launch(cfg):  # torchrun's workers each call this function with these arguments
-        spec = dict(shards=shards, eval_shards=eval_shards or [], vocab=vocab, best_out=best_out)
-        spec |= dict(target_fingerprint=target_fingerprint, metrics_out=metrics_out)
-        spec |= dict(state_dir=state_dir, log_path=log_path, tensorboard_dir=tensorboard_dir)
-        spec |= dict(threads=threads, config=asdict(cfg))
+        spec = dict(files=asdict(f), log_path=log_path, threads=threads, config=asdict(cfg))
         return launch_torchrun(spec, nproc=cfg.nproc, observer=observer)
+    state_dir, target_fingerprint, vocab = f.state_dir, f.target_fingerprint, f.vocab
     observer = observer or Observer()
     ranks = setup_ranks(cfg)
     device = ranks.device
@@ -251,7 +259,7 @@ def train_drafter(
         setup_logging(log_path, append=True)
     if threads:
         torch.set_num_threads(threads)
-    shards, held_out = [str(s) for s in shards], [str(s) for s in eval_shards or []]
+    shards, held_out = [str(s) for s in f.shards], [str(s) for s in f.eval_shards]
     info = read_target_info(target_fingerprint)
     target_dir = Path(target_fingerprint).parent
     data, train_refs, eval_refs = read_training_data(cfg, shards, held_out, info, ranks)
@@ -276,9 +284,7 @@ def train_drafter(
     step_fn = data_parallel(objective, ranks)
     meta = drafter_meta(model, data, info.fingerprint, target_dir)
     kinds = f"{attention} attention; {loss_path} loss; {'bf16 autocast' if amp else 'float32'}"
-    log_plan(
-        cfg=cfg,
-        ranks=ranks,
+    plan = RunPlan(
         trainable=sum(p.numel() for p in params),
         train_samples=len(train_refs),
         eval_samples=len(eval_refs),
@@ -287,7 +293,8 @@ def train_drafter(
         steps=total,
         kinds=kinds,
     )
-    progress = Progress(ranks, tensorboard_dir, start_step=state.step, total=total)
+    log_plan(plan, cfg=cfg, ranks=ranks)
+    progress = Progress(ranks, f.tensorboard_dir, start_step=state.step, total=total)
     order = steps_from(plans, state.epoch, state.batch)
 
     def load(e: int, b: int) -> Batch:
@@ -349,7 +356,7 @@ def train_drafter(
     observer.on_end(run)
     best_row = state.best_row()
     if ranks.rank == 0:
-        write_outputs(state_dir, state, job=job, best_out=best_out, metrics_out=metrics_out)
+        write_outputs(state_dir, state, job=job, best_out=f.best_out, metrics_out=f.metrics_out)
     ranks.barrier()
     return best_row
 
@@ -384,6 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
     spec["config"] = TrainConfig.from_params(spec["config"])
+    spec["files"] = TrainFiles(**spec["files"])
     train_drafter(**spec)
 
 

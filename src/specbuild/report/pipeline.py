@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +29,7 @@ from specbuild.report.tables import check_written, format_cell, output_folders, 
 from specbuild.tokenization import META_TOTALS
 
 __all__ = [
+    "PipelineFiles",
     "build_data",
     "build_vocab",
     "build_align",
@@ -129,33 +131,42 @@ def read_train_loss(curves_dir: str | os.PathLike | None) -> pd.DataFrame:
                         columns=["step", "loss"])  # fmt: skip
 
 
+@dataclass(frozen=True)
+class PipelineFiles:
+    """The build's files the report reads: every shard of each stage, the vocab's stats, the
+    align report, and training's metrics (None: no training in this build)."""
+
+    samples: Sequence[str | os.PathLike]
+    generated: Sequence[str | os.PathLike]
+    tokenized: Sequence[str | os.PathLike]
+    hidden: Sequence[str | os.PathLike]
+    vocab_stats: str | os.PathLike
+    align_report: str | os.PathLike
+    train_metrics: str | os.PathLike | None = None
+
+
 def write_pipeline_report(
     *,
     datasets: Sequence[str],
-    samples: Sequence[str | os.PathLike],
-    generated: Sequence[str | os.PathLike],
-    tokenized: Sequence[str | os.PathLike],
-    hidden: Sequence[str | os.PathLike],
-    vocab_stats: str | os.PathLike,
-    align_report: str | os.PathLike,
+    files: PipelineFiles,
     outputs: Sequence[str | os.PathLike],
-    train_metrics: str | os.PathLike | None = None,
     curves_dir: str | os.PathLike | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Write the data, vocab, align, disk (and train) tables and train.png into the folders
     of the declared `outputs`."""
+    f = files
     tables_dir, plots_dir = output_folders(outputs)
-    data = build_data(datasets, samples=samples, generated=generated, tokenized=tokenized)
+    data = build_data(datasets, samples=f.samples, generated=f.generated, tokenized=f.tokenized)
     tokens = int(data.loc[data["stage"] == "tokenize", "tokens"].sum())
-    inputs = [*samples, *generated, *tokenized, *hidden, vocab_stats, align_report]
+    inputs = [*f.samples, *f.generated, *f.tokenized, *f.hidden, f.vocab_stats, f.align_report]
     out = {
         "data": data,
-        "vocab": build_vocab(vocab_stats),
-        "align": build_align(align_report),
-        "disk": build_disk(inputs + ([train_metrics] if train_metrics else []), tokens),
+        "vocab": build_vocab(f.vocab_stats),
+        "align": build_align(f.align_report),
+        "disk": build_disk(inputs + ([f.train_metrics] if f.train_metrics else []), tokens),
     }
-    if train_metrics:
-        out["train"] = build_train(train_metrics)
+    if f.train_metrics:
+        out["train"] = build_train(f.train_metrics)
         loss = read_train_loss(curves_dir)
         log.info("training curves: %d eval rows, %d loss points", len(out["train"]), len(loss))
         plot_train(out["train"], loss, plots_dir / "train.png")
