@@ -6,7 +6,7 @@ import inspect
 import os
 import sys
 
-from specbuild.keepers import stop_all as stop_keepers
+from specbuild.engines.keepers import stop_all as stop_keepers
 from specbuild.chain import CHAIN_PATTERN
 from specbuild.config import ConfigError, check_config
 from specbuild.config.files import ConfigFileError, check_configfiles

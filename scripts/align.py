@@ -1,8 +1,8 @@
 from pathlib import Path
 
 from specbuild.align import check_alignment
-from specbuild.engine_memory import sharing_seconds, with_memory
-from specbuild.gpus import pin_gpus
+from specbuild.engines.gpus import pin_gpus
+from specbuild.engines.runtime import sharing_seconds, with_memory
 from specbuild.joblog import start_job_log
 
 start_job_log(snakemake.log[0])

@@ -1,5 +1,5 @@
-from specbuild.engine_memory import sharing_seconds, with_memory
-from specbuild.gpus import pin_gpus
+from specbuild.engines.gpus import pin_gpus
+from specbuild.engines.runtime import sharing_seconds, with_memory
 from specbuild.hidden.shard_job import extract_shard
 from specbuild.joblog import start_job_log
 

@@ -484,7 +484,7 @@ def load_target_model(folder: str | os.PathLike, *, dtype: str = "float32", devi
     if str(device).startswith("cuda"):
         # an idle shared engine (a generation server, a hidden keeper) on these GPUs: its
         # memory is this model's now, as for an SGLang start or a training
-        from specbuild.backends.server import release_idle_servers
+        from specbuild.engines.server import release_idle_servers
 
         release_idle_servers()
     start = time.perf_counter()

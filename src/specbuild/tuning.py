@@ -26,19 +26,20 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specbuild.backends.server import (
-    ServerOptions,
-    ServerStartError,
-    launcher_help,
-    mask_env,
-    unknown_flags,
-)
-from specbuild.backends.shared_server import Endpoint, job_server
 from specbuild.bench.metrics import output_throughput, summarize
 from specbuild.bench.rows import bench_engine
 from specbuild.bench.served import sglang_engine
 from specbuild.bench.sets import BenchPrompt, read_bench_set
 from specbuild.chain import BASELINE, Chain
+from specbuild.engines.kept_server import Endpoint, job_server
+from specbuild.engines.server import (
+    ServerOptions,
+    ServerStartError,
+    launcher_help,
+    mask_env,
+    tp_size,
+    unknown_flags,
+)
 from specbuild.io import atomic_open, write_json
 
 __all__ = [
@@ -207,7 +208,7 @@ def run_tuning_point(
             notes = ignored_flags(point_args, info)
             if isinstance(srv, Endpoint):
                 notes.append("shared server: started once for the jobs with these flags")
-            if int(info.get("tp_size") or args.get("tp_size") or 1) == 1:
+            if int(info.get("tp_size") or tp_size(args)) == 1:
                 notes += [
                     f"{k} has no effect at tp_size 1 (no collectives)"
                     for k in spec.env

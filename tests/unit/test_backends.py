@@ -19,7 +19,8 @@ import pytest
 from specbuild.backends import make_backend
 from specbuild.backends.base import GenerationRequest, SamplingParams
 from specbuild.backends.openai import OpenAIBackend, parse_chat_completion
-from specbuild.backends.server import (
+from specbuild.engines.gpus import startup_lock
+from specbuild.engines.server import (
     ServerSpec,
     ServerStartError,
     SGLangServer,
@@ -29,7 +30,6 @@ from specbuild.backends.server import (
     new_api_key,
     unknown_flags,
 )
-from specbuild.gpus import startup_lock
 
 STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
 LAUNCHER = (sys.executable, str(STUB))
@@ -130,7 +130,7 @@ def test_server_binds_loopback_on_a_free_port_and_stops_with_its_process_group(m
 def test_stop_leaves_no_process_of_the_server_group_even_one_ignoring_sigterm(model_dir):
     import os
 
-    import specbuild.backends.server as server_mod
+    import specbuild.engines.server as server_mod
 
     spec = spec_for(model_dir, env={"SGLANG_STUB_CHILD": "1"})
     old = server_mod.STOP_GRACE_S
@@ -300,7 +300,7 @@ def _status(url: str, payload: dict | None = None, key: str | None = None) -> in
 def test_a_port_taken_before_the_server_binds_it_is_replaced_by_another(model_dir, monkeypatch):
     import socket
 
-    import specbuild.backends.server as server_mod
+    import specbuild.engines.server as server_mod
 
     with socket.socket() as taken:  # another process got "our" free port first
         taken.bind(("127.0.0.1", 0))
@@ -425,7 +425,7 @@ def test_api_keys_never_look_like_a_flag_to_the_servers_argparse():
 
 
 def test_a_speculative_server_out_of_memory_is_told_to_bound_its_pools():
-    from specbuild.backends.server import build_server_args, draft_pool_hint
+    from specbuild.engines.server import build_server_args, draft_pool_hint
 
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 97.80 GiB"
     eagle = build_server_args({"speculative_algorithm": "EAGLE3", "tp_size": 1})

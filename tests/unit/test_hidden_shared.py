@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from specbuild.engines.keepers import keeper_running, process_running
 from specbuild.hidden.extract import EngineSpec
 from specbuild.hidden.shared import SharedEngineError, extract_shared
-from specbuild.keepers import keeper_running, process_running
 from specbuild.target import read_target_info
 from tests.unit.test_hidden import _extract, _write_tokenized, rows, tokenized  # noqa: F401
 

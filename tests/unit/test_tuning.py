@@ -10,7 +10,7 @@ import logging
 import pytest
 from bench_cases import LAUNCHER, MT_BENCH
 
-from specbuild.backends.server import ServerOptions
+from specbuild.engines.server import ServerOptions
 from specbuild.io import read_json
 from specbuild.tuning import TUNING_KEYS, env_faults, ignored_flags, run_tuning_point
 
@@ -41,7 +41,7 @@ def test_ignored_flags_reports_values_the_server_overrode():
 
 @pytest.fixture(scope="module")
 def stub_help() -> str:
-    from specbuild.backends.server import launcher_help
+    from specbuild.engines.server import launcher_help
 
     return launcher_help(LAUNCHER)
 

@@ -1,7 +1,7 @@
 import inspect
 
-from specbuild.backends.server import ServerOptions
 from specbuild.backends.sglang import SGLangBackend
+from specbuild.engines.server import ServerOptions
 from specbuild.workflow.engines import (
     engine_sharing,
     generate_backend_args,

@@ -8,7 +8,7 @@ from specbuild.backends.base import (
     GenerationRequest,
     SamplingParams,
 )
-from specbuild.registry import lazy_class
+from specbuild.engines.registry import lazy_class
 
 __all__ = [
     "BACKENDS",
@@ -19,7 +19,7 @@ __all__ = [
     "make_backend",
 ]
 
-# name -> "module:Class" (specbuild.registry)
+# name -> "module:Class" (specbuild.engines.registry)
 BACKENDS = {
     "hf": "specbuild.backends.hf:HFBackend",
     "sglang": "specbuild.backends.sglang:SGLangBackend",

@@ -15,12 +15,12 @@ from typing import Any
 
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
 from specbuild.backends.openai import OpenAIBackend
-from specbuild.backends.server import (
+from specbuild.engines.kept_server import Endpoint, failure, job_server
+from specbuild.engines.server import (
     DEFAULT_LAUNCHER,
     ServerOptions,
     ServerStartError,
 )
-from specbuild.backends.shared_server import Endpoint, failure, job_server
 
 __all__ = ["SGLangBackend"]
 

@@ -31,11 +31,12 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
-from specbuild.backends.openai import api_key_from_env, get_json, iter_sse
-from specbuild.backends.server import ServerOptions, SGLangServer
-from specbuild.backends.shared_server import Endpoint, job_server
+from specbuild.backends.openai import api_key_from_env
 from specbuild.bench.rows import Completion, device_label
 from specbuild.chain import BASELINE, NO_DRAFTER, Chain
+from specbuild.engines.http import get_json, iter_sse
+from specbuild.engines.kept_server import Endpoint, job_server
+from specbuild.engines.server import ServerOptions, SGLangServer
 
 __all__ = [
     "ServedEngine",

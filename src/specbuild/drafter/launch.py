@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from specbuild.backends.server import release_idle_servers
 from specbuild.devices import wants_cuda
 from specbuild.drafter.config import TrainConfig
+from specbuild.engines.server import release_idle_servers
 
 __all__ = ["Ranks", "data_parallel", "launch_torchrun", "needs_launch", "setup_ranks"]
 

@@ -35,6 +35,7 @@ from torch import Tensor
 import specbuild
 from specbuild.disk import ensure_free_space
 from specbuild.eagle_layers import AUX_LAYERS, default_layer_ids
+from specbuild.engines.registry import lazy_class
 from specbuild.hidden.fp8 import parse_storage, quantize_fp8, scale_groups
 from specbuild.hidden.hostcopy import HostCopier, Landed
 from specbuild.hidden.shards import (
@@ -48,7 +49,6 @@ from specbuild.hidden.shards import (
 )
 from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
 from specbuild.hidden.writer import shard_writer
-from specbuild.registry import lazy_class
 from specbuild.target import TargetInfo, read_target_info
 
 __all__ = [
@@ -72,7 +72,7 @@ log = logging.getLogger("specbuild")
 
 # name -> "module:Class"; each class has `from_folder(folder, *, layer_ids, dtype, device,
 # **options)`, options being engine settings (server flags for sglang; none for hf).
-# Imported when chosen (specbuild.registry).
+# Imported when chosen (specbuild.engines.registry).
 BACKENDS = {
     "hf": "specbuild.hidden.hf:HFFeatureBackend",
     "sglang": "specbuild.hidden.sglang:SGLangFeatureBackend",

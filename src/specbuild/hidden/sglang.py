@@ -48,9 +48,9 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from specbuild.backends.server import free_port, release_idle_servers
 from specbuild.eagle_layers import candidate_eagle_ids, capture_indices, eagle_layer_ids
-from specbuild.gpus import startup_lock
+from specbuild.engines.gpus import startup_lock
+from specbuild.engines.server import free_port, release_idle_servers
 from specbuild.hidden.extract import Features
 
 __all__ = [

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from specbuild.engines.keepers import sharing_allowed
 from specbuild.hidden.extract import EngineSpec, ExtractStats, extract_with, read_shard_inputs
 from specbuild.hidden.shared import extract_shared
-from specbuild.keepers import sharing_allowed
 
 __all__ = ["extract_shard"]
 

@@ -1,5 +1,5 @@
 """One feature engine for every `hidden` job of a run that opens the same one
-(`hidden.share_idle_s`): the keeper kind `features` (specbuild.keepers).
+(`hidden.share_idle_s`): the keeper kind `features` (specbuild.engines.keepers).
 
 Why: a hidden job opens its backend once per shard, and at Kimi-K2.5's size that load (~10
 minutes) costs more than the shard. Here the first job starts a keeper that opens the engine
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from specbuild import keepers
+from specbuild.engines import keepers
 from specbuild.hidden.extract import (
     EngineSpec,
     ExtractStats,

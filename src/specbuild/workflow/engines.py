@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from specbuild.backends.server import ServerOptions
 from specbuild.config import sglang_server_args
+from specbuild.engines.server import ServerOptions
 from specbuild.workflow.paths import target_dir
 
 __all__ = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from specbuild.config import sglang_server_args, train_datasets
-from specbuild.engine_memory import without_memory
+from specbuild.engines.runtime import without_memory
 from specbuild.workflow.engines import sglang_env
 from specbuild.workflow.paths import HIDDEN_SHARD
 from specbuild.workflow.shards import ShardIndex

@@ -1,6 +1,6 @@
 """Memory settings of an in-process SGLang engine travel outside a job's params."""
 
-from specbuild.engine_memory import with_memory, without_memory
+from specbuild.engines.runtime import with_memory, without_memory
 
 
 def test_server_flags_in_params_go_without_the_memory_ones():

@@ -1,8 +1,8 @@
 import pytest
 
 from specbuild.backends import BACKENDS, make_backend
+from specbuild.engines.registry import lazy_class
 from specbuild.hidden.extract import BACKENDS as FEATURE_BACKENDS
-from specbuild.registry import lazy_class
 
 
 def test_a_name_outside_the_table_is_refused_with_its_key_and_the_choices():
