@@ -2,7 +2,7 @@ from pathlib import Path
 
 from specbuild.align import check_alignment
 from specbuild.engines.gpus import pin_gpus
-from specbuild.engines.runtime import sharing_seconds, with_memory
+from specbuild.engines.runtime import Runtime, sharing_seconds
 from specbuild.joblog import start_job_log
 
 start_job_log(snakemake.log[0])
@@ -12,8 +12,8 @@ check_alignment(
     target_dir=Path(snakemake.input.fp).parent,
     report=snakemake.output.report,
     backend=snakemake.params.backend,
-    backend_options=with_memory(
-        snakemake.params.backend_options, snakemake.resources.engine_memory
+    backend_options=Runtime.from_resources(memory=snakemake.resources.engine_memory).with_memory(
+        snakemake.params.backend_options
     ),
     samples=snakemake.params.samples,
     seed=snakemake.params.seed,

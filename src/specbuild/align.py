@@ -183,9 +183,10 @@ def check_alignment(
     table: specbuild.report.pipeline); raise AlignmentError naming every layer outside the
     thresholds. `share_idle_s` > 0: where the hidden jobs' shared engine is the serving one
     (same backend, options, dtype, device), it computes the sample: no second load."""
-    from specbuild.hidden.extract import EngineSpec
+    from specbuild.engines.model import ModelSpec
+    from specbuild.engines.open import open_engine
+    from specbuild.engines.runtime import Runtime
     from specbuild.hidden.shards import dequantize_state, read_shard
-    from specbuild.hidden.shared import open_engine
     from specbuild.target import read_target_info
 
     loaded = [read_shard(p) for p in shards]
@@ -212,22 +213,18 @@ def check_alignment(
         backend,
     )
     # the hidden stage's own registry: align serves with exactly the classes that extract
-    spec = EngineSpec(
+    fingerprint = read_target_info(Path(target_dir) / "fingerprint.json").fingerprint
+    spec = ModelSpec(
         backend=backend,
         folder=str(Path(target_dir).resolve()),
         layer_ids=layer_ids,
         dtype=dtype,
         device=device,
         options=dict(backend_options or {}),
+        target_fingerprint=fingerprint,
     )
-    fingerprint = read_target_info(Path(target_dir) / "fingerprint.json").fingerprint
-    engine = open_engine(spec, idle_s=share_idle_s, target_fingerprint=fingerprint, name="align")
-    try:
+    with open_engine(spec, Runtime(idle_s=share_idle_s), name="align") as engine:
         served = engine.extract(batch)
-    finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
     serve_aux = served.aux.float().cpu()  # shape: [T, 3H]
     serve_last = served.last.float().cpu()  # shape: [T, H]
     t_aux, t_last = torch.cat(train_aux), torch.cat(train_last)

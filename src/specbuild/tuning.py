@@ -31,7 +31,9 @@ from specbuild.bench.rows import bench_engine
 from specbuild.bench.served import sglang_engine
 from specbuild.bench.sets import BenchPrompt, read_bench_set
 from specbuild.chain import BASELINE, Chain
-from specbuild.engines.kept_server import Endpoint, job_server
+from specbuild.engines.kept_server import Endpoint
+from specbuild.engines.open import open_engine
+from specbuild.engines.runtime import Runtime
 from specbuild.engines.server import (
     ServerOptions,
     ServerStartError,
@@ -185,7 +187,8 @@ def run_tuning_point(
         firsts = [BenchPrompt(p.id, p.turns[:1]) for p in read]
         try:
             name = f"sglang-tune-{point}"
-            with job_server(spec, name=name, idle_s=share_idle_s, exclusive=True) as srv:
+            runtime = Runtime(idle_s=share_idle_s)
+            with open_engine(spec, runtime, name=name, exclusive=True) as srv:
                 engine = sglang_engine(
                     srv, chain=chain, drafter="drafter", timeout=server.request_timeout_s
                 )

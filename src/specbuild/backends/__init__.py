@@ -11,7 +11,6 @@ from specbuild.backends.base import (
 from specbuild.engines.registry import lazy_class
 
 __all__ = [
-    "BACKENDS",
     "Generation",
     "GenerationBackend",
     "GenerationRequest",
@@ -19,14 +18,7 @@ __all__ = [
     "make_backend",
 ]
 
-# name -> "module:Class" (specbuild.engines.registry)
-BACKENDS = {
-    "hf": "specbuild.backends.hf:HFBackend",
-    "sglang": "specbuild.backends.sglang:SGLangBackend",
-    "openai": "specbuild.backends.openai:OpenAIBackend",
-}
-
 
 def make_backend(name: str, **kwargs) -> GenerationBackend:
-    """Construct the backend `name` with its own keyword arguments."""
-    return lazy_class(BACKENDS, name, key="backend")(**kwargs)
+    """Construct the backend `name` (engines.registry) with its own keyword arguments."""
+    return lazy_class("generate.backend", name)(**kwargs)

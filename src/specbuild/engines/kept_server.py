@@ -1,4 +1,5 @@
-"""One SGLang server for every job of a run that starts the same one (`sglang.share_idle_s`).
+"""One SGLang server for every job of a run that starts the same one (`sglang.share_idle_s`):
+the keeper kind `server` (engines.keepers); a job gets it through engines.open.open_engine.
 
 Why: at Kimi-K2.5's size a server start is the unit of cost (~10 minutes to load its
 weights and capture CUDA graphs), and a server per `generate`/`synthesize` shard pays it per
@@ -8,7 +9,7 @@ wait, its endpoint, and the check that it still runs. A server that dies fails t
 flight with its last output; a finished shard is never touched. The bench and tuning jobs
 that start the same server (the baseline's flags are generation's; a tuning point without
 flags of its own is its chain's bench server) lease it too, alone while they measure
-(`job_server(exclusive=True)`): no other job's requests are in their figures.
+(`open_engine(..., exclusive=True)`): no other job's requests are in their figures.
 
     <registry>/server-<hash>/  (specbuild.engines.keepers' layout) plus
                                endpoint.json  {"base_url": ..., "start_s": ...}, once healthy
@@ -35,20 +36,9 @@ from specbuild.engines.http import get_json
 from specbuild.engines.server import ServerSpec, ServerStartError, SGLangServer
 from specbuild.io import write_json
 
-__all__ = [
-    "Endpoint",
-    "failure",
-    "job_server",
-    "release_idle",
-    "shared_server",
-    "stop_all",
-]
+__all__ = ["Endpoint", "failure", "keep", "kept_server"]
 
 log = logging.getLogger("specbuild")
-
-# the keepers' own, under the names generation has always used
-release_idle = keepers.release_idle
-stop_all = keepers.stop_all
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +71,7 @@ def _wait_endpoint(folder: Path, name: str, timeout_s: float) -> dict[str, Any]:
 
 
 @contextmanager
-def shared_server(
+def kept_server(
     spec: ServerSpec, *, name: str, idle_s: float, exclusive: bool = False
 ) -> Iterator[Endpoint]:
     """The running server of `spec`, started by a keeper if none is; a lease on it is held
@@ -112,20 +102,6 @@ def shared_server(
             )
         finally:
             os.close(fd)  # the lock goes with it
-
-
-@contextmanager
-def job_server(
-    spec: ServerSpec, *, name: str, idle_s: float, exclusive: bool = False
-) -> Iterator[Endpoint | SGLangServer]:
-    """The server of `spec` for one job: the shared one (`idle_s` > 0, outside SLURM jobs,
-    `shared_server`), else the job's own, stopped when the block ends."""
-    if keepers.sharing_allowed(idle_s):
-        with shared_server(spec, name=name, idle_s=idle_s, exclusive=exclusive) as endpoint:
-            yield endpoint
-    else:
-        with SGLangServer(spec, name=name) as server:
-            yield server
 
 
 def keep(folder: Path, idle_s: float) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specbuild.backends import GenerationRequest, SamplingParams, make_backend
-from specbuild.engines.kept_server import release_idle, stop_all
+from specbuild.engines.keepers import release_idle, stop_all
 from specbuild.engines.server import ServerStartError
 
 STUB = Path(__file__).resolve().parents[2] / "stubs" / "sglang_stub.py"
@@ -137,7 +137,7 @@ def test_the_baseline_bench_measures_on_generations_server_and_alone(registry, t
 
     from specbuild.bench.served import open_sglang
     from specbuild.chain import BASELINE
-    from specbuild.engines.kept_server import shared_server
+    from specbuild.engines.kept_server import kept_server
     from specbuild.engines.server import ServerOptions
 
     gen = _backend(target_dir)
@@ -152,7 +152,7 @@ def test_the_baseline_bench_measures_on_generations_server_and_alone(registry, t
     used = threading.Event()
 
     def generation_job() -> None:
-        with shared_server(spec, name="sglang-generate", idle_s=30.0):
+        with kept_server(spec, name="sglang-generate", idle_s=30.0):
             used.set()
 
     with open_sglang(
