@@ -262,7 +262,7 @@ class ServerSpec:
 @dataclass(frozen=True)
 class ServerOptions:
     """How every server specbuild starts is launched (config `sglang.*`): built once from
-    config (`specbuild.workflow.engines.sglang_server_options`), passed whole to each job,
+    config (`specbuild.workflow.engine_settings.sglang_server_options`), passed whole to each job,
     and turned into one server's `ServerSpec` here only."""
 
     launcher: tuple[str, ...] = DEFAULT_LAUNCHER
