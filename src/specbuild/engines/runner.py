@@ -51,7 +51,8 @@ from torch import Tensor
 
 from specbuild.eagle_layers import candidate_eagle_ids, capture_indices, eagle_layer_ids
 from specbuild.engines.gpus import startup_lock
-from specbuild.engines.server import free_port, release_idle_servers, tp_size
+from specbuild.engines.keepers import release_idle
+from specbuild.engines.server import free_port, tp_size
 
 __all__ = [
     "PrefillRunner",
@@ -313,7 +314,7 @@ class SGLangRunner:
         self._tmp = tempfile.TemporaryDirectory(prefix="specbuild-sglang-ranks-")
         self.workers: list[subprocess.Popen] = []
         self._closed = False
-        release_idle_servers()  # a shared generation server left idle: its memory is ours
+        release_idle()  # a kept engine left idle on these GPUs: its memory is ours
         # one start at a time per GPU: the KV pool is sized from the memory free at start
         with startup_lock("SGLang model runner"):
             if self.tp_size > 1:

@@ -52,7 +52,6 @@ __all__ = [
     "ServerStartError",
     "build_server_args",
     "model_path_arg",
-    "release_idle_servers",
     "tp_size",
     "is_secret_name",
     "mask_env",
@@ -378,7 +377,8 @@ class SGLangServer:
         env_note = " ".join(f"{k}={v}" for k, v in sorted(mask_env(self.spec.env).items()))
         note = self.mask(f"{env_note} {' '.join(cmd)}".strip())
         t0 = time.monotonic()
-        release_idle_servers(keep_spec=self.spec)  # an idle shared server's memory is ours now
+        # an idle kept engine's memory on these GPUs is ours now, but not this spec's own
+        keepers.release_idle(keep=self.spec.key())
         # One start at a time per GPU until the KV pools are sized: SGLang sizes them from the
         # memory free before and after loading the weights, and another start in between takes
         # its own share out of this one's count ("Loaded weights leave no GPU memory for the KV
@@ -514,12 +514,6 @@ def model_path_arg(model_path: str) -> str:
     """`--model-path` of a server: a local folder as an absolute path, never mistaken for a hub
     id; anything else (a hub id) as given."""
     return str(Path(model_path).resolve()) if Path(model_path).exists() else model_path
-
-
-def release_idle_servers(*, keep_spec: ServerSpec | None = None) -> None:
-    """Stop the idle shared servers on this process's GPUs (engines.kept_server), but the
-    one `keep_spec` would share: an engine or a training is about to need that memory."""
-    keepers.release_idle(keep=keep_spec.key() if keep_spec is not None else None)
 
 
 def _get(url: str, api_key: str | None) -> urllib.request.Request:

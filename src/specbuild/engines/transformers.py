@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from specbuild.dtypes import torch_dtype
-from specbuild.engines.server import release_idle_servers
+from specbuild.engines.keepers import release_idle
 from specbuild.onednn_linear import use_onednn_linears
 from specbuild.text_model import TextModel, find_text_model, weight_map
 
@@ -40,7 +40,7 @@ def load_causal_lm(
     if str(device).startswith("cuda"):
         # an idle kept engine (a generation server, a hidden keeper) on these GPUs: its
         # memory is this model's now, as for an SGLang start or a training
-        release_idle_servers()
+        release_idle()
     start = time.perf_counter()
     text = find_text_model(folder)
     if text.wrapped:
