@@ -1,4 +1,6 @@
-"""Generation backends behind one interface; a stage picks one by name at construction only."""
+"""Generation backends behind one interface; a stage picks one by name at construction only.
+Backends generate; the servers and models they generate with are loaded and kept by
+specbuild.engines."""
 
 from __future__ import annotations
 
