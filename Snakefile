@@ -37,7 +37,7 @@ report: "report/workflow.rst"
 
 
 # The engines the run's jobs shared (sglang.share_idle_s, hidden.share_idle_s) stop with the
-# run: every keeper (specbuild/keepers.py), and the run ends once they have exited.
+# run: every keeper (specbuild/engines/keepers.py), and the run ends once they have exited.
 onsuccess:
     stop_keepers()
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 __all__ = ["StageLoads", "count_loads", "loads_table"]
 
-# the lines specbuild writes (backends.server, keepers, hidden.sglang, target); a keeper's own lines
-# reach a job's log as "keeper: <time> ...", never as these
+# the lines specbuild writes (engines.server, engines.keepers, engines.runner,
+# engines.transformers); a keeper's own lines reach a job's log as "keeper: <time> ...", never
+# as these
 OWN_SERVER = re.compile(r" INFO starting sglang-(?!shared-)\S+: ")
 KEPT_START = re.compile(r" INFO \S+: starting a shared engine, kept in ")
 KEPT_JOIN = re.compile(r" INFO \S+: sharing the engine kept in ")

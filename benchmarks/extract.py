@@ -12,7 +12,7 @@ random weights (SGLang's load_format dummy; speed does not depend on weight valu
 from its config alone; otherwise the materialized target folder.
 
 The bare pass runs the target's base model (no lm_head, no hidden-state capture) on the batches
-`plan_batches` makes; extraction runs the stage's own full path (`write_features`): aux
+`plan_forward_batches` makes; extraction runs the stage's own full path (`write_features`): aux
 capture, bf16 (or fp8) conversion, copies into the shard file, checksums and checks, the file
 renamed into place. Their tokens/s ratio is the cost of extraction over the forward pass it
 cannot avoid (goal >= 0.9). Each variant runs `--repeats` times,
@@ -38,7 +38,12 @@ import torch
 
 import specbuild
 from benchmarks import PERF
-from specbuild.hidden.extract import plan_batches, resolve_layer_ids, write_features
+from specbuild.hidden.core import (
+    ShardFormat,
+    plan_forward_batches,
+    resolve_layer_ids,
+    write_features,
+)
 from specbuild.hidden.hf import HFFeatureBackend
 from specbuild.hidden.tokens import TokenShard
 from specbuild.io import write_json
@@ -100,15 +105,8 @@ def _extract_run(
             "specbuild_version": specbuild.__version__,
         }
         before = host() if host else {}
-        written = write_features(
-            path,
-            shard,
-            backend,
-            meta,
-            hidden_size=hidden,
-            storage=storage,
-            batch_tokens=batch_tokens,
-        )
+        fmt = ShardFormat(hidden_size=hidden, storage=storage)
+        written = write_features(path, shard, backend, meta, fmt, batch_tokens=batch_tokens)
         if phases is not None:
             after = host() if host else {}
             phases.setdefault(f"{backend.name}_{storage}", []).append(
@@ -143,7 +141,7 @@ def run_extract_bench(
     shard = synthetic_shard(samples, min_len=min_len, max_len=max_len, vocab_size=info.vocab_size)
     offsets = shard.offsets.tolist()
     lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
-    batches = [[shard.sample(i) for i in b] for b in plan_batches(lengths, batch_tokens)]
+    batches = [[shard.sample(i) for i in b] for b in plan_forward_batches(lengths, batch_tokens)]
 
     @torch.no_grad()
     def bare() -> None:
@@ -245,8 +243,9 @@ def run_sglang_extract_bench(
 ) -> dict:
     """SGLang bare prefill vs SGLang extraction vs transformers extraction (module doc); with
     `profile` a folder, one more SGLang bf16 extraction runs under torch.profiler (`_profile`)."""
+    from specbuild.engines.runner import SGLangRunner
     from specbuild.hidden.hf import HFFeatureBackend
-    from specbuild.hidden.sglang import SGLangFeatureBackend, SGLangRunner
+    from specbuild.hidden.sglang import SGLangFeatureBackend
 
     with tempfile.TemporaryDirectory(dir=scratch) as tmp:
         args = {"attention_backend": "triton", "sampling_backend": "pytorch", **(server_args or {})}
@@ -275,7 +274,7 @@ def run_sglang_extract_bench(
         shard = synthetic_shard(samples, min_len=min_len, max_len=max_len, vocab_size=vocab)
         offsets = shard.offsets.tolist()
         lengths = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
-        plan = plan_batches(lengths, batch_tokens)
+        plan = plan_forward_batches(lengths, batch_tokens)
         batches = [[shard.sample(i) for i in b] for b in plan]
 
         def host() -> dict[str, float]:

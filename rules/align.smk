@@ -19,7 +19,7 @@ rule align:
         runtime=60,
         engine_memory=features.engine_memory(config, "align"),
         # the hidden jobs' kept engine computes the sample where it is the serving one
-        engine_sharing=features.engine_sharing(config),
+        engine_sharing=features.feature_sharing(config),
     params:
         backend=config["align"]["backend"],
         backend_options=features.backend_options(config, "align"),

@@ -30,7 +30,7 @@ rule bench:
         mem_mb=8000,
         runtime=60,
         # a sglang job measures on the shared server of its flags (sglang.share_idle_s)
-        engine_sharing=job(engines.engine_sharing, config),
+        engine_sharing=job(engine_settings.server_sharing, config),
     params:
         options=job(bench_plan.bench_options, config, SERVER),
         sets=bench_plan.bench_sets(config),

@@ -6,15 +6,16 @@ import inspect
 import os
 import sys
 
-from specbuild.keepers import stop_all as stop_keepers
+from specbuild.engines.keepers import stop_all as stop_keepers
 from specbuild.chain import CHAIN_PATTERN
 from specbuild.config import ConfigError, check_config
 from specbuild.config.files import ConfigFileError, check_configfiles
 from specbuild.config import train_datasets, train_variants
 from specbuild.formats import BENCH_ROWS, GENERATED_ROWS, SAMPLE_ROWS, TOKENIZED_ROWS
 from specbuild.rejects import check_rejected_share
-from specbuild.workflow import bench_plan, datasets, engines, features, paths, rejects
-from specbuild.workflow import report_plan, scheduling, targets, training, tuning_plan
+from specbuild.workflow import bench_plan, datasets, engine_settings, features, paths
+from specbuild.workflow import rejects, report_plan, scheduling, targets, training
+from specbuild.workflow import tuning_plan
 from specbuild.workflow.scheduling import PRIORITY, engine_env
 from specbuild.workflow.shards import DatasetFaults, ShardIndex, earlier_samples
 
@@ -80,7 +81,9 @@ except DatasetFaults as err:
     sys.exit(str(ConfigError(config_source(), err.faults, SCHEMA)))
 
 # The one SGLang ServerOptions param of every server specbuild starts (bench, tuning, serve)
-SERVER = engines.server_options_params(engines.sglang_server_options(config))
+SERVER = engine_settings.server_options_params(
+    engine_settings.sglang_server_options(config)
+)
 
 
 def job(fn, *context):

@@ -25,10 +25,10 @@ rule generate:
         gpu=scheduling.generate_gpus(config),
         mem_mb=4000,
         runtime=60,
-        engine_sharing=engines.engine_sharing(config),
+        engine_sharing=engine_settings.server_sharing(config),
     params:
         backend=config["generate"]["backend"],
-        backend_args=engines.generate_backend_args(config),
+        backend_args=engine_settings.generate_backend_args(config),
         mode=config["generate"]["mode"],
         rows_version=GENERATED_ROWS,
         sampling=job(datasets.sampling_params, config),

@@ -26,7 +26,7 @@ rule hidden:
         runtime=120,
         engine_memory=features.engine_memory(config, "hidden"),
         # one engine for the run's hidden jobs (hidden.share_idle_s); changes no output
-        engine_sharing=features.engine_sharing(config),
+        engine_sharing=features.feature_sharing(config),
     params:
         backend=config["hidden"]["backend"],
         backend_options=features.backend_options(config, "hidden"),

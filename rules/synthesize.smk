@@ -26,11 +26,11 @@ rule synthesize:
         gpu=scheduling.generate_gpus(config),
         mem_mb=4000,
         runtime=60,
-        engine_sharing=engines.engine_sharing(config),
+        engine_sharing=engine_settings.server_sharing(config),
     params:
         span=job(datasets.shard_range, config),
         backend=config["generate"]["backend"],
-        backend_args=engines.generate_backend_args(config),
+        backend_args=engine_settings.generate_backend_args(config),
         sampling=job(datasets.synthesize_sampling, config),
         batch_size=config["generate"]["batch_size"],
     script:

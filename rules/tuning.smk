@@ -38,7 +38,7 @@ rule tuning:
         mem_mb=8000,
         runtime=60,
         # a point with its chain's bench flags measures on that server (sglang.share_idle_s)
-        engine_sharing=engines.engine_sharing(config, "sglang"),
+        engine_sharing=engine_settings.server_sharing(config, "sglang"),
     params:
         server=SERVER,
         point_args=job(tuning_plan.tuning_point_args, config),

@@ -1,8 +1,8 @@
 from pathlib import Path
 
 from specbuild.align import AlignSettings, check_alignment
-from specbuild.engine_memory import sharing_seconds, with_memory
-from specbuild.gpus import pin_gpus
+from specbuild.engines.gpus import pin_gpus
+from specbuild.engines.runtime import Runtime, sharing_seconds
 from specbuild.joblog import start_job_log
 
 start_job_log(snakemake.log[0])
@@ -13,9 +13,9 @@ check_alignment(
     report=snakemake.output.report,
     settings=AlignSettings(
         backend=snakemake.params.backend,
-        backend_options=with_memory(
-            snakemake.params.backend_options, snakemake.resources.engine_memory
-        ),
+        backend_options=Runtime.from_resources(
+            memory=snakemake.resources.engine_memory
+        ).with_memory(snakemake.params.backend_options),
         samples=snakemake.params.samples,
         seed=snakemake.params.seed,
         min_cosine=snakemake.params.min_cosine,

@@ -1,8 +1,8 @@
 from pathlib import Path
 
 from specbuild.bench.run import BenchSettings, run_bench
-from specbuild.engine_memory import with_sharing
-from specbuild.gpus import pin_gpus
+from specbuild.engines.gpus import pin_gpus
+from specbuild.engines.runtime import with_sharing
 from specbuild.joblog import start_job_log
 
 start_job_log(snakemake.log[0])

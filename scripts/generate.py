@@ -1,9 +1,9 @@
 from functools import partial
 
 from specbuild.backends import SamplingParams, make_backend
-from specbuild.engine_memory import with_sharing
+from specbuild.engines.gpus import pin_gpus
+from specbuild.engines.runtime import with_sharing
 from specbuild.generate import GenerateSettings, generate_shard
-from specbuild.gpus import pin_gpus
 from specbuild.joblog import start_job_log
 from specbuild.rejects import ShardFiles
 

@@ -1,4 +1,4 @@
-from specbuild.backends.server import ServerOptions
+from specbuild.engines.server import ServerOptions
 from specbuild.joblog import start_job_log
 from specbuild.serve import pick_chain, serve_command, write_serve_script
 

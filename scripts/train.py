@@ -1,5 +1,5 @@
 from specbuild.drafter.train import TrainConfig, TrainFiles, train_drafter
-from specbuild.gpus import pin_gpus, train_slots
+from specbuild.engines.gpus import pin_gpus, train_slots
 from specbuild.joblog import start_job_log
 
 start_job_log(snakemake.log[0])

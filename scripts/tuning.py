@@ -1,8 +1,8 @@
 from pathlib import Path
 
-from specbuild.backends.server import ServerOptions
-from specbuild.engine_memory import sharing_seconds
-from specbuild.gpus import pin_gpus
+from specbuild.engines.gpus import pin_gpus
+from specbuild.engines.runtime import sharing_seconds
+from specbuild.engines.server import ServerOptions
 from specbuild.joblog import start_job_log
 from specbuild.tuning import TuningPoint, TuningSettings, run_tuning_point
 

@@ -2,7 +2,7 @@
 # An arm beside benchmarks/h200/run.sh's run, on that run's data: the same samples and generated
 # shards, keys changed that the data does not depend on (hidden.storage, training keys), in a
 # copy of the tree of its own so that the two runs' results never mix. Both runs' GPU jobs
-# take slots of the same GPUs (specbuild.gpus locks are per host), so the arm fills the GPU
+# take slots of the same GPUs (specbuild.engines.gpus locks are per host), so the arm fills the GPU
 # time the main run leaves idle.
 #
 #   SPECBUILD_SET="<the main run's keys> hidden.storage=fp8 train.epochs=4 bench.baseline=false" \

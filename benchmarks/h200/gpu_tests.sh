@@ -9,7 +9,7 @@
 # It may share the GPU with a pipeline run (benchmarks/h200/run.sh) in the same calls, e.g.
 #   bash benchmarks/h200/run.sh & bash benchmarks/h200/gpu_tests.sh -k "deepseek or kimi"; wait
 # the tests' SGLang engines bound their KV pools (tests/conftest.py, sglang_test_options) and
-# start one at a time with the run's (specbuild.gpus.startup_lock); the run's figures are then
+# start one at a time with the run's (specbuild.engines.gpus.startup_lock); the run's figures are then
 # shared-GPU figures.
 set -uo pipefail
 source "$(dirname "$0")/env.sh"

@@ -23,7 +23,7 @@
 # also writes results/report.html (every table and plot of the example, the variants table
 # among them).
 # Every GPU of the machine is a schedulable resource; each GPU job pins its own device ids
-# (specbuild.gpus), so on nvidia-h200-x2 two servers run side by side. SPECBUILD_TRAIN_NPROC=2
+# (specbuild.engines.gpus), so on nvidia-h200-x2 two servers run side by side. SPECBUILD_TRAIN_NPROC=2
 # trains with torchrun on both GPUs (the config's train.nproc, overridden in a derived copy;
 # every variant inherits it): with several variants leave it unset, so two train at once.
 # SPECBUILD_VARIANTS="fc_norm epochs_4" builds only those variants (and base), and only the
@@ -32,7 +32,7 @@
 # sets config keys (dotted path = a YAML value, no spaces in either) in the derived copy.
 # SPECBUILD_PRIORITY="base fc_norm": the variants whose drafters are built first (default none:
 # it overrides the workflow's stage order, so engines restart between stages).
-# SPECBUILD_GPU_SLOTS=N lets N jobs share each GPU (specbuild.gpus): at SmolLM2 a server start
+# SPECBUILD_GPU_SLOTS=N lets N jobs share each GPU (specbuild.engines.gpus): at SmolLM2 a server start
 # or a single-stream bench leaves most of an H200 idle; a training takes a majority of a GPU's
 # slots, so never two share one (three sharing one ran at ~0.75x one alone, BENCHMARKS.md) and,
 # with N >= 3, a bench may run beside it; served tok/s of jobs that shared a GPU are shared-GPU

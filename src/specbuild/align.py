@@ -264,27 +264,23 @@ def _serve(
     share_idle_s: float,
 ) -> tuple[str, Tensor, Tensor]:
     """The serving engine's name and its features of the plan's rows (float32, on the CPU)."""
-    from specbuild.hidden.extract import EngineSpec
-    from specbuild.hidden.shared import open_engine
+    from specbuild.engines.model import ModelSpec
+    from specbuild.engines.open import open_engine
+    from specbuild.engines.runtime import Runtime
     from specbuild.target import read_target_info
 
     # the hidden stage's own registry: align serves with exactly the classes that extract
-    spec = EngineSpec(
+    spec = ModelSpec(
         backend=settings.backend,
         folder=str(Path(target_dir).resolve()),
         layer_ids=plan.layer_ids,
         dtype=settings.dtype,
         device=settings.device,
         options=dict(settings.backend_options or {}),
+        target_fingerprint=read_target_info(Path(target_dir) / "fingerprint.json").fingerprint,
     )
-    fingerprint = read_target_info(Path(target_dir) / "fingerprint.json").fingerprint
-    engine = open_engine(spec, idle_s=share_idle_s, target_fingerprint=fingerprint, name="align")
-    try:
+    with open_engine(spec, Runtime(idle_s=share_idle_s), name="align") as engine:
         served = engine.extract(plan.batch)
-    finally:
-        close = getattr(engine, "close", None)
-        if close is not None:
-            close()
     return engine.name, served.aux.float().cpu(), served.last.float().cpu()
 
 

@@ -24,9 +24,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from specbuild.backends.server import ServerOptions, build_server_args, resolve_launcher
 from specbuild.bench.metrics import summarize
 from specbuild.chain import Chain
+from specbuild.engines.server import ServerOptions, build_server_args, resolve_launcher
 from specbuild.hosts import is_loopback
 from specbuild.io import atomic_open, read_jsonl
 

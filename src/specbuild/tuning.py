@@ -27,20 +27,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specbuild.backends.server import (
-    ServerOptions,
-    ServerSpec,
-    ServerStartError,
-    launcher_help,
-    mask_env,
-    unknown_flags,
-)
-from specbuild.backends.shared_server import Endpoint, job_server
 from specbuild.bench.metrics import output_throughput, summarize
 from specbuild.bench.rows import bench_engine
 from specbuild.bench.served import sglang_engine
 from specbuild.bench.sets import BenchPrompt, read_bench_set
 from specbuild.chain import BASELINE, Chain
+from specbuild.engines.kept_server import Endpoint
+from specbuild.engines.open import open_engine
+from specbuild.engines.runtime import Runtime
+from specbuild.engines.server import (
+    ServerOptions,
+    ServerSpec,
+    ServerStartError,
+    launcher_help,
+    mask_env,
+    tp_size,
+    unknown_flags,
+)
 from specbuild.io import atomic_open, write_json
 
 __all__ = [
@@ -260,7 +263,7 @@ def _start_and_measure(
     firsts = [BenchPrompt(p.id, p.turns[:1]) for p in read]
     try:
         name = f"sglang-tune-{point.name}"
-        with job_server(spec, name=name, idle_s=share_idle_s, exclusive=True) as srv:
+        with open_engine(spec, Runtime(idle_s=share_idle_s), name=name, exclusive=True) as srv:
             engine = sglang_engine(
                 srv, chain=s.chain, drafter="drafter", timeout=server.request_timeout_s
             )
@@ -282,7 +285,7 @@ def _start_and_measure(
     notes = ignored_flags(point.args, info)
     if isinstance(srv, Endpoint):
         notes.append("shared server: started once for the jobs with these flags")
-    if int(info.get("tp_size") or args.get("tp_size") or 1) == 1:
+    if int(info.get("tp_size") or tp_size(args)) == 1:
         notes += [
             f"{k} has no effect at tp_size 1 (no collectives)"
             for k in spec.env

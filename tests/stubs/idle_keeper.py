@@ -1,10 +1,10 @@
-"""A keeper with no engine, for specbuild.keepers' tests: it serves until idle or asked to
+"""A keeper with no engine, for specbuild.engines.keepers' tests: it serves until idle or asked to
 stop, and says so in its log."""
 
 import sys
 from pathlib import Path
 
-from specbuild import keepers
+from specbuild.engines import keepers
 
 if __name__ == "__main__":
     keepers.serve_until_idle(

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from specbuild.config import check_config
-from specbuild.keepers import REGISTRY_ENV, stop_all
+from specbuild.engines.keepers import REGISTRY_ENV, stop_all
 
 REPO = Path(__file__).resolve().parents[2]
 

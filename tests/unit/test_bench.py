@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from bench_cases import LAUNCHER, MT_BENCH
 
-from specbuild.backends.server import ServerOptions, ServerSpec, SGLangServer
 from specbuild.bench.metrics import (
     acceptance_interval,
     acceptance_length,
@@ -30,6 +29,7 @@ from specbuild.bench.rows import ROW_KEYS
 from specbuild.bench.run import BenchSettings, run_bench
 from specbuild.bench.served import sglang_engine, stream_generate
 from specbuild.chain import BASELINE, Chain
+from specbuild.engines.server import ServerOptions, ServerSpec, SGLangServer
 from specbuild.io import read_json, read_jsonl
 
 STUB_SERVER = ServerOptions(launcher=LAUNCHER, startup_timeout_s=60)

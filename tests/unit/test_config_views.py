@@ -3,7 +3,6 @@ variants and what each trains on, the drafters the bench runs, every SGLang serv
 
 from config_cases import REPO, default_config, load_yaml, passes
 
-from specbuild.backends.server import build_server_args
 from specbuild.config.views import (
     BASE_VARIANT,
     bench_drafter_names,
@@ -11,6 +10,7 @@ from specbuild.config.views import (
     train_datasets,
     train_variants,
 )
+from specbuild.engines.server import build_server_args
 
 
 def test_variants_keep_the_base_recipe_and_change_only_their_keys():

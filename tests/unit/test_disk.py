@@ -142,7 +142,7 @@ def test_every_stage_that_writes_much_checks_free_space_first():
     where = {
         "generate": "src/specbuild/generate.py",
         "tokenize": "src/specbuild/tokenization.py",
-        "hidden": "src/specbuild/hidden/extract.py",
+        "hidden": "src/specbuild/hidden/core.py",
         "train": "src/specbuild/drafter/state.py",  # ensure_state_space, before the first step
         "export": "src/specbuild/export.py",
     }

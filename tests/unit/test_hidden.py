@@ -11,10 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specbuild.hidden.extract import Features, plan_batches, resolve_layer_ids
+from specbuild.engines.model import Features
+from specbuild.engines.runtime import Runtime
+from specbuild.hidden.core import ShardFiles, plan_forward_batches, resolve_layer_ids
+from specbuild.hidden.extract import ExtractSettings, extract_shard
 from specbuild.hidden.fp8 import dequantize_fp8, parse_storage, quantize_fp8
 from specbuild.hidden.hf import HFFeatureBackend
-from specbuild.hidden.shard_job import extract_shard
 from specbuild.hidden.shards import (
     ShardError,
     check_shard,
@@ -85,13 +87,15 @@ def tokenized(tmp_path_factory, rows, target_dir) -> Path:
 
 
 def _extract(tokenized: Path, target_dir: Path, out: Path, **kw):
-    return extract_shard(
+    files = ShardFiles(
         tokens=tokenized,
         meta=tokenized.with_name("00000.meta.json"),
         fingerprint=target_dir / "fingerprint.json",
         out=out,
-        **{"batch_tokens": 64, "device": "cpu", **kw},
     )
+    runtime = Runtime(idle_s=kw.pop("share_idle_s", 0.0))
+    settings = ExtractSettings(**{"batch_tokens": 64, "device": "cpu", **kw})
+    return extract_shard(files, settings, runtime)
 
 
 @pytest.fixture(scope="module")
@@ -139,19 +143,19 @@ def test_layer_ids_that_are_not_three_increasing_valid_ids_are_rejected(ids):
 
 def test_batches_fit_the_token_budget_and_hold_every_sample_once():
     lengths = [5, 9, 3, 9, 20, 1, 7, 8, 10]
-    batches = plan_batches(lengths, batch_tokens=30)
+    batches = plan_forward_batches(lengths, batch_tokens=30)
     assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
     for b in batches:
         padded = len(b) * max(lengths[i] for i in b)
         assert padded <= 30 or len(b) == 1  # only an overlong sample may exceed, alone
-    assert batches == plan_batches(lengths, batch_tokens=30)  # deterministic
+    assert batches == plan_forward_batches(lengths, batch_tokens=30)  # deterministic
     assert [4] in batches  # the 20-token sample runs alone
     assert [8, 1, 3] in batches  # 10, 9, 9: ties keep input order; 8 would overflow 30
 
 
 def test_batches_pad_at_most_a_fifth_of_their_tokens():
     lengths = [100, 95, 81, 79, 40, 33, 32]
-    batches = plan_batches(lengths, batch_tokens=10_000)
+    batches = plan_forward_batches(lengths, batch_tokens=10_000)
     assert batches == [[0, 1, 2], [3], [4, 5, 6]]  # 79 < 0.8 * 100; 32 >= 0.8 * 40
     for b in batches:
         longest = max(lengths[i] for i in b)
@@ -285,7 +289,7 @@ def test_storage_names_parse_and_a_group_not_dividing_h_stops_before_any_model_l
         with pytest.raises(ValueError, match="hidden.storage"):
             parse_storage(bad)
     loaded = []
-    monkeypatch.setattr("specbuild.hidden.extract.open_backend", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("specbuild.engines.model.ModelSpec.load", lambda *a, **k: loaded.append(1))
     with pytest.raises(ValueError, match=r"hidden.storage fp8-g100: .* hidden size 576"):
         _extract(tokenized, target_dir, tmp_path / "00000.safetensors", storage="fp8-g100")
     assert not loaded and not list(tmp_path.iterdir())
@@ -363,7 +367,7 @@ def test_a_backend_producing_nan_fails_the_job_and_publishes_nothing(
             aux = torch.full((n, 3 * 576), float("nan"))
             return Features(aux, torch.zeros(n, 576), tuple(map(len, batch)))
 
-    monkeypatch.setattr("specbuild.hidden.extract.open_backend", lambda *a, **k: NaNBackend())
+    monkeypatch.setattr("specbuild.engines.model.ModelSpec.load", lambda *a, **k: NaNBackend())
     out = tmp_path / "00000.safetensors"
     with pytest.raises(ShardError, match=r"(?s)00000\.safetensors.*aux: \d+ NaN/Inf"):
         _extract(tokenized, target_dir, out)
@@ -396,7 +400,7 @@ def test_a_disk_too_small_stops_extraction_before_any_model_loads(
         lambda _: SimpleNamespace(total=10**4, used=9000, free=1000),
     )
     loaded = []
-    monkeypatch.setattr("specbuild.hidden.extract.open_backend", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("specbuild.engines.model.ModelSpec.load", lambda *a, **k: loaded.append(1))
     out = tmp_path / "00000.safetensors"
     with pytest.raises(
         OSError,

@@ -107,8 +107,8 @@ def one_circle(graph: dict[str, dict[str, int]], component: list[str]) -> str:
 
 def test_the_graph_sees_the_imports_inside_functions():
     graph = import_graph()
-    assert "specbuild.backends.server" in graph["specbuild.backends.shared_server"]
-    assert "specbuild.backends.server" in graph["specbuild.target"]  # inside a function
+    assert "specbuild.engines.server" in graph["specbuild.engines.kept_server"]
+    assert "specbuild.engines.open" in graph["specbuild.align"]  # inside a function
     circle = {"a": {"b": 3}, "b": {"c": 5}, "c": {"a": 7}, "d": {"a": 1}}
     assert strongly_connected(circle) == [["a", "b", "c"]]
     assert one_circle(circle, ["a", "b", "c"]) == "a:3 -> b:5 -> c:7 -> a"

@@ -60,7 +60,7 @@ def _ended_run() -> tuple[int, int]:
         (["/w/.venv/bin/python3", "/w/.snakemake/scripts/tmpa1b2.train.py"], True),
         (["vim", "Snakefile"], False),
         (["/bin/sh", "-c", "if true; then .venv/bin/snakemake --unlock; fi"], False),
-        (["python", "-m", "specbuild.keepers", "serve"], False),
+        (["python", "-m", "specbuild.engines.keepers", "serve"], False),
     ],
 )
 def test_snakemake_processes_and_their_jobs_are_recognised(argv, expected):

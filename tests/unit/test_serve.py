@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from specbuild.backends.server import ServerOptions
+from specbuild.engines.server import ServerOptions
 from specbuild.io import write_jsonl
 from specbuild.serve import (
     DEFAULT_CHAIN,

@@ -10,7 +10,7 @@ import logging
 import pytest
 from bench_cases import LAUNCHER, MT_BENCH
 
-from specbuild.backends.server import ServerOptions
+from specbuild.engines.server import ServerOptions
 from specbuild.io import read_json
 from specbuild.tuning import (
     TUNING_KEYS,
@@ -81,7 +81,7 @@ def test_a_points_plan_lists_unknown_flags_first_then_bad_env_values():
 
 @pytest.fixture(scope="module")
 def stub_help() -> str:
-    from specbuild.backends.server import launcher_help
+    from specbuild.engines.server import launcher_help
 
     return launcher_help(LAUNCHER)
 

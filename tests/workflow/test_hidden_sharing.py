@@ -11,7 +11,7 @@ import shutil
 import pytest
 from workflow_helpers import DATASET, make_workdir, snakemake, tiny_config, write_config
 
-from specbuild.keepers import keeper_running
+from specbuild.engines.keepers import keeper_running
 from specbuild.workflow.scheduling import HIDDEN_CLIENT_MB, HIDDEN_ENGINE_MB
 
 pytestmark = pytest.mark.workflow

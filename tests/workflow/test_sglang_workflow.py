@@ -105,7 +105,7 @@ def test_openai_endpoint_key_never_reaches_params_metadata_or_logs(
 ):
     from workflow_helpers import REPO, make_workdir, snakemake, tiny_config, write_config
 
-    from specbuild.backends.server import ServerSpec, SGLangServer
+    from specbuild.engines.server import ServerSpec, SGLangServer
 
     secret = "sk-never-in-metadata-0123456789"
     monkeypatch.setenv("SPECBUILD_WF_KEY", secret)

@@ -1,4 +1,6 @@
-"""Generation backends behind one interface; a stage picks one by name at construction only."""
+"""Generation backends behind one interface; a stage picks one by name at construction only.
+Backends generate; the servers and models they generate with are loaded and kept by
+specbuild.engines."""
 
 from __future__ import annotations
 
@@ -8,10 +10,9 @@ from specbuild.backends.base import (
     GenerationRequest,
     SamplingParams,
 )
-from specbuild.registry import lazy_class
+from specbuild.engines.registry import lazy_class
 
 __all__ = [
-    "BACKENDS",
     "Generation",
     "GenerationBackend",
     "GenerationRequest",
@@ -19,14 +20,7 @@ __all__ = [
     "make_backend",
 ]
 
-# name -> "module:Class" (specbuild.registry)
-BACKENDS = {
-    "hf": "specbuild.backends.hf:HFBackend",
-    "sglang": "specbuild.backends.sglang:SGLangBackend",
-    "openai": "specbuild.backends.openai:OpenAIBackend",
-}
-
 
 def make_backend(name: str, **kwargs) -> GenerationBackend:
-    """Construct the backend `name` with its own keyword arguments."""
-    return lazy_class(BACKENDS, name, key="backend")(**kwargs)
+    """Construct the backend `name` (engines.registry) with its own keyword arguments."""
+    return lazy_class("generate.backend", name)(**kwargs)

@@ -1,6 +1,5 @@
 """Generation through any OpenAI-compatible endpoint (`/v1/chat/completions` for chat
-messages, `/v1/completions` for a raw prompt), plus the small
-HTTP helpers (JSON POST, server-sent events) every SGLang client in specbuild shares.
+messages, `/v1/completions` for a raw prompt), over the HTTP helpers of specbuild.engines.http.
 
 Contract: one `Generation` per request in order, keeping `finish_reason`, the reasoning text
 (`reasoning_content`, as SGLang's reasoning parser and most servers name it) and the usage
@@ -14,41 +13,24 @@ finish_reason "error" and the message in `extra["error"]`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
+from specbuild.engines.http import HTTPError, get_json, post_json
 
-__all__ = ["OpenAIBackend", "post_json", "get_json", "iter_sse", "HTTPError", "api_key_from_env"]
+__all__ = ["OpenAIBackend", "api_key_from_env"]
 
 log = logging.getLogger("specbuild")
 
-try:  # hidden states come back as JSON float lists: orjson parses them ~5x faster
-    from orjson import loads as _loads
-except ImportError:  # pragma: no cover - orjson ships with SGLang, not with the CPU default
-    _loads = json.loads
-
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 RETRY_BACKOFF_S = (1.0, 4.0, 16.0)  # three retries cover a server restart or a short overload
-
-
-class HTTPError(RuntimeError):
-    def __init__(self, status: int, url: str, body: str) -> None:
-        hint = (
-            " (API key missing or wrong: an endpoint's key comes from the variable named by "
-            "sglang.api_key_env; a server specbuild starts gets its key from the job)"
-            if status == 401
-            else ""
-        )
-        super().__init__(f"HTTP {status} from {url}: {body[:500]}{hint}")
-        self.status = status
 
 
 def api_key_from_env(env_name: str | None) -> str | None:
@@ -62,47 +44,6 @@ def api_key_from_env(env_name: str | None) -> str | None:
             f"empty; export it before running snakemake (the key itself never goes into config)"
         )
     return key
-
-
-def _request(url: str, payload: Any | None, api_key: str | None) -> urllib.request.Request:
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    data = None if payload is None else json.dumps(payload).encode()
-    return urllib.request.Request(url, data=data, headers=headers)
-
-
-def _open(req: urllib.request.Request, timeout: float):
-    try:
-        return urllib.request.urlopen(req, timeout=timeout)
-    except urllib.error.HTTPError as err:
-        body = err.read().decode("utf-8", "replace")
-        raise HTTPError(err.code, req.full_url, body) from None
-
-
-def post_json(url: str, payload: Any, *, api_key: str | None = None, timeout: float = 600.0) -> Any:
-    with _open(_request(url, payload, api_key), timeout) as r:
-        return _loads(r.read())
-
-
-def get_json(url: str, *, api_key: str | None = None, timeout: float = 30.0) -> Any:
-    with _open(_request(url, None, api_key), timeout) as r:
-        return json.loads(r.read())
-
-
-def iter_sse(
-    url: str, payload: Any, *, api_key: str | None = None, timeout: float = 600.0
-) -> Iterator[tuple[float, dict]]:
-    """POST with streaming; yield (monotonic arrival time, event JSON) per `data:` event."""
-    with _open(_request(url, payload, api_key), timeout) as r:
-        for raw in r:
-            line = raw.decode("utf-8", "replace").strip()
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                return
-            yield time.monotonic(), json.loads(data)
 
 
 def with_retries(fn, *, what: str):

@@ -1,7 +1,7 @@
 """Generation with an SGLang server that specbuild starts itself: one for the job, or one
-shared by every job that starts the same (`share_idle_s`, backends.shared_server).
+kept for every job that starts the same (`share_idle_s`, engines.kept_server).
 
-The backend is a launched server (`backends.server`) plus the OpenAI-compatible client
+The backend is a server from engines.open.open_engine plus the OpenAI-compatible client
 (`backends.openai`): nothing else differs from talking to an existing endpoint, so nothing
 else is written twice. The server serves the materialized target folder, so the text is
 produced by exactly the weights, tokenizer and chat template the fingerprint names.
@@ -15,11 +15,10 @@ from typing import Any
 
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
 from specbuild.backends.openai import OpenAIBackend
-from specbuild.backends.server import (
-    ServerOptions,
-    ServerStartError,
-)
-from specbuild.backends.shared_server import Endpoint, failure, job_server
+from specbuild.engines.kept_server import Endpoint, failure
+from specbuild.engines.open import open_engine
+from specbuild.engines.runtime import Runtime
+from specbuild.engines.server import ServerOptions, ServerStartError
 
 __all__ = ["SGLangBackend"]
 
@@ -44,9 +43,9 @@ class SGLangBackend:
         self.spec = options.spec(target_dir)
         self._stack = ExitStack()
         try:
-            # share_idle_s > 0: one server for every job that starts the same one (job_server)
+            # share_idle_s > 0: one server for every job that starts the same one
             self.server = self._stack.enter_context(
-                job_server(self.spec, name="sglang-generate", idle_s=share_idle_s)
+                open_engine(self.spec, Runtime(idle_s=share_idle_s), name="sglang-generate")
             )
             self.client = OpenAIBackend(
                 base_url=self.server.base_url,
@@ -75,7 +74,7 @@ class SGLangBackend:
 
     @property
     def shared(self) -> bool:
-        """Whether this job uses a kept server (job_server chose it) rather than its own."""
+        """Whether this job uses a kept server (open_engine chose it) rather than its own."""
         return isinstance(self.server, Endpoint)
 
     def close(self) -> None:

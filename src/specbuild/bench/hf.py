@@ -37,7 +37,7 @@ log = logging.getLogger("specbuild")
 __all__ = [
     "HFBaseline",
     "HFSpecDecoder",
-    "open_engine",
+    "open_hf",
     "load_drafter",
     "eos_token_ids",
     "crop_cache",
@@ -289,7 +289,7 @@ class HFSpecDecoder:
 
 
 @contextmanager
-def open_engine(
+def open_hf(
     *,
     target_dir: str | os.PathLike,
     chain: str,

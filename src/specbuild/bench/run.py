@@ -24,15 +24,14 @@ import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from importlib import import_module
 from typing import Any
 
 from specbuild.bench.rows import bench_engine, check_rows
 from specbuild.bench.sets import BenchPrompt, read_bench_set
+from specbuild.engines.registry import lazy_class
 from specbuild.io import write_jsonl
 
 __all__ = [
-    "ENGINES",
     "BenchPart",
     "BenchPlan",
     "BenchSettings",
@@ -43,20 +42,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("specbuild")
-
-# engine -> "module:opener"; imported lazily so a CPU job never imports server code or torch
-ENGINES = {
-    "hf": "specbuild.bench.hf:open_engine",
-    "sglang": "specbuild.bench.served:open_sglang",
-    "openai": "specbuild.bench.served:open_openai",
-}
-
-
-def _opener(engine: str):
-    if engine not in ENGINES:
-        raise ValueError(f"unknown bench engine {engine!r}; choose one of {sorted(ENGINES)}")
-    module, name = ENGINES[engine].split(":")
-    return getattr(import_module(module), name)
 
 
 def _limit(*limits: int | None) -> int | None:
@@ -107,7 +92,7 @@ class BenchPart:
     def __call__(
         self, prompt_sets: Mapping[str, Sequence[BenchPrompt]], bench_args: Mapping[str, Any]
     ) -> list[dict]:
-        with _opener(self.engine)(**self.engine_args) as eng:
+        with lazy_class("bench.engines", self.engine)(**self.engine_args) as eng:
             sets = list(prompt_sets)
             log.info("bench %s / %s on %s: sets %s", self.engine, eng.chain, eng.device, sets)
             return bench_engine(eng, prompt_sets, tokenizer=self.tokenizer, **bench_args)

@@ -31,11 +31,14 @@ from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
-from specbuild.backends.openai import api_key_from_env, get_json, iter_sse
-from specbuild.backends.server import ServerOptions, SGLangServer
-from specbuild.backends.shared_server import Endpoint, job_server
+from specbuild.backends.openai import api_key_from_env
 from specbuild.bench.rows import Completion, device_label
 from specbuild.chain import BASELINE, NO_DRAFTER, Chain
+from specbuild.engines.http import get_json, iter_sse
+from specbuild.engines.kept_server import Endpoint
+from specbuild.engines.open import open_engine
+from specbuild.engines.runtime import Runtime
+from specbuild.engines.server import ServerOptions, SGLangServer
 
 __all__ = [
     "ServedEngine",
@@ -180,8 +183,8 @@ def open_sglang(
             drafter_dir, draft_attention_backend=server.draft_attention_backend
         )
     spec = server.spec(target_dir, extra_args=extra)
-    idle_s = float(options.get("share_idle_s", 0.0))
-    with job_server(spec, name=f"sglang-{chain}", idle_s=idle_s, exclusive=True) as srv:
+    runtime = Runtime(idle_s=float(options.get("share_idle_s", 0.0)))
+    with open_engine(spec, runtime, name=f"sglang-{chain}", exclusive=True) as srv:
         yield sglang_engine(
             srv, chain=chain, drafter=drafter_name, timeout=server.request_timeout_s
         )

@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from specbuild.backends.server import release_idle_servers
 from specbuild.devices import wants_cuda
 from specbuild.drafter.config import TrainConfig
+from specbuild.engines.keepers import release_idle
 
 __all__ = ["Ranks", "data_parallel", "launch_torchrun", "needs_launch", "setup_ranks"]
 
@@ -70,7 +70,7 @@ def setup_ranks(cfg: TrainConfig) -> Ranks:
     rank = dist.get_rank() if world > 1 else 0
     if cuda:
         if rank == 0:  # a shared generation server left idle on these GPUs: the memory is ours
-            release_idle_servers()
+            release_idle()
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         return Ranks(rank, world, torch.device("cuda", local))

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from specbuild.devices import resolve_device
 from specbuild.eagle_layers import architecture_of, eagle_layer_ids
-from specbuild.hidden.extract import Features
+from specbuild.engines.model import Features
 from specbuild.io import read_json
 from specbuild.target import load_target_model
 

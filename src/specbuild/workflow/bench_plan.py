@@ -122,7 +122,7 @@ def bench_sets(config: Mapping) -> dict[str, dict]:
 
 def bench_options(config: Mapping, server: dict, engine: str) -> dict:
     """The engine's own settings (its opener's `options` in specbuild.bench); `server` is the
-    SGLang server options param (specbuild.workflow.engines)."""
+    SGLang server options param (specbuild.workflow.engine_settings)."""
     b = config["bench"]
     if engine == "hf":
         return {k: b["hf"][k] for k in ("dtype", "device", "threads", "workers")}

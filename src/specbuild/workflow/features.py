@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from specbuild.config import sglang_server_args, train_datasets
-from specbuild.engine_memory import without_memory
-from specbuild.workflow.engines import sglang_env
+from specbuild.engines.runtime import without_memory
+from specbuild.workflow.engine_settings import sglang_env
 from specbuild.workflow.paths import HIDDEN_SHARD
 from specbuild.workflow.shards import ShardIndex
 from specbuild.workflow.training import vocab_datasets
@@ -17,7 +17,7 @@ __all__ = [
     "aux_layer_ids",
     "backend_options",
     "engine_memory",
-    "engine_sharing",
+    "feature_sharing",
 ]
 
 
@@ -53,7 +53,7 @@ def engine_memory(config: Mapping, stage: str) -> str:
     return str(config["sglang"]["hidden"]["mem_fraction_static"])
 
 
-def engine_sharing(config: Mapping) -> str:
+def feature_sharing(config: Mapping) -> str:
     """hidden.share_idle_s as a resource of a hidden job: whether jobs share one engine
     changes no output, so a change must not rerun finished shards."""
     return str(config["hidden"]["share_idle_s"])

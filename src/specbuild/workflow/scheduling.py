@@ -6,8 +6,9 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from specbuild.gpus import train_slots
-from specbuild.keepers import sharing_allowed
+from specbuild.engines.gpus import train_slots
+from specbuild.engines.keepers import sharing_allowed
+from specbuild.engines.server import tp_size
 
 __all__ = [
     "PRIORITY",
@@ -63,8 +64,7 @@ def engine_env(engine: str) -> str:
 
 def sglang_gpus(config: Mapping) -> int:
     """GPUs one SGLang server takes: its tensor-parallel size (`tp_size` or `tp`)."""
-    args = config["sglang"]["server_args"]
-    return int(args.get("tp_size") or args.get("tp") or 1)
+    return tp_size(config["sglang"]["server_args"])
 
 
 def generate_gpus(config: Mapping) -> int:

@@ -1,4 +1,4 @@
-"""The keepers of shared engines (specbuild.keepers), with a keeper that holds no engine:
+"""The keepers of shared engines (specbuild.engines.keepers), with a keeper that holds no engine:
 jobs share one while they hold leases, it stops once idle, when released or at the run's end,
 a dead job's lease does not keep it, and no exited keeper lingers as a zombie."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.keepers import (
+from specbuild.engines.keepers import (
     REGISTRY_ENV,
     keeper_key,
     keeper_running,
@@ -23,7 +23,7 @@ from specbuild.keepers import (
     stop_all,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MODULE = "tests.stubs.idle_keeper"
 
 
@@ -86,7 +86,7 @@ def test_a_dead_jobs_lease_does_not_keep_the_keeper(registry):
         [
             sys.executable,
             "-c",
-            "import sys, time\nfrom specbuild.keepers import lease\n"
+            "import sys, time\nfrom specbuild.engines.keepers import lease\n"
             f"with lease({key!r}, spec={{}}, module={MODULE!r}, idle_s=1.0, name='job'):\n"
             "    print('held', flush=True); time.sleep(600)\n",
         ],

@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from specbuild import gpus
+from specbuild.engines import gpus
 
 HOLDER = """
 import sys, time
-from specbuild.gpus import pin_gpus
+from specbuild.engines.gpus import pin_gpus
 print(",".join(pin_gpus(int(sys.argv[1]), slots_each=int(sys.argv[2]))), flush=True)
 time.sleep(600)
 """
@@ -154,7 +154,7 @@ def test_a_slurm_job_keeps_its_allocation(host, holder, monkeypatch):
 
 STARTER = """
 import sys, time
-from specbuild.gpus import startup_lock
+from specbuild.engines.gpus import startup_lock
 with startup_lock("test runner"):
     print("started", flush=True)
     time.sleep(600)

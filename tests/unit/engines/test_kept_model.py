@@ -1,4 +1,4 @@
-"""One feature engine for the hidden jobs of a run (specbuild.hidden.shared), with the real hf
+"""One feature engine for the hidden jobs of a run (specbuild.engines.kept_model), with the real hf
 backend on the real SmolLM2 target: the shard it writes is byte for byte the job's own, two
 shards cost one load, and a keeper that dies or a request that cannot be read fails the job
 with the cause and leaves no output."""
@@ -14,9 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from specbuild.hidden.extract import EngineSpec
-from specbuild.hidden.shared import SharedEngineError, extract_shared
-from specbuild.keepers import keeper_running, process_running
+from specbuild.engines.keepers import keeper_running, process_running
+from specbuild.engines.kept_model import KeptModelError
+from specbuild.engines.model import ModelSpec
+from specbuild.engines.open import open_engine
+from specbuild.engines.runtime import Runtime
+from specbuild.hidden.core import ExtractRequest, ShardFiles
+from specbuild.hidden.extract import extract_kept
 from specbuild.target import read_target_info
 from tests.unit.test_hidden import _extract, _write_tokenized, rows, tokenized  # noqa: F401
 
@@ -78,33 +82,27 @@ def test_two_shards_through_one_keeper_load_the_model_once_and_it_stops_when_idl
     assert not keeper_running(folder)  # idle for 2 s: stopped
 
 
-def _spec(target_dir: Path) -> EngineSpec:
-    return EngineSpec(
+def _spec(target_dir: Path, fingerprint: str | None = None) -> ModelSpec:
+    fp = fingerprint or read_target_info(target_dir / "fingerprint.json").fingerprint
+    return ModelSpec(
         backend="hf",
         folder=str(target_dir.resolve()),
         layer_ids=[1, 14, 26],
         dtype="float32",
         device="cpu",
         options={},
+        target_fingerprint=fp,
     )
 
 
-def _shared(tokens: Path, target_dir: Path, out: Path, **kw):
-    fp = target_dir / "fingerprint.json"
-    return extract_shared(
-        _spec(target_dir),
-        tokens=tokens,
-        meta=tokens.with_name("00000.meta.json"),
-        fingerprint=fp,
-        out=out,
-        layer_ids=[],
-        storage="bf16",
-        batch_tokens=64,
-        threads=1,
-        idle_s=30.0,
-        target_fingerprint=read_target_info(fp).fingerprint,
-        **kw,
+def _shared(tokens: Path, target_dir: Path, out: Path):
+    """A shard run by the kept engine as it comes, without the job's own reading first."""
+    files = ShardFiles(
+        tokens, tokens.with_name("00000.meta.json"), target_dir / "fingerprint.json", out
     )
+    request = ExtractRequest(files, [1, 14, 26], storage="bf16", batch_tokens=64, threads=1)
+    with open_engine(_spec(target_dir), Runtime(idle_s=30.0), name="hidden") as engine:
+        return extract_kept(engine, request)
 
 
 def test_a_keeper_killed_mid_request_fails_the_job_with_its_log_and_leaves_no_output(
@@ -129,7 +127,7 @@ def test_a_keeper_killed_mid_request_fails_the_job_with_its_log_and_leaves_no_ou
 
     killer = threading.Thread(target=kill_once_requested)
     killer.start()
-    with pytest.raises(SharedEngineError, match="stopped before the shard was done") as err:
+    with pytest.raises(KeptModelError, match="stopped before the shard was done") as err:
         _shared(tokenized, target_dir, out)
     killer.join()
     assert "keeper.log" in str(err.value) and LOADED in str(err.value)  # its last lines
@@ -149,7 +147,7 @@ def test_a_request_with_an_unreadable_input_fails_naming_the_file(
         tokenized.with_name("00000.meta.json").read_bytes()
     )
     out = tmp_path / "00000.safetensors"
-    with pytest.raises(SharedEngineError, match="failed the shard") as err:
+    with pytest.raises(KeptModelError, match="failed the shard") as err:
         _shared(broken, target_dir, out)
     assert str(broken) in str(err.value)
     assert not out.exists()
@@ -171,17 +169,16 @@ def test_inside_a_slurm_job_the_job_opens_its_own_engine(
 
 
 def test_the_engine_key_names_the_model_and_not_the_shard(target_dir, monkeypatch):
-    from specbuild.hidden.shared import engine_key
-
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    spec = _spec(target_dir)
-    same = engine_key(spec, "fp")
-    assert same == engine_key(_spec(target_dir), "fp")
-    assert same != engine_key(spec, "another target")
+    spec, runtime = _spec(target_dir, "fp"), Runtime()
+    same = spec.key(runtime)
+    assert same == _spec(target_dir, "fp").key(Runtime(idle_s=5.0))
+    assert same != _spec(target_dir, "another target").key(runtime)
     for change in ({"dtype": "bfloat16"}, {"layer_ids": [2, 14, 26]}, {"device": "cuda"}):
-        assert same != engine_key(EngineSpec(**{**spec.__dict__, **change}), "fp")
+        assert same != ModelSpec(**{**spec.__dict__, **change}).key(runtime)
+    assert same != spec.key(Runtime(mem_fraction_static=0.5))  # another KV pool
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    assert same != engine_key(spec, "fp")
+    assert same != spec.key(runtime)
     assert process_running(os.getpid())
 
 

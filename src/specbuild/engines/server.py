@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specbuild import keepers
-from specbuild.gpus import startup_lock
+from specbuild.engines import keepers
+from specbuild.engines.gpus import startup_lock
 
 __all__ = [
     "ServerOptions",
@@ -52,8 +52,7 @@ __all__ = [
     "ServerStartError",
     "build_server_args",
     "model_path_arg",
-    "release_idle_servers",
-    "server_key",
+    "tp_size",
     "is_secret_name",
     "mask_env",
     "new_api_key",
@@ -87,6 +86,16 @@ PORT_TAKEN = "Address already in use"
 # SGLang 0.5.17 logs this once a model runner's KV pool is sized and allocated (target, then
 # draft model): after it, another start on the GPU no longer changes this server's pool.
 POOL_SIZED = "Memory pool end."
+
+
+# the keepers' kind of a kept server (engines.kept_server)
+KEEPER_KIND = "server"
+
+
+def tp_size(server_args: Mapping[str, Any]) -> int:
+    """GPUs one server or model runner of `server_args` takes: its tensor-parallel size, from
+    `tp_size` or the CLI alias `tp` that sglang.server_args also accepts; 1 when neither."""
+    return int(server_args.get("tp_size") or server_args.get("tp") or 1)
 
 
 class ServerStartError(RuntimeError):
@@ -236,11 +245,23 @@ class ServerSpec:
     # `--api-key` of the server (new_api_key()); its clients send it. None: an open server.
     api_key: str | None = field(default=None, repr=False)
 
+    def key(self) -> str:
+        """What makes two jobs' servers the same one (the API key and port do not): the keeper
+        folder a kept server of this spec lives in (engines.kept_server)."""
+        ident = {
+            "model_path": model_path_arg(self.model_path),
+            "launcher": list(self.launcher),
+            "server_args": list(self.server_args),
+            "env": dict(sorted(self.env.items())),
+            "host": self.host,
+        }
+        return keepers.keeper_key(KEEPER_KIND, ident)
+
 
 @dataclass(frozen=True)
 class ServerOptions:
     """How every server specbuild starts is launched (config `sglang.*`): built once from
-    config (`specbuild.workflow.engines.sglang_server_options`), passed whole to each job,
+    config (`specbuild.workflow.engine_settings.sglang_server_options`), passed whole to each job,
     and turned into one server's `ServerSpec` here only."""
 
     launcher: tuple[str, ...] = DEFAULT_LAUNCHER
@@ -356,7 +377,8 @@ class SGLangServer:
         env_note = " ".join(f"{k}={v}" for k, v in sorted(mask_env(self.spec.env).items()))
         note = self.mask(f"{env_note} {' '.join(cmd)}".strip())
         t0 = time.monotonic()
-        release_idle_servers(keep_spec=self.spec)  # an idle shared server's memory is ours now
+        # an idle kept engine's memory on these GPUs is ours now, but not this spec's own
+        keepers.release_idle(keep=self.spec.key())
         # One start at a time per GPU until the KV pools are sized: SGLang sizes them from the
         # memory free before and after loading the weights, and another start in between takes
         # its own share out of this one's count ("Loaded weights leave no GPU memory for the KV
@@ -492,29 +514,6 @@ def model_path_arg(model_path: str) -> str:
     """`--model-path` of a server: a local folder as an absolute path, never mistaken for a hub
     id; anything else (a hub id) as given."""
     return str(Path(model_path).resolve()) if Path(model_path).exists() else model_path
-
-
-# the keepers' kind of a shared server (backends.shared_server)
-KEEPER_KIND = "server"
-
-
-def server_key(spec: ServerSpec) -> str:
-    """What makes two jobs' servers the same one (the API key and port do not): the keeper
-    folder a shared server of `spec` lives in."""
-    ident = {
-        "model_path": model_path_arg(spec.model_path),
-        "launcher": list(spec.launcher),
-        "server_args": list(spec.server_args),
-        "env": dict(sorted(spec.env.items())),
-        "host": spec.host,
-    }
-    return keepers.keeper_key(KEEPER_KIND, ident)
-
-
-def release_idle_servers(*, keep_spec: ServerSpec | None = None) -> None:
-    """Stop the idle shared servers on this process's GPUs (backends.shared_server), but the
-    one `keep_spec` would share: an engine or a training is about to need that memory."""
-    keepers.release_idle(keep=server_key(keep_spec) if keep_spec is not None else None)
 
 
 def _get(url: str, api_key: str | None) -> urllib.request.Request:

@@ -1,4 +1,4 @@
-"""One SGLang server shared by the generation jobs of a run (specbuild.backends.shared_server),
+"""One SGLang server shared by the generation jobs of a run (specbuild.engines.kept_server),
 with the loopback stub as the server: one start for several jobs, its stop when idle, when
 another engine needs the GPU and at the run's end, and a clear error when it dies mid-job."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from specbuild.backends import GenerationRequest, SamplingParams, make_backend
-from specbuild.backends.server import ServerStartError
-from specbuild.backends.shared_server import release_idle, stop_all
+from specbuild.engines.keepers import release_idle, stop_all
+from specbuild.engines.server import ServerStartError
 
-STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
+STUB = Path(__file__).resolve().parents[2] / "stubs" / "sglang_stub.py"
 ASK = [GenerationRequest(id="q", messages=[{"role": "user", "content": "Name a colour."}])]
 GREEDY = SamplingParams(max_new_tokens=4, temperature=0.0)
 
@@ -120,25 +120,25 @@ def test_inside_a_slurm_job_each_job_starts_its_own_server(registry, target_dir,
 
 
 def test_the_key_ignores_the_api_key_but_not_the_flags_or_the_gpus(monkeypatch, target_dir):
-    from specbuild.backends.server import ServerOptions, server_key
+    from specbuild.engines.server import ServerOptions
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     options = ServerOptions(launcher=(sys.executable, str(STUB)))
     a, b = options.spec(target_dir), options.spec(target_dir)
-    assert a.api_key != b.api_key and server_key(a) == server_key(b)
-    assert server_key(a) != server_key(options.spec(target_dir, extra_args={"tp_size": 2}))
-    on_gpu0 = server_key(a)
+    assert a.api_key != b.api_key and a.key() == b.key()
+    assert a.key() != options.spec(target_dir, extra_args={"tp_size": 2}).key()
+    on_gpu0 = a.key()
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # a job pinned to another GPU
-    assert server_key(a) != on_gpu0
+    assert a.key() != on_gpu0
 
 
 def test_the_baseline_bench_measures_on_generations_server_and_alone(registry, target_dir):
     import threading
 
-    from specbuild.backends.server import ServerOptions
-    from specbuild.backends.shared_server import shared_server
     from specbuild.bench.served import open_sglang
     from specbuild.chain import BASELINE
+    from specbuild.engines.kept_server import kept_server
+    from specbuild.engines.server import ServerOptions
 
     gen = _backend(target_dir)
     try:
@@ -152,7 +152,7 @@ def test_the_baseline_bench_measures_on_generations_server_and_alone(registry, t
     used = threading.Event()
 
     def generation_job() -> None:
-        with shared_server(spec, name="sglang-generate", idle_s=30.0):
+        with kept_server(spec, name="sglang-generate", idle_s=30.0):
             used.set()
 
     with open_sglang(

@@ -1,12 +1,12 @@
 import inspect
 from dataclasses import fields
 
-from specbuild.backends.server import ServerOptions
 from specbuild.backends.sglang import SGLangBackend
-from specbuild.workflow.engines import (
-    engine_sharing,
+from specbuild.engines.server import ServerOptions
+from specbuild.workflow.engine_settings import (
     generate_backend_args,
     server_options_params,
+    server_sharing,
     sglang_server_options,
 )
 
@@ -59,7 +59,7 @@ def test_hf_generation_takes_the_target_folder_and_its_own_settings(default_conf
 def test_only_jobs_that_start_sglang_servers_get_the_sharing_resource(default_config):
     default_config["sglang"]["share_idle_s"] = 45
     default_config["generate"]["backend"] = "hf"
-    assert engine_sharing(default_config) == ""  # hf generation starts no server
-    assert engine_sharing(default_config, "sglang") == "45"  # a sglang bench job or point
-    assert engine_sharing(default_config, "openai") == ""  # someone else's endpoint
-    assert engine_sharing(_sglang(default_config)) == "45"
+    assert server_sharing(default_config) == ""  # hf generation starts no server
+    assert server_sharing(default_config, "sglang") == "45"  # a sglang bench job or point
+    assert server_sharing(default_config, "openai") == ""  # someone else's endpoint
+    assert server_sharing(_sglang(default_config)) == "45"

@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from specbuild.backends.server import ServerOptions
 from specbuild.config import sglang_server_args
+from specbuild.engines.server import ServerOptions
 from specbuild.workflow.paths import target_dir
 
 __all__ = [
-    "engine_sharing",
+    "server_sharing",
     "generate_backend_args",
     "sglang_env",
     "server_options_params",
@@ -81,7 +81,7 @@ def generate_backend_args(config: Mapping) -> dict:
     }
 
 
-def engine_sharing(config: Mapping, engine: str | None = None) -> str:
+def server_sharing(config: Mapping, engine: str | None = None) -> str:
     """sglang.share_idle_s as a resource of a job starting SGLang servers ("" for any other
     engine): a generate/synthesize job (its engine: generate.backend), a bench job (its
     `engine` wildcard) or a tuning point (`engine` "sglang"). Whether jobs share a server

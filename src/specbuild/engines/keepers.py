@@ -4,8 +4,8 @@ Why: at Kimi-K2.5's size loading an engine is the unit of cost (~10 minutes to l
 weights), and an engine per shard pays it per shard. Here the first job that needs an engine
 starts a keeper process that loads it; each job that asks for the same engine while it runs
 takes a lease and uses it. Every shard stays its own job, file and rerun decision. Two kinds
-build on this module: `server` (an SGLang server for generation, backends.shared_server) and
-`features` (a feature backend for the hidden stage, hidden.shared).
+build on this module: `server` (an SGLang server for generation, engines.kept_server) and
+`features` (a feature engine for the hidden stage, engines.kept_model).
 
 A keeper stops its engine when no lease has been held for `idle_s`, when another engine is
 about to start on its GPUs or a training claims them (`release_idle`: the memory is theirs

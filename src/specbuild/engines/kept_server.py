@@ -1,16 +1,17 @@
-"""One SGLang server for every job of a run that starts the same one (`sglang.share_idle_s`).
+"""One SGLang server for every job of a run that starts the same one (`sglang.share_idle_s`):
+the keeper kind `server` (engines.keepers); a job gets it through engines.open.open_engine.
 
 Why: at Kimi-K2.5's size a server start is the unit of cost (~10 minutes to load its
 weights and capture CUDA graphs), and a server per `generate`/`synthesize` shard pays it per
 shard. The registry, leases, idle stop, `release_idle` and `stop_all` are the keepers' own
-(specbuild.keepers, kind `server`); this module is what a server adds: its spec, its health
+(specbuild.engines.keepers, kind `server`); this module is what a server adds: its spec, its health
 wait, its endpoint, and the check that it still runs. A server that dies fails the jobs in
 flight with its last output; a finished shard is never touched. The bench and tuning jobs
 that start the same server (the baseline's flags are generation's; a tuning point without
 flags of its own is its chain's bench server) lease it too, alone while they measure
-(`job_server(exclusive=True)`): no other job's requests are in their figures.
+(`open_engine(..., exclusive=True)`): no other job's requests are in their figures.
 
-    <registry>/server-<hash>/  (specbuild.keepers' layout) plus
+    <registry>/server-<hash>/  (specbuild.engines.keepers' layout) plus
                                endpoint.json  {"base_url": ..., "start_s": ...}, once healthy
                                spec.json      the server's ServerSpec, its API key included
                                use.lock       held shared by generation, alone by a measurement
@@ -30,25 +31,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from specbuild import keepers
-from specbuild.backends.openai import get_json
-from specbuild.backends.server import ServerSpec, ServerStartError, SGLangServer, server_key
+from specbuild.engines import keepers
+from specbuild.engines.http import get_json
+from specbuild.engines.server import ServerSpec, ServerStartError, SGLangServer
 from specbuild.io import write_json
 
-__all__ = [
-    "Endpoint",
-    "failure",
-    "job_server",
-    "release_idle",
-    "shared_server",
-    "stop_all",
-]
+__all__ = ["Endpoint", "failure", "keep", "kept_server"]
 
 log = logging.getLogger("specbuild")
-
-# the keepers' own, under the names generation has always used
-release_idle = keepers.release_idle
-stop_all = keepers.stop_all
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,16 +71,16 @@ def _wait_endpoint(folder: Path, name: str, timeout_s: float) -> dict[str, Any]:
 
 
 @contextmanager
-def shared_server(
+def kept_server(
     spec: ServerSpec, *, name: str, idle_s: float, exclusive: bool = False
 ) -> Iterator[Endpoint]:
     """The running server of `spec`, started by a keeper if none is; a lease on it is held
     until the block ends. `exclusive`: no other job sends it requests meanwhile (it waits
     for those that do, and they for it)."""
     with keepers.lease(
-        server_key(spec),
+        spec.key(),
         spec=dataclasses.asdict(spec),
-        module="specbuild.backends.shared_server",
+        module="specbuild.engines.kept_server",
         idle_s=idle_s,
         name=name,
         stale=("endpoint.json",),
@@ -112,20 +102,6 @@ def shared_server(
             )
         finally:
             os.close(fd)  # the lock goes with it
-
-
-@contextmanager
-def job_server(
-    spec: ServerSpec, *, name: str, idle_s: float, exclusive: bool = False
-) -> Iterator[Endpoint | SGLangServer]:
-    """The server of `spec` for one job: the shared one (`idle_s` > 0, outside SLURM jobs,
-    `shared_server`), else the job's own, stopped when the block ends."""
-    if keepers.sharing_allowed(idle_s):
-        with shared_server(spec, name=name, idle_s=idle_s, exclusive=exclusive) as endpoint:
-            yield endpoint
-    else:
-        with SGLangServer(spec, name=name) as server:
-            yield server
 
 
 def keep(folder: Path, idle_s: float) -> int:
@@ -167,7 +143,7 @@ def keep(folder: Path, idle_s: float) -> int:
 def failure(spec: ServerSpec, *, wait_s: float = 4 * keepers.POLL_S + 1) -> str | None:
     """Why the shared server of `spec` stopped serving, if it did: waits `wait_s` for its
     keeper, which notices a dead server within POLL_S."""
-    path = keepers.registry() / server_key(spec) / "failed.txt"
+    path = keepers.registry() / spec.key() / "failed.txt"
     deadline = time.monotonic() + wait_s
     while not path.is_file() and time.monotonic() < deadline:
         time.sleep(keepers.POLL_S / 5)
