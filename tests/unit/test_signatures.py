@@ -10,17 +10,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "specbuild"
 MAX_PARAMS = 8
 
-# The engine room (what loads, keeps, shares and frees a model) is being reshaped as a whole;
-# its signatures are settled there, not here.
-ALLOWED = (
-    "hidden/",
-    "keepers.py",
-    "engine_memory.py",
-    "gpus.py",
-    "backends/server.py",
-    "backends/shared_server.py",
-)
-
 
 def _count(fn: ast.FunctionDef | ast.AsyncFunctionDef, *, method: bool) -> int:
     """Parameters a caller may pass: self/cls of a method and *args left out, **kwargs one."""
@@ -66,8 +55,6 @@ def test_no_public_function_takes_more_than_eight_parameters():
     over = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel.startswith(ALLOWED):
-            continue
         over += [
             f"src/specbuild/{rel}:{line} {name}: {n} parameters"
             for name, line, n in public_signatures(path)
