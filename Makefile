@@ -36,7 +36,7 @@ $(VENV)/.setup-done: pyproject.toml
 	touch $@
 
 # A run killed with kill -9 (or a reboot) leaves its locks behind: the next run removes them
-# once neither that snakemake nor a job it started runs (specbuild/snakemake_locks.py), never
+# once neither that snakemake nor a job it started runs (specbuild/infra/snakemake_locks.py), never
 # a live run's, and the jobs it interrupted rerun (--rerun-incomplete). The report comes from
 # the same invocation (--report-after-run): a second one paid Snakemake's start-up again (~12 s
 # here; BENCHMARKS.md, "Snakemake start-up").

@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import save_file
 
 from benchmarks import PERF
-from specbuild.io import write_json
+from specbuild.infra.io import write_json
 from specbuild.target import SAMPLE_BYTES, SAMPLES_PER_FILE, _sampled_digest, _sha256_file
 
 

@@ -52,10 +52,10 @@ from specbuild.bench.metrics import (
 )
 from specbuild.drafter.teacher import read_target_weights
 from specbuild.drafter.train import TrainConfig, evaluate_drafter
-from specbuild.eagle_layers import AUX_LAYERS
+from specbuild.eagle.layers import AUX_LAYERS
 from specbuild.hidden.fp8 import dequantize_fp8, parse_storage, quantize_fp8, scale_groups
 from specbuild.hidden.shards import read_header, read_shard
-from specbuild.io import read_jsonl, write_json
+from specbuild.infra.io import read_jsonl, write_json
 
 __all__ = ["quantization_error", "make_arm", "run_arms", "compare", "main"]
 

@@ -30,10 +30,10 @@ import torch
 from safetensors.torch import save_file
 
 from specbuild.drafter.config import ATTENTION, LOSS
-from specbuild.eagle_layers import default_layer_ids
+from specbuild.eagle.layers import default_layer_ids
 from specbuild.hidden.fp8 import quantize_fp8
 from specbuild.hidden.shards import write_shard
-from specbuild.io import atomic_path, write_json
+from specbuild.infra.io import atomic_path, write_json
 
 __all__ = ["SyntheticSpec", "PRESETS", "target_config", "make_workspace", "workspace_paths"]
 

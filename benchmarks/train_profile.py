@@ -33,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from specbuild.drafter.flops import device_name
 from specbuild.drafter.observer import Observer, TrainRun
-from specbuild.io import atomic_path, write_json
+from specbuild.infra.io import atomic_path, write_json
 
 __all__ = ["GROUPS", "StepProfiler", "format_report", "group_times"]
 

@@ -27,7 +27,7 @@ from benchmarks.train_profile import StepProfiler
 from specbuild.drafter.observer import Observer, TrainRun
 from specbuild.drafter.throughput import Throughput, Window, format_mfu
 from specbuild.drafter.train import TrainConfig, TrainFiles, train_drafter
-from specbuild.io import write_json
+from specbuild.infra.io import write_json
 
 __all__ = ["SpeedResult", "benchmarks_row", "speed_result", "steady"]
 

@@ -54,7 +54,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks import PERF
-from specbuild.io import write_json
+from specbuild.infra.io import write_json
 
 __all__ = [
     "Shape",

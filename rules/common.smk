@@ -7,11 +7,11 @@ import os
 import sys
 
 from specbuild.engines.keepers import stop_all as stop_keepers
-from specbuild.chain import CHAIN_PATTERN
+from specbuild.eagle.chain import CHAIN_PATTERN
 from specbuild.config import ConfigError, check_config
 from specbuild.config.files import ConfigFileError, check_configfiles
 from specbuild.config import train_datasets, train_variants
-from specbuild.formats import BENCH_ROWS, GENERATED_ROWS, SAMPLE_ROWS, TOKENIZED_ROWS
+from specbuild.infra.formats import BENCH_ROWS, GENERATED_ROWS, SAMPLE_ROWS, TOKENIZED_ROWS
 from specbuild.rejects import check_rejected_share
 from specbuild.workflow import bench_plan, datasets, engine_settings, features, paths
 from specbuild.workflow import rejects, report_plan, scheduling, targets, training
@@ -55,16 +55,16 @@ wildcard_constraints:
 
 TARGET = config["target"]["name"]
 
-# results/ may be a symlink to a larger disk (specbuild/snakemake_symlinks.py says why this is
+# results/ may be a symlink to a larger disk (specbuild/infra/snakemake_symlinks.py says why this is
 # needed).
-from specbuild.snakemake_symlinks import keep_linked_output_folders
+from specbuild.infra.snakemake_symlinks import keep_linked_output_folders
 
 keep_linked_output_folders()
 
 # One writer per output, whatever runs at once: each run's locks name it, a run frees only its
-# own, one whose files overlap a live run's is refused naming it (specbuild/snakemake_locks.py).
+# own, one whose files overlap a live run's is refused naming it (specbuild/infra/snakemake_locks.py).
 # A job of a run (its own parse) locks nothing.
-from specbuild.snakemake_locks import one_writer_per_output
+from specbuild.infra.snakemake_locks import one_writer_per_output
 
 if workflow.is_main_process:
     one_writer_per_output()

@@ -3,7 +3,7 @@ from pathlib import Path
 from specbuild.align import AlignSettings, check_alignment
 from specbuild.engines.gpus import pin_gpus
 from specbuild.engines.runtime import Runtime, sharing_seconds
-from specbuild.joblog import start_job_log
+from specbuild.infra.joblog import start_job_log
 
 start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA

@@ -3,7 +3,7 @@ from pathlib import Path
 from specbuild.bench.run import BenchSettings, run_bench
 from specbuild.engines.gpus import pin_gpus
 from specbuild.engines.runtime import with_sharing
-from specbuild.joblog import start_job_log
+from specbuild.infra.joblog import start_job_log
 
 start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA

@@ -1,7 +1,7 @@
 from pathlib import Path
 
 from specbuild.export import export_for_sglang
-from specbuild.joblog import start_job_log
+from specbuild.infra.joblog import start_job_log
 
 start_job_log(snakemake.log[0])
 export_for_sglang(

@@ -4,7 +4,7 @@ from specbuild.backends import SamplingParams, make_backend
 from specbuild.engines.gpus import pin_gpus
 from specbuild.engines.runtime import with_sharing
 from specbuild.generate import GenerateSettings, generate_shard
-from specbuild.joblog import start_job_log
+from specbuild.infra.joblog import start_job_log
 from specbuild.rejects import ShardFiles
 
 start_job_log(snakemake.log[0])

@@ -2,7 +2,7 @@ from specbuild.engines.gpus import pin_gpus
 from specbuild.engines.runtime import Runtime
 from specbuild.hidden.core import ShardFiles
 from specbuild.hidden.extract import ExtractSettings, extract_shard
-from specbuild.joblog import start_job_log
+from specbuild.infra.joblog import start_job_log
 
 start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA

@@ -1,4 +1,4 @@
-from specbuild.joblog import start_job_log
+from specbuild.infra.joblog import start_job_log
 from specbuild.report.pipeline import PipelineFiles, write_pipeline_report
 
 start_job_log(snakemake.log[0])

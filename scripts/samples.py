@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from specbuild.joblog import start_job_log
+from specbuild.infra.joblog import start_job_log
 from specbuild.rejects import ShardFiles
 from specbuild.samples import SampleSettings, write_sample_shard
 

@@ -1,5 +1,5 @@
 from specbuild.engines.server import ServerOptions
-from specbuild.joblog import start_job_log
+from specbuild.infra.joblog import start_job_log
 from specbuild.serve import pick_chain, serve_command, write_serve_script
 
 start_job_log(snakemake.log[0])

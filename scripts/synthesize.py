@@ -3,7 +3,7 @@ from functools import partial
 from specbuild.backends import SamplingParams, make_backend
 from specbuild.engines.gpus import pin_gpus
 from specbuild.engines.runtime import with_sharing
-from specbuild.joblog import start_job_log
+from specbuild.infra.joblog import start_job_log
 from specbuild.rejects import ShardFiles
 from specbuild.synthesize import synthesize_shard
 

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from specbuild.joblog import start_job_log
+from specbuild.infra.joblog import start_job_log
 from specbuild.target import materialize_target
 
 start_job_log(snakemake.log[0])

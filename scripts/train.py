@@ -1,6 +1,6 @@
 from specbuild.drafter.train import TrainConfig, TrainFiles, train_drafter
 from specbuild.engines.gpus import pin_gpus, train_slots
-from specbuild.joblog import start_job_log
+from specbuild.infra.joblog import start_job_log
 
 start_job_log(snakemake.log[0])
 # before anything touches CUDA; no two trainings share a GPU (the rule asks for a majority of

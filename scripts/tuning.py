@@ -3,7 +3,7 @@ from pathlib import Path
 from specbuild.engines.gpus import pin_gpus
 from specbuild.engines.runtime import sharing_seconds
 from specbuild.engines.server import ServerOptions
-from specbuild.joblog import start_job_log
+from specbuild.infra.joblog import start_job_log
 from specbuild.tuning import TuningPoint, TuningSettings, run_tuning_point
 
 start_job_log(snakemake.log[0])

@@ -1,4 +1,4 @@
-from specbuild.joblog import start_job_log
+from specbuild.infra.joblog import start_job_log
 from specbuild.tuning import write_launcher_help
 
 start_job_log(snakemake.log[0])

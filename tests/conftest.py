@@ -135,7 +135,7 @@ def random_drafter():
 
     from specbuild.drafter.config import DrafterConfig
     from specbuild.export import expected_tensors, hf_config
-    from specbuild.io import write_json
+    from specbuild.infra.io import write_json
 
     def make(folder: Path, target_config: dict, layer_ids: list[int], *, seed: int = 0) -> Path:
         target = dict(target_config.get("text_config", target_config))
@@ -272,7 +272,9 @@ def mount_tmpfs(tmp_path):
 
     def mount(size: str) -> Path:
         if os.geteuid() != 0:
-            pytest.skip("mounting a tmpfs needs root (tests/unit/test_disk.py covers the check)")
+            pytest.skip(
+                "mounting a tmpfs needs root (tests/unit/infra/test_disk.py covers the check)"
+            )
         mnt = tmp_path / f"tmpfs-{len(mounted)}"
         mnt.mkdir()
         cmd = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]

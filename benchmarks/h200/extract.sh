@@ -22,7 +22,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 case "${1:-tests}" in
   tests)
     SPECBUILD_TEST_TARGET=$PWD/$T timeout 540 python3 -m pytest -q -rs -s -m gpu \
-      -p no:cacheprovider tests/unit/test_hidden_sglang.py tests/unit/test_hidden.py 2>&1 \
+      -p no:cacheprovider tests/unit/hidden/test_sglang.py tests/unit/hidden/test_hidden.py 2>&1 \
       | tee "$OUT/gpu-tests.log"
     ;;
   bench)

@@ -16,7 +16,7 @@ source "$(dirname "$0")/env.sh"
 T=/tmp/specbuild-test-target
 [ -f "$T/fingerprint.json" ] || python3 -c "from specbuild.target import materialize_target as m
 m(source='/tmp/smol', name='smollm2-135m-instruct', out_dir='$T')"
-files=$(grep -l "mark.gpu" tests/unit/*.py)
+files=$(grep -rl --include='*.py' "mark.gpu" tests/unit)
 # SIGINT at the time limit: pytest then still reports the failures it has seen
 SPECBUILD_TEST_TARGET=$T timeout -s INT -k 30 "${SPECBUILD_TIMEOUT_S:-540}" python3 -m pytest -v -rfEs -m gpu \
   -p no:cacheprovider "$@" $files >"$OUT/gpu-tests.log" 2>&1

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specbuild.io import read_jsonl
+from specbuild.infra.io import read_jsonl
 from specbuild.rejects import ShardFiles, check_rejected_share, publish_shard
 from specbuild.seed import pack
 

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specbuild.io import write_json
+from specbuild.infra.io import write_json
 
 __all__ = [
     "ALIGN_KEYS",

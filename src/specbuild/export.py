@@ -25,14 +25,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from specbuild.disk import ensure_free_space, export_need
 from specbuild.drafter.config import DrafterConfig
 from specbuild.drafter.state import read_drafter
-from specbuild.dtypes import DTYPES
-from specbuild.eagle_layers import AUX_LAYERS, architecture_of, eagle_layer_ids
-from specbuild.formats import DRAFTER_FILES
-from specbuild.io import atomic_path, read_json, write_json
-from specbuild.text_model import text_config
+from specbuild.eagle.layers import AUX_LAYERS, architecture_of, eagle_layer_ids
+from specbuild.eagle.text_model import text_config
+from specbuild.infra.disk import ensure_free_space, export_need
+from specbuild.infra.dtypes import DTYPES
+from specbuild.infra.formats import DRAFTER_FILES
+from specbuild.infra.io import atomic_path, read_json, write_json
 
 __all__ = ["ExportError", "export_for_sglang", "check_export", "export_faults", "hf_config"]
 

@@ -51,14 +51,14 @@ from specbuild.backends.base import (
     GenerationRequest,
     SamplingParams,
 )
-from specbuild.disk import ensure_free_space, generate_need
-from specbuild.io import read_jsonl
-from specbuild.near_dup import find_near_duplicates
+from specbuild.backends.user_turn import follow_up_seed, open_user_turn, written_user_turn
+from specbuild.eagle.special_text import special_text_fault
+from specbuild.infra.disk import ensure_free_space, generate_need
+from specbuild.infra.io import read_jsonl
+from specbuild.infra.near_dup import find_near_duplicates
 from specbuild.rejects import ShardFiles, error_text, publish_shard
 from specbuild.samples import split_prompt
-from specbuild.special_text import special_text_fault
 from specbuild.target import load_tokenizer, read_target_info
-from specbuild.user_turn import follow_up_seed, open_user_turn, written_user_turn
 
 __all__ = [
     "AnswerRounds",
@@ -187,7 +187,7 @@ def _follow_ups(
     batch_size: int,
 ) -> tuple[list[GenerationRequest], Counter]:
     """The next user turn of each conversation (turn = its answers + 1), written by the target
-    (see specbuild.user_turn), as the requests that answer it; and why the other
+    (see specbuild.backends.user_turn), as the requests that answer it; and why the other
     conversations end here."""
     turn = {cid: _n_answers(msgs) + 1 for cid, msgs in conversations.items()}
     requests = [
@@ -410,8 +410,8 @@ def generate_shard(
 
     `settings.turns` > 1 (self-written conversations, `synthesize.turns`): after the target
     answers, it writes the next user turn itself with `settings.follow_up` sampling (the open
-    user turn of `specbuild.user_turn`, continued on the conversation so far) and answers that,
-    until each generated conversation has `turns` answers, in this one job through the same
+    user turn of `specbuild.backends.user_turn`, continued on the conversation so far) and answers
+    that, until each generated conversation has `turns` answers, in this one job through the same
     backend. A conversation ends early, keeping every turn it has, when an answer stops at
     max_new_tokens (a follow-up would build on an answer the target never finished) or a
     follow-up is not written (unfinished, empty, the backend failed); the log counts each
@@ -421,7 +421,7 @@ def generate_shard(
     `settings.near_duplicate_threshold` (None: off) rejects, before any answer is generated,
     each sample whose prompt is a near-duplicate of an earlier kept one of its dataset: in the
     `earlier` samples shards (every shard before this one, in order) or earlier in this shard
-    (`specbuild.near_dup`).
+    (`specbuild.infra.near_dup`).
     """
     s = settings
     _check_mode(s.mode)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbuild.io import atomic_open, read_json, write_json, write_jsonl
+from specbuild.infra.io import atomic_open, read_json, write_json, write_jsonl
 
 __all__ = [
     "COUNTS_KEYS",

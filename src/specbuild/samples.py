@@ -6,9 +6,9 @@ shards and leaves earlier ones untouched; `record_digests` gives each slice a co
 the workflow passes as a param, so a shard reruns exactly when its own records change (or, with
 `id_key`, the ids before it, which decide what counts as a duplicate).
 Bad records are never dropped silently: each goes to the rejected file with file, line and
-reason (malformed, or JSON that `specbuild.records` refuses: nested too deep, a key twice, NaN,
-a lone surrogate; empty, unknown role, duplicate id, a conversation the target's chat template
-cannot render, one of the target's special tokens typed as text (`specbuild.special_text`), a
+reason (malformed, or JSON that `specbuild.infra.records` refuses: nested too deep, a key twice,
+NaN, a lone surrogate; empty, unknown role, duplicate id, a conversation the target's chat template
+cannot render, one of the target's special tokens typed as text (`specbuild.eagle.special_text`), a
 prompt longer than `max_prompt_tokens` of the target's tokenizer), and the counts always add
 up (in = kept + rejected). A `.json` list is cut into items before any is parsed, so the same
 faults reject one item; only a list whose own syntax is broken fails as a whole.
@@ -30,10 +30,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbuild.io import GZIP_SUFFIX, iter_utf8_lines, read_text_any
-from specbuild.records import RecordError, parse_record
+from specbuild.eagle.special_text import special_text_fault
+from specbuild.infra.io import GZIP_SUFFIX, iter_utf8_lines, read_text_any
+from specbuild.infra.records import RecordError, parse_record
 from specbuild.rejects import ShardFiles, publish_shard
-from specbuild.special_text import special_text_fault
 
 __all__ = [
     "RawRecord",
@@ -82,7 +82,7 @@ class RawRecord:
 # The file's name decides how it is read, never its first bytes: a JSONL file whose first
 # record happens to be a JSON array is still JSONL (that record is rejected, the rest kept).
 # A further `.gz` is gunzipped as it is read; the encoding (UTF-8, with or without a BOM,
-# UTF-16/32) is the reader's (specbuild.io.iter_utf8_lines).
+# UTF-16/32) is the reader's (specbuild.infra.io.iter_utf8_lines).
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 JSON_LIST_SUFFIXES = (".json",)
 
@@ -117,7 +117,7 @@ def _value_end(text: str, pos: int) -> int:
 
 def _json_list_items(path: Path) -> Iterator[str]:
     """The text of each item of a `.json` list. Items are cut apart here and parsed one by one
-    (specbuild.records), so an item that cannot be read is one reject; only a file whose list
+    (specbuild.infra.records), so an item that cannot be read is one reject; only a file whose list
     itself is broken (an item with no end, a missing comma) fails as a whole."""
     text = read_text_any(path)
     decoder = json.JSONDecoder()
@@ -434,7 +434,7 @@ def write_sample_shard(
     `<dataset>-<value of settings.id_key>`; a record whose id an earlier record of the file
     already has is rejected (so with `id_key` the records before `start` are read for their
     ids). With `target_dir` (the target's folder), a record whose text holds one of its special
-    tokens is rejected (specbuild.special_text), and `settings.max_prompt_tokens` rejects
+    tokens is rejected (specbuild.eagle.special_text), and `settings.max_prompt_tokens` rejects
     longer prompts.
     """
     fmt, prompt_key, id_key = settings.fmt, settings.prompt_key, settings.id_key

@@ -29,7 +29,7 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from specbuild.io import atomic_path
+from specbuild.infra.io import atomic_path
 
 __all__ = ["SEED_PATHS", "generated_shards", "pack", "plant"]
 

@@ -25,10 +25,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from specbuild.bench.metrics import summarize
-from specbuild.chain import Chain
+from specbuild.eagle.chain import Chain
 from specbuild.engines.server import ServerOptions, build_server_args, resolve_launcher
-from specbuild.hosts import is_loopback
-from specbuild.io import atomic_open, read_jsonl
+from specbuild.infra.hosts import is_loopback
+from specbuild.infra.io import atomic_open, read_jsonl
 
 __all__ = [
     "DEFAULT_CHAIN",

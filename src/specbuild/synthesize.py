@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specbuild.backends.base import GenerationBackend, GenerationRequest, SamplingParams
+from specbuild.backends.user_turn import open_user_turn, written_user_turn
 from specbuild.generate import generate_each
 from specbuild.rejects import ShardFiles, publish_shard
 from specbuild.target import load_tokenizer, read_target_info
-from specbuild.user_turn import open_user_turn, written_user_turn
 
 __all__ = ["open_user_turn", "synthesize_shard"]
 

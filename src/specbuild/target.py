@@ -35,10 +35,10 @@ from pathlib import Path
 
 import torch
 
-from specbuild.dtypes import torch_dtype
+from specbuild.eagle.text_model import find_text_model
 from specbuild.engines.transformers import load_causal_lm
-from specbuild.io import read_json, user_file_mode, write_json
-from specbuild.text_model import find_text_model
+from specbuild.infra.dtypes import torch_dtype
+from specbuild.infra.io import read_json, user_file_mode, write_json
 
 __all__ = [
     "TargetInfo",

@@ -29,7 +29,7 @@ inside a trained turn's reasoning text) are counted beside the response tokens.
 
 No single record stops a shard: a record that cannot be rendered or tokenized (its template
 raises, no assistant turn, too long under `drop`, one of the target's special tokens typed as
-text in any message: `specbuild.special_text`) is rejected with its id and the reason; a
+text in any message: `specbuild.eagle.special_text`) is rejected with its id and the reason; a
 record is kept when all its rows are, so counts are records (in = kept + rejected) and `rows`
 in the meta says how many rows they made.
 """
@@ -41,10 +41,10 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from specbuild.disk import ensure_free_space, tokenize_need
-from specbuild.io import read_jsonl, write_json
+from specbuild.eagle.special_text import special_text_fault
+from specbuild.infra.disk import ensure_free_space, tokenize_need
+from specbuild.infra.io import read_jsonl, write_json
 from specbuild.rejects import ShardFiles, error_text, publish_shard
-from specbuild.special_text import special_text_fault
 from specbuild.target import read_target_info
 
 __all__ = [

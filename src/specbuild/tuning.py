@@ -31,7 +31,7 @@ from specbuild.bench.metrics import output_throughput, summarize
 from specbuild.bench.rows import bench_engine
 from specbuild.bench.served import sglang_engine
 from specbuild.bench.sets import BenchPrompt, read_bench_set
-from specbuild.chain import BASELINE, Chain
+from specbuild.eagle.chain import BASELINE, Chain
 from specbuild.engines.kept_server import Endpoint
 from specbuild.engines.open import open_engine
 from specbuild.engines.runtime import Runtime
@@ -44,7 +44,7 @@ from specbuild.engines.server import (
     tp_size,
     unknown_flags,
 )
-from specbuild.io import atomic_open, write_json
+from specbuild.infra.io import atomic_open, write_json
 
 __all__ = [
     "TUNING_KEYS",

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specbuild.chain import BASELINE, Chain
+from specbuild.eagle.chain import BASELINE, Chain
 from specbuild.report.plots import plot_variants
 from specbuild.report.tables import build_bench, read_rows, simulated_accept_length, write_table
 

@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from specbuild.hidden.tokens import check_token_meta, read_token_shard
-from specbuild.io import atomic_path, write_json
+from specbuild.infra.io import atomic_path, write_json
 from specbuild.target import read_target_info
 
 __all__ = [

@@ -1,14 +1,15 @@
 """A dataset file the workflow cannot read is a config fault, printed like the schema's (the
 message alone, no Snakemake frame); a file of hostile records is no fault at all: the workflow
-parses and each record is rejected by its own shard (test_records.py)."""
+parses and each record is rejected by its own shard (infra/test_records.py)."""
 
 import os
 
 import pytest
 import yaml
 from config_cases import default_config, faults
-from test_config import MAX_ERROR_LINES, run_snakemake, scratch_dir
-from test_records import HOSTILE
+
+from tests.unit.config.test_config import MAX_ERROR_LINES, run_snakemake, scratch_dir
+from tests.unit.infra.test_records import HOSTILE
 
 
 def test_a_fifo_dataset_is_named_a_fifo_not_a_missing_file(tmp_path):

@@ -9,7 +9,7 @@ every other command is checked without running it: `make` targets through `make 
 under results/), `python -m specbuild.*` and `benchmarks.*` modules must exist, and named files
 must be there. ```python blocks show code as it is: their lines, in order, are lines of a file
 of rules/, scripts/ or src/ (lines may be left out, none changed).
-That docs/configuration.md is the schema's is test_config_schema_doc.py's.
+That docs/configuration.md is the schema's is config/test_schema_doc.py's.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from specbuild.bench.sets import read_bench_prompts
-from specbuild.io import detect_encoding, iter_utf8_lines, read_jsonl, read_text_any
+from specbuild.infra.io import detect_encoding, iter_utf8_lines, read_jsonl, read_text_any
 from specbuild.rejects import ShardFiles
 from specbuild.samples import record_digests, write_sample_shard
 

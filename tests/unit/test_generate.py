@@ -10,11 +10,11 @@ import torch
 from specbuild.backends import SamplingParams, make_backend
 from specbuild.backends.base import Generation, GenerationRequest
 from specbuild.backends.hf import split_reasoning
+from specbuild.backends.user_turn import follow_up_seed, open_user_turn
 from specbuild.generate import GenerateSettings, generate_shard, plan_generation
-from specbuild.io import read_json, read_jsonl
+from specbuild.infra.io import read_json, read_jsonl
 from specbuild.rejects import ShardFiles
 from specbuild.tokenization import tokenize_conversation
-from specbuild.user_turn import follow_up_seed, open_user_turn
 
 STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
 

@@ -3,7 +3,7 @@ that keep the rejects where the message says."""
 
 import pytest
 
-from specbuild.io import read_json, read_jsonl
+from specbuild.infra.io import read_json, read_jsonl
 from specbuild.rejects import ShardFiles, check_reject_table, check_rejected_share, publish_shard
 
 

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from specbuild.io import read_json, read_jsonl
+from specbuild.infra.io import read_json, read_jsonl
 from specbuild.rejects import ShardFiles
 from specbuild.samples import (
     SampleError,

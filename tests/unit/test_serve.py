@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from specbuild.engines.server import ServerOptions
-from specbuild.io import write_jsonl
+from specbuild.infra.io import write_jsonl
 from specbuild.serve import (
     DEFAULT_CHAIN,
     ExposedServerError,

@@ -9,7 +9,7 @@ import pytest
 
 from specbuild.backends import make_backend
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
-from specbuild.io import read_jsonl
+from specbuild.infra.io import read_jsonl
 from specbuild.rejects import ShardFiles, check_rejected_share
 from specbuild.synthesize import open_user_turn, synthesize_shard
 

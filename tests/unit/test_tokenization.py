@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from specbuild.io import read_json, read_jsonl
+from specbuild.infra.io import read_json, read_jsonl
 from specbuild.tokenization import ROW_KEYS, RowRejected, tokenize_conversation, tokenize_shard
 
 CHAT = [

@@ -11,7 +11,7 @@ import pytest
 from bench_cases import LAUNCHER, MT_BENCH
 
 from specbuild.engines.server import ServerOptions
-from specbuild.io import read_json
+from specbuild.infra.io import read_json
 from specbuild.tuning import (
     TUNING_KEYS,
     TuningPoint,

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from specbuild.hidden.tokens import TokenizedShardError
-from specbuild.io import read_json, write_json, write_jsonl
+from specbuild.infra.io import read_json, write_json, write_jsonl
 from specbuild.target import read_target_info
 from specbuild.vocab import (
     VocabError,

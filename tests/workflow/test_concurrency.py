@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from workflow_helpers import DATASET, SNAKEMAKE, copy_workdir, make_workdir, snakemake
 
-from specbuild.run_lock import LOCK_DIR, is_locked, read_lock_files
-from specbuild.snakemake_locks import MUTEX
+from specbuild.infra.run_lock import LOCK_DIR, is_locked, read_lock_files
+from specbuild.infra.snakemake_locks import MUTEX
 
 pytestmark = pytest.mark.workflow
 

@@ -9,7 +9,7 @@ import json
 import pytest
 from workflow_helpers import DATASET, make_workdir, snakemake, tiny_config, write_config
 
-from specbuild.io import read_json, read_jsonl
+from specbuild.infra.io import read_json, read_jsonl
 
 pytestmark = pytest.mark.workflow
 

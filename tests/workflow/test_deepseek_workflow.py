@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from workflow_helpers import link_target, make_workdir, snakemake, tiny_config, write_config
 
-from specbuild.io import read_json, read_jsonl
+from specbuild.infra.io import read_json, read_jsonl
 
 pytestmark = pytest.mark.workflow
 

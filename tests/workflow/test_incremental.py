@@ -37,7 +37,7 @@ from workflow_helpers import (
 )
 
 from specbuild.hidden.shards import read_shard
-from specbuild.io import read_jsonl
+from specbuild.infra.io import read_jsonl
 
 pytestmark = pytest.mark.workflow
 

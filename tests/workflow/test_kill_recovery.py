@@ -31,7 +31,7 @@ from workflow_helpers import (
     snakemake,
 )
 
-from specbuild.run_lock import is_locked, lock_holders
+from specbuild.infra.run_lock import is_locked, lock_holders
 
 pytestmark = pytest.mark.workflow
 

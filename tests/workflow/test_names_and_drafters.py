@@ -9,7 +9,7 @@ from pathlib import Path
 
 from workflow_helpers import make_workdir, snakemake, tiny_config, write_config
 
-from specbuild.io import read_json
+from specbuild.infra.io import read_json
 
 
 def tree(workdir: Path) -> dict[str, bytes]:

@@ -27,8 +27,8 @@ from workflow_helpers import (
     write_config,
 )
 
-from specbuild.io import read_json
-from specbuild.run_lock import LOCK_DIR, is_locked, process_start, this_run, write_lock_file
+from specbuild.infra.io import read_json
+from specbuild.infra.run_lock import LOCK_DIR, is_locked, process_start, this_run, write_lock_file
 
 pytestmark = pytest.mark.workflow
 

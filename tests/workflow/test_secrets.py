@@ -10,7 +10,7 @@ from pathlib import Path
 
 from workflow_helpers import make_workdir, snakemake, tiny_config, write_config
 
-from specbuild.io import read_json
+from specbuild.infra.io import read_json
 
 HF = "hf_" + "Qz7" * 12
 SERVE_KEY = "sk-serve-" + "Wq4" * 10

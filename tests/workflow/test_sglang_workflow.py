@@ -3,7 +3,7 @@ generate with backend sglang, the bench's sglang engine (baseline) and its opena
 endpoint already running), the tuning sweep and their report tables. The stub
 computes fake numbers, so this proves the wiring (params, scripts, server lifecycle, row
 formats), not SGLang itself: that is the GPU run's job (benchmarks/h200/run.sh). Hidden states with
-SGLang run its model runner in process, which needs a GPU: tests/unit/test_hidden_sglang.py
+SGLang run its model runner in process, which needs a GPU: tests/unit/hidden/test_sglang.py
 (a fake runner on CPU, the real one on the device)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from specbuild.hidden.shards import read_shard
-from specbuild.io import read_json, read_jsonl
+from specbuild.infra.io import read_json, read_jsonl
 
 pytestmark = pytest.mark.workflow
 

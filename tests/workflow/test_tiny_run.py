@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specbuild.io import read_json, read_jsonl
+from specbuild.infra.io import read_json, read_jsonl
 from specbuild.tokenization import ROW_KEYS
 
 pytestmark = pytest.mark.workflow

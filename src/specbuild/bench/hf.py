@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from specbuild.bench.rows import Completion, device_label
-from specbuild.chain import BASELINE, NO_DRAFTER, Chain
-from specbuild.io import read_json
+from specbuild.eagle.chain import BASELINE, NO_DRAFTER, Chain
+from specbuild.infra.io import read_json
 
 log = logging.getLogger("specbuild")
 
@@ -65,12 +65,12 @@ def load_drafter(
 ) -> tuple[torch.nn.Module, list[int]]:
     """An EAGLE-3 drafter folder SGLang loads (ours or another trainer's) in float32 eval
     mode, plus the target layer-output ids SGLang feeds it: its `eagle_config`'s through
-    SGLang's rule for the target (specbuild.eagle_layers), or without one SGLang's defaults.
+    SGLang's rule for the target (specbuild.eagle.layers), or without one SGLang's defaults.
 
     Checks the folder against the target first and raises once with every mismatch.
     """
     from specbuild.drafter.model import Eagle3Drafter
-    from specbuild.drafter_fit import FOREIGN_ADVICE, fit_faults
+    from specbuild.eagle.drafter_fit import FOREIGN_ADVICE, fit_faults
 
     folder = Path(folder)
     # the target folder's own config.json where known: a wrapper's architecture (Kimi-K2.5's)
@@ -302,7 +302,7 @@ def open_hf(
     `options` (config `bench.hf`): dtype, device ("auto" takes CUDA when present), threads
     (`workers` is run_bench's: that many of these engines, in as many processes).
     """
-    from specbuild.devices import resolve_device
+    from specbuild.infra.devices import resolve_device
     from specbuild.target import load_target_model, load_tokenizer
 
     device = resolve_device(options["device"])

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from specbuild.chain import BASELINE
+from specbuild.eagle.chain import BASELINE
 
 __all__ = [
     "MIN_INTERVAL_REQUESTS",

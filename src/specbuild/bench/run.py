@@ -29,7 +29,7 @@ from typing import Any
 from specbuild.bench.rows import bench_engine, check_rows
 from specbuild.bench.sets import BenchPrompt, read_bench_set
 from specbuild.engines.registry import lazy_class
-from specbuild.io import write_jsonl
+from specbuild.infra.io import write_jsonl
 
 __all__ = [
     "BenchPart",

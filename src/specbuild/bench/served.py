@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from specbuild.backends.openai import api_key_from_env
 from specbuild.bench.rows import Completion, device_label
-from specbuild.chain import BASELINE, NO_DRAFTER, Chain
+from specbuild.eagle.chain import BASELINE, NO_DRAFTER, Chain
 from specbuild.engines.http import get_json, iter_sse
 from specbuild.engines.kept_server import Endpoint
 from specbuild.engines.open import open_engine

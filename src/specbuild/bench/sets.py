@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from specbuild.io import iter_utf8_lines
-from specbuild.records import RecordError, parse_record
-from specbuild.special_text import special_text_fault
+from specbuild.eagle.special_text import special_text_fault
+from specbuild.infra.io import iter_utf8_lines
+from specbuild.infra.records import RecordError, parse_record
 
 __all__ = ["BenchPrompt", "SET_FORMATS", "read_bench_prompts", "read_bench_set", "render_prompt"]
 
@@ -73,7 +73,7 @@ def read_bench_prompts(
 ) -> list[BenchPrompt]:
     """The first `limit` prompts of a set, each cut to its first `turns` user turns. With the
     target's `tokenizer`, a turn holding one of its special tokens as text is a bad row
-    (specbuild.special_text)."""
+    (specbuild.eagle.special_text)."""
     if format not in SET_FORMATS:
         raise ValueError(
             f"{path}: unknown set format {format!r}; choose one of {list(SET_FORMATS)}"

@@ -13,7 +13,7 @@ its dotted key; then read through a few shared views.
 Contract: `check_config` fills the schema's defaults in place, exactly as
 `snakemake.utils.validate` did (so params, and what reruns, are unchanged), and raises
 `ConfigError` once with every fault. This package reads no stage module: a chain's name is
-specbuild.chain's, a drafter folder's fit specbuild.drafter_fit's.
+specbuild.eagle.chain's, a drafter folder's fit specbuild.eagle.drafter_fit's.
 """
 
 from __future__ import annotations

@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from specbuild.chain import BASELINE, NO_DRAFTER, Chain
 from specbuild.config.credentials import credential_faults
 from specbuild.config.schema import did_you_mean, mapping
 from specbuild.config.views import BASE_VARIANT
-from specbuild.drafter_fit import external_drafter_faults
-from specbuild.hosts import is_loopback
+from specbuild.eagle.chain import BASELINE, NO_DRAFTER, Chain
+from specbuild.eagle.drafter_fit import external_drafter_faults
+from specbuild.infra.hosts import is_loopback
 
 __all__ = ["RESERVED_DRAFTER_NAMES", "rule_faults"]
 

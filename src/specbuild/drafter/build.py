@@ -23,8 +23,8 @@ from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import TTTObjective
 from specbuild.drafter.target_init import init_from_target_layer
 from specbuild.drafter.teacher import Teacher, read_target_weights, read_vocab
-from specbuild.io import read_json
-from specbuild.onednn_linear import use_onednn_training_linears
+from specbuild.infra.io import read_json
+from specbuild.infra.onednn_linear import use_onednn_training_linears
 
 __all__ = [
     "attention_kind",

@@ -14,8 +14,8 @@ import torch
 from torch import Tensor
 
 from specbuild.config.views import TRAIN_CADENCE
-from specbuild.devices import wants_cuda
-from specbuild.text_model import text_config
+from specbuild.eagle.text_model import text_config
+from specbuild.infra.devices import wants_cuda
 
 __all__ = [
     "ATTENTION",
@@ -168,7 +168,7 @@ class TrainConfig:
     """Training hyper-parameters (config section `train`, reaching the job as params).
 
     Each default is the schema's (config/config.schema.yaml, `train`), repeated here for
-    callers outside the workflow; tests/unit/test_config_schema.py keeps the two equal.
+    callers outside the workflow; tests/unit/config/test_schema.py keeps the two equal.
 
     Rejected combinations (`check`): max_length > token_budget, ttt_steps < 1, eval_fraction
     or warmup_fraction outside [0, 1), eval_set with eval_fraction > 0, device cuda without

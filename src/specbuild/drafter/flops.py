@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from specbuild.drafter.config import DrafterConfig
-from specbuild.eagle_layers import AUX_LAYERS
+from specbuild.eagle.layers import AUX_LAYERS
 
 __all__ = ["PEAK_BF16_TFLOPS", "StepWork", "device_name", "peak_tflops", "step_flops"]
 

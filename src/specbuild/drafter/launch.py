@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from specbuild.devices import wants_cuda
 from specbuild.drafter.config import TrainConfig
 from specbuild.engines.keepers import release_idle
+from specbuild.infra.devices import wants_cuda
 
 __all__ = ["Ranks", "data_parallel", "launch_torchrun", "needs_launch", "setup_ranks"]
 

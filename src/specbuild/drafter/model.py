@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from specbuild.drafter.config import ATTENTION, DrafterConfig, rope_inv_freq
 from specbuild.drafter.fused_attention import fused_ttt_attention
-from specbuild.eagle_layers import AUX_LAYERS
+from specbuild.eagle.layers import AUX_LAYERS
 
 __all__ = ["ATTENTION", "DrafterConfig", "DrafterCache", "Eagle3Drafter", "ttt_attention"]
 

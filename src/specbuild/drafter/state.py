@@ -40,9 +40,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from specbuild.disk import ensure_free_space, train_need
-from specbuild.io import atomic_path, read_json, write_json, write_jsonl
-from specbuild.run_lock import run_ended
+from specbuild.infra.disk import ensure_free_space, train_need
+from specbuild.infra.io import atomic_path, read_json, write_json, write_jsonl
+from specbuild.infra.run_lock import run_ended
 
 if TYPE_CHECKING:  # annotations only
     from specbuild.drafter.data import ShardSet

@@ -29,8 +29,8 @@ import torch
 
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.teacher import read_target_weights
-from specbuild.io import read_json
-from specbuild.text_model import text_config
+from specbuild.eagle.text_model import text_config
+from specbuild.infra.io import read_json
 
 __all__ = ["LAYER_WEIGHTS", "EMBEDDING_HALF", "init_from_target_layer"]
 

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import Tensor
 
-from specbuild.text_model import find_text_model, weight_map
+from specbuild.eagle.text_model import find_text_model, weight_map
 
 __all__ = ["Teacher", "read_target_weights", "read_vocab"]
 
@@ -27,7 +27,7 @@ _CHUNK = 1024  # rows per full-vocabulary matmul: bounds the [rows, V] logits in
 
 def read_target_weights(folder: str | os.PathLike, names: list[str]) -> dict[str, Tensor]:
     """Named tensors of the target's text model, by their plain names (`model.*`,
-    `lm_head.weight`), wherever the folder keeps them (`specbuild.text_model`: a multimodal
+    `lm_head.weight`), wherever the folder keeps them (`specbuild.eagle.text_model`: a multimodal
     wrapper's prefix, sharded or single file). A tied `lm_head.weight` reads the embedding.
     """
     folder = Path(folder)

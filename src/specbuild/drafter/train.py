@@ -89,7 +89,7 @@ from specbuild.drafter.state import (
     source_digest,
     write_outputs,
 )
-from specbuild.io import setup_logging, write_jsonl
+from specbuild.infra.io import setup_logging, write_jsonl
 from specbuild.target import read_target_info
 
 __all__ = [

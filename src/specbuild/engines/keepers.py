@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specbuild.io import atomic_open, pid_alive
+from specbuild.infra.io import atomic_open, pid_alive
 
 __all__ = [
     "KEEPER_LOG",

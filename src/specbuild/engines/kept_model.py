@@ -42,7 +42,7 @@ from specbuild.engines import keepers
 from specbuild.engines.model import FeatureBackend, Features, ModelSpec
 from specbuild.engines.registry import lazy_class
 from specbuild.engines.runtime import Runtime
-from specbuild.io import atomic_path, read_json, write_json
+from specbuild.infra.io import atomic_path, read_json, write_json
 
 __all__ = ["KeptModel", "KeptModelError", "keep"]
 

@@ -34,7 +34,7 @@ from typing import Any
 from specbuild.engines import keepers
 from specbuild.engines.http import get_json
 from specbuild.engines.server import ServerSpec, ServerStartError, SGLangServer
-from specbuild.io import write_json
+from specbuild.infra.io import write_json
 
 __all__ = ["Endpoint", "failure", "keep", "kept_server"]
 

@@ -14,7 +14,7 @@ feature adapter (hidden.sglang) turns its prefills into features.
 
 Layer ids. The shards hold the outputs of `layer_ids` (HF `hidden_states[id + 1]`), which are
 the *inputs* of SGLang's decoder layers id + 1. The eagle_config ids that make SGLang capture
-those differ between its model families (specbuild.eagle_layers: DeepSeek-V2/V3 shift only
+those differ between its model families (specbuild.eagle.layers: DeepSeek-V2/V3 shift only
 when the first id is 1); the runner sets them, reads the model's `layers_to_capture` back, and
 records the ids that worked, which the shards keep and export writes into the drafter's
 eagle_config, so serving captures the very layers the drafter trained on. A set nothing can
@@ -49,7 +49,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from specbuild.eagle_layers import candidate_eagle_ids, capture_indices, eagle_layer_ids
+from specbuild.eagle.layers import candidate_eagle_ids, capture_indices, eagle_layer_ids
 from specbuild.engines.gpus import startup_lock
 from specbuild.engines.keepers import release_idle
 from specbuild.engines.server import free_port, tp_size
@@ -123,7 +123,7 @@ def enable_aux_capture(
 ) -> tuple[torch.nn.Module, list[int]]:
     """Turn SGLang's EAGLE-3 aux capture on so that it captures the outputs of `layer_ids`;
     return the decoder stack that captures (its forward returns (final post-norm, aux)) and
-    the eagle_config ids that did it (specbuild.eagle_layers). The model's own
+    the eagle_config ids that did it (specbuild.eagle.layers). The model's own
     `layers_to_capture` decides: specbuild's reading of SGLang's rule comes first, the other
     convention second, and anything else is refused."""
     if not hasattr(model, "set_eagle3_layers_to_capture"):

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from specbuild.dtypes import torch_dtype
+from specbuild.eagle.text_model import TextModel, find_text_model, weight_map
 from specbuild.engines.keepers import release_idle
-from specbuild.onednn_linear import use_onednn_linears
-from specbuild.text_model import TextModel, find_text_model, weight_map
+from specbuild.infra.dtypes import torch_dtype
+from specbuild.infra.onednn_linear import use_onednn_linears
 
 __all__ = ["load_causal_lm"]
 
@@ -34,7 +34,7 @@ def load_causal_lm(
 ) -> torch.nn.Module:
     """The text model of the HF folder `folder` as a transformers causal LM, eval mode, from
     safetensors only; for inference: on CPU in float32 its linear layers run through oneDNN
-    (`specbuild.onednn_linear`). A multimodal wrapper (`text_config`) gives its text model."""
+    (`specbuild.infra.onednn_linear`). A multimodal wrapper (`text_config`) gives its text model."""
     from transformers import AutoModelForCausalLM
 
     if str(device).startswith("cuda"):

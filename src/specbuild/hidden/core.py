@@ -35,8 +35,7 @@ import torch
 from torch import Tensor
 
 import specbuild
-from specbuild.disk import ensure_free_space
-from specbuild.eagle_layers import AUX_LAYERS, default_layer_ids
+from specbuild.eagle.layers import AUX_LAYERS, default_layer_ids
 from specbuild.engines.model import FeatureBackend, Features, ModelSpec
 from specbuild.hidden.fp8 import parse_storage, quantize_fp8, scale_groups
 from specbuild.hidden.hostcopy import HostCopier, Landed
@@ -51,6 +50,7 @@ from specbuild.hidden.shards import (
 )
 from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
 from specbuild.hidden.writer import shard_writer
+from specbuild.infra.disk import ensure_free_space
 from specbuild.target import TargetInfo, read_target_info
 
 __all__ = [

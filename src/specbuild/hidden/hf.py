@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from specbuild.devices import resolve_device
-from specbuild.eagle_layers import architecture_of, eagle_layer_ids
+from specbuild.eagle.layers import architecture_of, eagle_layer_ids
 from specbuild.engines.model import Features
-from specbuild.io import read_json
+from specbuild.infra.devices import resolve_device
+from specbuild.infra.io import read_json
 from specbuild.target import load_target_model
 
 __all__ = ["HFFeatureBackend"]

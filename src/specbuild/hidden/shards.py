@@ -38,7 +38,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from specbuild.eagle_layers import AUX_LAYERS
+from specbuild.eagle.layers import AUX_LAYERS
 from specbuild.hidden.fp8 import FP8_DTYPE, dequantize_fp8, scale_groups
 from specbuild.hidden.integrity import (
     CHECKSUM_KEY,

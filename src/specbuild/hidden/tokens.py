@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from specbuild.io import read_json, read_jsonl
+from specbuild.infra.io import read_json, read_jsonl
 from specbuild.target import TargetInfo
 
 __all__ = ["TokenShard", "TokenizedShardError", "read_token_shard", "check_token_meta", "meta_path"]

@@ -50,7 +50,7 @@ from specbuild.hidden.integrity import (
     PieceScan,
     checksums_json,
 )
-from specbuild.io import atomic_path
+from specbuild.infra.io import atomic_path
 
 __all__ = ["Layout", "ShardWriter", "shard_writer"]
 

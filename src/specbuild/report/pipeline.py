@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbuild.align import ALIGN_KEYS
-from specbuild.io import read_json, read_jsonl
+from specbuild.infra.io import read_json, read_jsonl
 from specbuild.report.plots import plot_train
 from specbuild.report.tables import check_written, format_cell, output_folders, write_table
 from specbuild.tokenization import META_TOTALS

@@ -33,8 +33,8 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
 
-from specbuild.chain import BASELINE  # noqa: E402
-from specbuild.io import atomic_path  # noqa: E402
+from specbuild.eagle.chain import BASELINE  # noqa: E402
+from specbuild.infra.io import atomic_path  # noqa: E402
 
 __all__ = [
     "plot_acceptance",

@@ -36,8 +36,8 @@ from specbuild.bench.metrics import (
     summarize,
 )
 from specbuild.bench.rows import check_rows
-from specbuild.chain import BASELINE, Chain, chain_order
-from specbuild.io import atomic_open, read_jsonl
+from specbuild.eagle.chain import BASELINE, Chain, chain_order
+from specbuild.infra.io import atomic_open, read_jsonl
 
 __all__ = [
     "GROUP_KEYS",

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from specbuild.io import read_json
+from specbuild.infra.io import read_json
 from specbuild.report.plots import plot_tuning
 from specbuild.report.tables import check_written, output_folders, write_table
 from specbuild.tuning import TUNING_KEYS

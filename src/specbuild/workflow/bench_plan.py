@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Mapping
 
-from specbuild.chain import BASELINE, NO_DRAFTER
 from specbuild.config import bench_drafter_names
+from specbuild.eagle.chain import BASELINE, NO_DRAFTER
 from specbuild.workflow.paths import (
     bench_row_file,
     drafter_folder_files,

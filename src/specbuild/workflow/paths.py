@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from specbuild.formats import DRAFTER_FILES
+from specbuild.infra.formats import DRAFTER_FILES
 
 __all__ = [
     "HIDDEN_SHARD",
@@ -35,7 +35,7 @@ def variant_drafter_folder(variant: str) -> str:
 
 
 def drafter_folder_files(folder: str) -> list[str]:
-    """The files of an exported drafter folder (specbuild.formats.DRAFTER_FILES)."""
+    """The files of an exported drafter folder (specbuild.infra.formats.DRAFTER_FILES)."""
     return [f"{folder}/{name}" for name in DRAFTER_FILES]
 
 

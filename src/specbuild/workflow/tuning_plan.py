@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from specbuild.chain import BASELINE
+from specbuild.eagle.chain import BASELINE
 from specbuild.workflow.bench_plan import bench_drafter_files, served_drafter
 from specbuild.workflow.paths import target_file
 

@@ -48,7 +48,7 @@ def stage_imports(graph: dict[str, dict[str, int]]) -> list[str]:
 
 
 def test_the_check_sees_an_engine_importing_a_stage():
-    graph = {"specbuild.engines.x": {"specbuild.hidden.core": 4, "specbuild.io": 5}}
+    graph = {"specbuild.engines.x": {"specbuild.hidden.core": 4, "specbuild.infra.io": 5}}
     assert stage_imports(graph) == ["specbuild.engines.x:4 -> specbuild.hidden.core"]
 
 

@@ -22,7 +22,7 @@ from specbuild.engines.runtime import Runtime
 from specbuild.hidden.core import ExtractRequest, ShardFiles
 from specbuild.hidden.extract import extract_kept
 from specbuild.target import read_target_info
-from tests.unit.test_hidden import _extract, _write_tokenized, rows, tokenized  # noqa: F401
+from tests.unit.hidden.test_hidden import _extract, _write_tokenized, rows, tokenized  # noqa: F401
 
 LOADED = "loaded feature backend hf"
 

@@ -136,7 +136,7 @@ def test_the_baseline_bench_measures_on_generations_server_and_alone(registry, t
     import threading
 
     from specbuild.bench.served import open_sglang
-    from specbuild.chain import BASELINE
+    from specbuild.eagle.chain import BASELINE
     from specbuild.engines.kept_server import kept_server
     from specbuild.engines.server import ServerOptions
 

@@ -1,13 +1,13 @@
 """SGLang's model runner in process, on CPU: the layer-id convention it captures by, the
 decoder stack's output packing, its ServerArgs, the chunks its pools hold, and the TP worker
-loop. The real runner needs a GPU: tests/unit/test_hidden_sglang.py's gpu-marked tests."""
+loop. The real runner needs a GPU: tests/unit/hidden/test_sglang.py's gpu-marked tests."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specbuild.eagle_layers import capture_indices
+from specbuild.eagle.layers import capture_indices
 from specbuild.engines.runner import (
     enable_aux_capture,
     pack_aux,

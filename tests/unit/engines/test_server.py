@@ -1,7 +1,7 @@
 """specbuild.engines.server against the loopback stub (tests/stubs/sglang_stub.py) started as a
 real subprocess on 127.0.0.1: the SGLang server's flag building, start/stop/failure, start-up
 locks, ports, API keys and masking. These complement the GPU run; they never replace it.
-(Generation through a server: tests/unit/test_backends.py.)"""
+(Generation through a server: tests/unit/backends/test_backends.py.)"""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""EAGLE-3 and target facts several stages share (layer ids, chains, text model)."""

@@ -1,0 +1,358 @@
+"""Atomic file writes and reading users' files.
+
+Writes: a killed job never leaves a file that looks finished. Reads (`iter_utf8_lines`,
+`read_text_any`): the files users really have, a UTF-8 BOM from a spreadsheet export, UTF-16 or
+UTF-32 from a Windows editor (told by their BOM, or by the NUL bytes around the first ASCII
+character, as `json.detect_encoding` does), or gzip by the name's `.gz`, streamed.
+"""
+
+from __future__ import annotations
+
+import codecs
+import errno
+import glob
+import gzip
+import hashlib
+import io
+import json
+import logging
+import os
+import secrets
+import socket
+import stat
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from specbuild.infra.disk import DiskFullError, disk_full_error
+
+__all__ = [
+    "GZIP_SUFFIX",
+    "detect_encoding",
+    "iter_utf8_lines",
+    "read_text_any",
+    "user_file_mode",
+    "atomic_path",
+    "atomic_open",
+    "write_json",
+    "read_json",
+    "write_jsonl",
+    "read_jsonl",
+    "setup_logging",
+    "pid_alive",
+]
+
+log = logging.getLogger("specbuild")
+
+
+# This host in temp file names: a writer's pid means something only on the host that ran it.
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _create_temp(folder: Path, name: str) -> tuple[Path, int]:
+    """Create an empty `.{name}.<host>-<pid>-<random>.tmp` in `folder` as open() creates any
+    file (mode 0666 less the umask, default ACLs applied); return it and the mode the system
+    gave it. Temp files of `name` that a dead writer on this host left go first.
+
+    Why not mkstemp: it creates 0600 whatever the umask, and a renamed temp file keeps its mode,
+    so every output would be private. Why not read the umask: os.umask can only be read by
+    setting it, which races with other threads creating files.
+    """
+    _remove_dead_writers_temps(folder, name)
+    while True:
+        tmp = folder / f".{name}.{_HOST}-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        try:
+            return tmp, stat.S_IMODE(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+
+
+def _remove_dead_writers_temps(folder: Path, name: str) -> None:
+    """Delete the temp files of `name` whose writer, a process of this host, is gone: a killed
+    job's half-written shard can be gigabytes, and its rerun would otherwise leave it there."""
+    for tmp in folder.glob(f".{glob.escape(name)}.{_HOST}-*-*.tmp"):
+        pid = tmp.name[len(name) + len(_HOST) + 3 :].split("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid)):
+            continue
+        try:
+            size = tmp.stat().st_size
+            tmp.unlink()
+        except FileNotFoundError:  # another cleaner got there first
+            continue
+        log.warning("removed %s (%d bytes): the temp file of a writer that died", tmp, size)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host still runs (another user's counts). A zombie does
+    not: one whose parent is gone may wait for an init that never reaps it."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: the signal said it exists
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def user_file_mode(folder: str | os.PathLike) -> int:
+    """The mode a file the user creates in `folder` gets now (0666 less the umask)."""
+    tmp, mode = _create_temp(Path(folder), "mode-probe")
+    tmp.unlink()
+    return mode
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds.
+
+    The renamed file has the mode any file the user creates gets (0666 less the umask), also
+    when the writer replaced the temp file by its own (safetensors' save_file writes 0600).
+    A full disk (ENOSPC, from the block or from the rename) raises DiskFullError naming
+    `path`: the message a user can act on, not the temp file's name in a traceback.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path, mode = _create_temp(path.parent, path.name)
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise disk_full_error(path, "no space left on device to start writing it") from None
+        raise
+    try:
+        yield tmp_path
+        os.chmod(tmp_path, mode)
+        os.replace(tmp_path, path)
+    except DiskFullError:
+        raise
+    except Exception as err:
+        if _is_disk_full(err):
+            tmp_path.unlink(missing_ok=True)  # the room disk_full_error reports as free
+            raise disk_full_error(path, "no space left on device while writing it") from None
+        raise
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def _is_disk_full(err: BaseException) -> bool:
+    """ENOSPC as Python raises it, or as a native writer (safetensors, torch) words it."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    return "No space left on device" in text or "os error 28" in text
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a temporary file for writing; it becomes `path` only when the block succeeds."""
+    with atomic_path(path) as tmp:
+        encoding = None if "b" in mode else "utf-8"
+        with open(tmp, mode, encoding=encoding) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    with atomic_open(path) as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> int:
+    """Write rows atomically, one compact JSON object a line; return how many were written."""
+    n = 0
+    with atomic_open(path) as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
+            fh.write("\n")
+            n += 1
+    return n
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
+    """Rows of a JSONL file this project wrote; a bad line raises naming file and line."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from err
+            except (RecursionError, ValueError) as err:  # nested too deep, a number too long
+                raise ValueError(
+                    f"{path}:{lineno}: unreadable JSON ({type(err).__name__})"
+                ) from None
+            yield row
+
+
+GZIP_SUFFIX = ".gz"
+
+# Byte order marks, longest first: UTF-32-LE's begins with UTF-16-LE's.
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+
+
+def detect_encoding(head: bytes) -> tuple[str, int]:
+    """(encoding, BOM length) of a text file that starts with `head` (its first 4 bytes or
+    more). Without a BOM, a JSON text starts with an ASCII character, so NUL bytes beside it
+    tell UTF-16/32 and their byte order; anything else is read as UTF-8."""
+    for bom, encoding in _BOMS:
+        if head.startswith(bom):
+            return encoding, len(bom)
+    nuls = tuple(b == 0 for b in head[:4])
+    if len(nuls) == 4:
+        if nuls == (False, True, True, True):
+            return "utf-32-le", 0
+        if nuls == (True, True, True, False):
+            return "utf-32-be", 0
+    if len(nuls) >= 2:
+        if nuls[:2] == (False, True):
+            return "utf-16-le", 0
+        if nuls[:2] == (True, False):
+            return "utf-16-be", 0
+    return "utf-8", 0
+
+
+@contextmanager
+def _open_binary(path: Path) -> Iterator[IO[bytes]]:
+    """The file's bytes, gunzipped as they are read when the name ends in .gz."""
+    if path.name.lower().endswith(GZIP_SUFFIX):
+        with gzip.open(path, "rb") as fh:
+            yield fh
+    else:
+        with open(path, "rb") as fh:
+            yield fh
+
+
+def _not_gzip(path: Path, err: Exception) -> ValueError:
+    return ValueError(
+        f"{path}: not a readable gzip file ({err}); the name ends in .gz: compress it with "
+        "gzip, or drop the .gz from the name"
+    )
+
+
+def iter_utf8_lines(path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, line as UTF-8 bytes without its line end) of every line of a text
+    file, blank ones included, in any encoding `detect_encoding` tells, gzipped or not.
+
+    A UTF-8 file's lines are its exact bytes (a BOM dropped), so one line that is not UTF-8 is
+    the caller's to reject; lines end at \n only, as JSONL's do. A UTF-16/32 file is decoded
+    whole-stream and each line re-encoded; a byte it cannot decode fails naming line and codec.
+    """
+    path = Path(path)
+    try:
+        with _open_binary(path) as fh:
+            head = fh.peek(4)[:4] if hasattr(fh, "peek") else b""
+            encoding, bom = detect_encoding(head)
+            fh.read(bom)
+            if encoding == "utf-8":
+                for lineno, line in enumerate(fh, 1):
+                    yield lineno, line.rstrip(b"\r\n")
+                return
+            text = io.TextIOWrapper(fh, encoding=encoding, errors="strict", newline="\n")
+            lineno = 0
+            try:
+                for lineno, line in enumerate(text, 1):
+                    yield lineno, line.rstrip("\r\n").encode("utf-8")
+            except UnicodeDecodeError as err:
+                # decoded a chunk at a time: the bad bytes are after the last whole line
+                raise ValueError(
+                    f"{path}: not valid {encoding.upper()} after line {lineno} ({err.reason}); "
+                    f"the file's first bytes say {encoding.upper()}: re-save it as UTF-8"
+                ) from None
+            finally:
+                text.detach()
+    except (gzip.BadGzipFile, EOFError) as err:
+        raise _not_gzip(path, err) from None
+
+
+def read_text_any(path: str | os.PathLike) -> str:
+    """The whole text of a file in any encoding `detect_encoding` tells, gzipped or not; bytes
+    that are not of that encoding fail naming the file, the offset and the encoding."""
+    path = Path(path)
+    try:
+        with _open_binary(path) as fh:
+            data = fh.read()
+    except (gzip.BadGzipFile, EOFError) as err:
+        raise _not_gzip(path, err) from None
+    encoding, bom = detect_encoding(data[:4])
+    try:
+        return data[bom:].decode(encoding)
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{path}: not {encoding.upper()} (byte {err.start + bom}: "
+            f"{data[err.start + bom : err.start + bom + 1]!r}); re-save it as UTF-8"
+        ) from None
+
+
+def _say_log_stops(log: str | os.PathLike) -> None:
+    print(
+        f"specbuild: {log}: no space left on device; this job logs to stderr only", file=sys.stderr
+    )
+
+
+class _LogFile(logging.FileHandler):
+    """A job's log file that a full disk ends quietly: the lines written so far stay, the rest
+    goes to stderr only. Python's default prints a `--- Logging error ---` traceback for every
+    line after, burying the one message that says which disk is full."""
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        err = sys.exc_info()[1]
+        if err is None or not _is_disk_full(err):
+            super().handleError(record)
+            return
+        stream, self.stream = self.stream, None
+        try:
+            stream.close()  # its unwritten buffer cannot be written either
+        except OSError:
+            pass
+        self.emit = lambda record: None  # type: ignore[method-assign]
+        _say_log_stops(self.baseFilename)
+
+
+def setup_logging(
+    log: str | os.PathLike | None, name: str = "specbuild", *, append: bool = False
+) -> logging.Logger:
+    """Log to the job's log file (Snakemake `log:`) and to stderr, with timestamps.
+
+    `append`: a worker process (torchrun) continues the log its launching job started.
+    """
+    logger = logging.getLogger(name)
+    logger.setLevel(logging.INFO)
+    logger.handlers.clear()
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    handlers: list[logging.Handler] = [logging.StreamHandler()]
+    if log:
+        try:
+            Path(log).parent.mkdir(parents=True, exist_ok=True)
+            handlers.append(_LogFile(log, mode="a" if append else "w", encoding="utf-8"))
+        except OSError as err:
+            if not _is_disk_full(err):
+                raise
+            _say_log_stops(log)
+    for h in handlers:
+        h.setFormatter(fmt)
+        logger.addHandler(h)
+    logger.propagate = False
+    return logger

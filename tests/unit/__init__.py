@@ -1,0 +1,1 @@
+"""Unit tests, in folders that mirror src/specbuild."""

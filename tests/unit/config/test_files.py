@@ -1,0 +1,153 @@
+"""Config files are read as plain data before Snakemake loads them (specbuild.config.files):
+YTE switches, Python tags and alias bombs are faults naming file, line and key, and a loaded
+config holding a Python object, or too many or too deep values, is refused by check_config."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specbuild.config import ConfigError, check_config
+from specbuild.config.files import (
+    MAX_DEPTH,
+    MAX_VALUES,
+    ConfigFileError,
+    check_configfiles,
+    config_value_faults,
+    config_values_of,
+    configfile_faults,
+    configfiles_of,
+    refuse_unsafe_configfiles,
+    value_faults,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+SCHEMA = REPO / "config" / "config.schema.yaml"
+
+# ten anchors of ten aliases each: 10**6 values once expanded, 11 lines written
+BOMB = "".join(
+    f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]\n" if i else "    l0: &l0 [1, 1]\n"
+    for i in range(7)
+)
+
+
+def write(tmp_path: Path, text: str, name: str = "my.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_every_config_the_project_ships_is_plain_data():
+    shipped = [*sorted((REPO / "config").rglob("*.yaml")), *(REPO / "profiles").glob("*/*.yaml")]
+    shipped = [p for p in shipped if p.parent.name != "default"]  # the profile runs the check
+    assert len(shipped) >= 5
+    assert {str(p): configfile_faults(p) for p in shipped} == {str(p): [] for p in shipped}
+
+
+def test_a_yte_switch_is_refused_naming_the_file_and_line(tmp_path):
+    path = write(tmp_path, "target: {name: t, source: s}\n__use_yte__: true\n")
+    (fault,) = configfile_faults(path)
+    assert fault.startswith(f"{path}, line 2: __use_yte__: YTE templates run Python")
+
+
+def test_a_python_tag_is_refused_with_its_key_not_as_a_tab_fault(tmp_path):
+    path = write(tmp_path, "sglang:\n  env:\n    X: !!python/name:os.system\n")
+    (fault,) = configfile_faults(path)
+    assert fault.startswith(f"{path}, line 3: sglang.env.X: tag !!python/name:os.system builds")
+    assert "tab" not in fault
+
+
+def test_a_custom_tag_and_a_syntax_error_name_their_lines(tmp_path):
+    tagged = write(tmp_path, "train:\n  lr: !float 1e-4\n", "tagged.yaml")
+    assert configfile_faults(tagged)[0].startswith(f"{tagged}, line 2: train.lr: tag !float")
+    broken = write(tmp_path, "train:\n\tlr: 1\n", "broken.yaml")
+    assert configfile_faults(broken) == [
+        f"{broken}, line 2: not valid YAML: found character '\\t' that cannot start any token"
+    ]
+
+
+def test_an_alias_bomb_in_a_free_form_key_is_refused_at_its_key(tmp_path):
+    path = write(tmp_path, "sglang:\n  server_args:\n" + BOMB)
+    (fault,) = configfile_faults(path)
+    assert "sglang.server_args.l5[" in fault
+    assert f"more than {MAX_VALUES:,} values with its aliases expanded" in fault
+
+
+def test_a_self_referring_alias_and_deep_nesting_are_refused(tmp_path):
+    cyclic = write(tmp_path, "sglang:\n  server_args:\n    a: &a [1, *a]\n", "cyclic.yaml")
+    assert "sglang.server_args.a[1]: alias *a refers to itself" in configfile_faults(cyclic)[0]
+    deep = write(tmp_path, "x: " + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), "deep.yaml")
+    assert f"nested deeper than {MAX_DEPTH} levels" in configfile_faults(deep)[0]
+
+
+def test_a_json_config_is_bounded_like_yaml(tmp_path):
+    path = write(tmp_path, '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}", "deep.json")
+    assert "nested deeper" in configfile_faults(path)[0]
+    fine = write(tmp_path, '{"train": {"lr": 0.001}}', "fine.json")
+    assert configfile_faults(fine) == []
+
+
+def test_the_command_line_files_are_found_in_every_spelling():
+    argv = ["-n", "--config", "a=1", "--configfile", "a.yaml", "b.yaml", "--cores", "1"]
+    argv += ["--configf=c.yaml", "--configfiles", "d.yaml", "--", "e.yaml"]
+    assert configfiles_of(argv) == ["a.yaml", "b.yaml", "c.yaml", "d.yaml"]
+
+
+def test_refusing_exits_with_every_fault_and_passes_clean_files(tmp_path):
+    good = write(tmp_path, "train: {lr: 0.001}\n", "good.yaml")
+    bad = write(tmp_path, "__use_yte__: true\nx: !!python/name:os.system\n", "bad.yaml")
+    refuse_unsafe_configfiles(["--configfile", str(good), str(tmp_path / "missing.yaml")])
+    with pytest.raises(SystemExit) as exit_:
+        refuse_unsafe_configfiles(["--configfile", str(good), str(bad)])
+    message = str(exit_.value.code)
+    assert message.startswith("2 config problems: a config is data, never code")
+    assert f"{bad}, line 1: __use_yte__" in message and f"{bad}, line 2: x: tag" in message
+    with pytest.raises(ConfigFileError):
+        check_configfiles([bad])
+
+
+def _config() -> dict:
+    return yaml.safe_load((REPO / "config" / "config.yaml").read_text(encoding="utf-8"))
+
+
+def test_a_python_object_in_a_loaded_config_never_reaches_a_param():
+    config = _config()
+    config["sglang"] = {"env": {"X": os.system}}
+    with pytest.raises(ConfigError) as err:
+        check_config(config, schema=SCHEMA, source="my.yaml", workdir=REPO)
+    assert err.value.faults == [
+        "sglang.env.X: a Python builtin_function_or_method, not a value; a config holds "
+        "strings, numbers, booleans, lists and mappings only"
+    ]
+
+
+def test_a_loaded_alias_bomb_is_refused_before_the_schema_walks_it():
+    layer: list = [1, 1]
+    for _ in range(30):  # 2**30 values reached, 60 objects in memory
+        layer = [layer, layer]
+    config = _config()
+    config["sglang"] = {"server_args": {"x": layer}}
+    assert value_faults(config)[0].startswith("sglang.server_args.x")
+    with pytest.raises(ConfigError) as err:
+        check_config(config, schema=SCHEMA, source="my.yaml", workdir=REPO)
+    assert "nested deeper than 16 levels" in err.value.faults[0]
+    wide = {f"k{i}": [0] * 1000 for i in range(200)}
+    assert value_faults({"sglang": {"server_args": wide}})[0].startswith("sglang.server_args.k")
+
+
+def test_config_values_on_the_command_line_are_bounded_like_files():
+    argv = ["-n", "--config", "a=1", "train={lr: 1}", "--cores", "1", "-C", "b=2"]
+    assert config_values_of(argv) == ["a=1", "train={lr: 1}", "b=2"]
+    assert config_value_faults("train={lr: 5e-4, epochs: 2}") == []
+    levels = ", ".join(
+        f"m{i}: &m{i} {{{', '.join(f'k{j}: *m{i - 1}' for j in range(10))}}}"
+        if i
+        else "m0: &m0 {x: 1}"
+        for i in range(7)
+    )
+    (fault,) = config_value_faults(f"sglang={{server_args: {{{levels}}}}}")
+    assert fault.startswith("--config, line 1: sglang.server_args.m5.k")
+    assert f"more than {MAX_VALUES:,} values" in fault
