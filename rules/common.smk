@@ -11,7 +11,12 @@ from specbuild.eagle.chain import CHAIN_PATTERN
 from specbuild.config import ConfigError, check_config
 from specbuild.config.files import ConfigFileError, check_configfiles
 from specbuild.config import train_datasets, train_variants
-from specbuild.infra.formats import BENCH_ROWS, GENERATED_ROWS, SAMPLE_ROWS, TOKENIZED_ROWS
+from specbuild.infra.formats import (
+    BENCH_ROWS,
+    GENERATED_ROWS,
+    SAMPLE_ROWS,
+    TOKENIZED_ROWS,
+)
 from specbuild.rejects import check_rejected_share
 from specbuild.workflow import bench_plan, datasets, engine_settings, features, paths
 from specbuild.workflow import rejects, report_plan, scheduling, targets, training
