@@ -44,12 +44,12 @@ from specbuild.hidden.shards import (
     LAYERS,
     STORAGE_DTYPES,
     check_shard,
+    layout_nbytes,
     shard_layout,
-    shard_nbytes,
     state_nbytes_per_token,
 )
 from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
-from specbuild.hidden.writer import shard_writer
+from specbuild.hidden.writer import Layout, shard_writer
 from specbuild.infra.disk import ensure_free_space
 from specbuild.target import TargetInfo, read_target_info
 
@@ -235,13 +235,7 @@ def write_features(
     """Extract every sample of `tokens` straight into the shard file `path` (writer.py), check
     it (check_shard) and publish it. A shard that fails the check raises ShardError and leaves
     nothing at `path`."""
-    layout = shard_layout(
-        tokens=tokens.num_tokens,
-        samples=len(tokens),
-        hidden_size=fmt.hidden_size,
-        storage=fmt.storage,
-        fp8_group_size=fmt.fp8_group_size,
-    )
+    layout = fmt.layout(tokens.num_tokens, len(tokens))
     with shard_writer(path, layout, meta) as shard:
         for key in ("input_ids", "loss_mask", "offsets"):
             shard.tensors[key].copy_(getattr(tokens, key))
@@ -271,6 +265,16 @@ class ShardFormat:
     hidden_size: int
     storage: str = "bf16"  # bf16 or fp8 (hidden.storage parsed: fp8-g<N> is fp8, group N)
     fp8_group_size: int = 0  # 0: one scale per token and layer
+
+    def layout(self, tokens: int, samples: int) -> Layout:
+        """The tensors of a shard of `tokens` tokens in `samples` samples in this format."""
+        return shard_layout(
+            tokens=tokens,
+            samples=samples,
+            hidden_size=self.hidden_size,
+            storage=self.storage,
+            fp8_group_size=self.fp8_group_size,
+        )
 
 
 @dataclass(frozen=True)
@@ -344,13 +348,7 @@ def read_shard_inputs(request: ExtractRequest) -> ShardInputs:
     shard = read_token_shard(files.tokens, vocab_size=target.vocab_size)
     check_token_meta(files.meta, target, rows=len(shard))
     fmt = ShardFormat(target.hidden_size, storage, fp8_group_size)
-    nbytes = shard_nbytes(
-        tokens=shard.num_tokens,
-        samples=len(shard),
-        hidden_size=fmt.hidden_size,
-        storage=fmt.storage,
-        fp8_group_size=fmt.fp8_group_size,
-    )
+    nbytes = layout_nbytes(fmt.layout(shard.num_tokens, len(shard)))
     ensure_free_space(
         files.out,
         nbytes,

@@ -61,6 +61,7 @@ __all__ = [
     "FP8_SCALES",
     "LAYERS",
     "state_nbytes_per_token",
+    "layout_nbytes",
     "shard_layout",
     "shard_nbytes",
     "write_shard",
@@ -133,6 +134,11 @@ def shard_nbytes(
         storage=storage,
         fp8_group_size=fp8_group_size,
     )
+    return layout_nbytes(layout)
+
+
+def layout_nbytes(layout: Layout) -> int:
+    """Bytes the tensors of `layout` take on disk (header excluded)."""
     return sum(dtype.itemsize * math.prod(shape) for dtype, shape in layout.values())
 
 
