@@ -108,7 +108,9 @@ def weights_bytes(target: Path) -> int:
     return sum(size for name, (size, _) in files.items() if name.endswith(".safetensors"))
 
 
-def _run_runner(target: Path, backend: str, options: dict) -> None:
+def _run_runner(
+    target: Path, backend: str, options: dict, layer_ids: list[int] | None, dtype: str
+) -> None:
     from specbuild.eagle.layers import default_layer_ids
     from specbuild.engines.model import ModelSpec
     from specbuild.engines.runtime import Runtime
@@ -118,8 +120,8 @@ def _run_runner(target: Path, backend: str, options: dict) -> None:
     spec = ModelSpec(
         backend=backend,
         folder=str(target.resolve()),
-        layer_ids=default_layer_ids(config["num_hidden_layers"]),
-        dtype="bfloat16",
+        layer_ids=layer_ids or default_layer_ids(config["num_hidden_layers"]),
+        dtype=dtype,
         device="cuda" if backend == "sglang" else "cpu",
         options=options,
     )
@@ -140,18 +142,26 @@ def _run_server(target: Path, options: dict) -> None:
         server.get_json("/get_model_info")
 
 
-def measure(target: Path, engine: str, backend: str, options: dict) -> dict:
+def measure(
+    target: Path,
+    engine: str,
+    backend: str,
+    options: dict,
+    layer_ids: list[int] | None = None,
+    dtype: str = "bfloat16",
+) -> dict:
     with TreeSampler() as sampler:
         start = time.perf_counter()
         if engine == "server":
             _run_server(target, options)
         else:
-            _run_runner(target, backend, options)
+            _run_runner(target, backend, options, layer_ids, dtype)
         wall_s = time.perf_counter() - start
     return {
         "target": target.name if target.name != "target" else target.parent.name,
         "engine": engine,
         "backend": "sglang" if engine == "server" else backend,
+        "dtype": dtype,
         "weights_mb": round(weights_bytes(target) / 2**20, 1),
         **{k: round(v, 1) for k, v in asdict(sampler.peak).items()},
         "wall_s": round(wall_s, 1),
@@ -164,9 +174,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine", choices=("runner", "server"), default="runner")
     parser.add_argument("--backend", choices=("sglang", "hf"), default="sglang")
     parser.add_argument("--options", default="{}", help="the engine's options as JSON")
+    parser.add_argument("--dtype", default="bfloat16", help="the runner's compute dtype")
+    parser.add_argument("--layer-ids", help="e.g. 1,3,4 (default: EAGLE-3's for the target)")
     parser.add_argument("--out", type=Path, help="append the row here (JSON lines)")
     args = parser.parse_args(argv)
-    row = measure(args.target, args.engine, args.backend, json.loads(args.options))
+    ids = [int(i) for i in args.layer_ids.split(",")] if args.layer_ids else None
+    row = measure(args.target, args.engine, args.backend, json.loads(args.options), ids, args.dtype)
     print(json.dumps(row))
     if args.out:
         with args.out.open("a") as fh:

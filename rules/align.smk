@@ -15,7 +15,7 @@ rule align:
     threads: 2
     resources:
         gpu=scheduling.align_gpus(config),
-        mem_mb=6000,
+        mem_mb=scheduling.stage_mem_mb(config, "align"),
         runtime=60,
         engine_memory=features.engine_memory(config, "align"),
         # the hidden jobs' kept engine computes the sample where it is the serving one

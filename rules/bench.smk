@@ -27,7 +27,7 @@ rule bench:
     threads: job(scheduling.bench_threads, config)
     resources:
         gpu=job(scheduling.bench_gpus, config),
-        mem_mb=8000,
+        mem_mb=job(scheduling.stage_mem_mb, config, "bench"),
         runtime=60,
         # a sglang job measures on the shared server of its flags (sglang.share_idle_s)
         engine_sharing=job(engine_settings.server_sharing, config),

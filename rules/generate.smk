@@ -23,7 +23,7 @@ rule generate:
     threads: 1
     resources:
         gpu=scheduling.generate_gpus(config),
-        mem_mb=4000,
+        mem_mb=scheduling.stage_mem_mb(config, "generate"),
         runtime=60,
         engine_sharing=engine_settings.server_sharing(config),
     params:

@@ -24,7 +24,7 @@ rule synthesize:
     threads: 1
     resources:
         gpu=scheduling.generate_gpus(config),
-        mem_mb=4000,
+        mem_mb=scheduling.stage_mem_mb(config, "synthesize"),
         runtime=60,
         engine_sharing=engine_settings.server_sharing(config),
     params:

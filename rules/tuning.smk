@@ -35,7 +35,7 @@ rule tuning:
         engine_env("sglang")
     resources:
         gpu=scheduling.sglang_gpus(config),
-        mem_mb=8000,
+        mem_mb=scheduling.stage_mem_mb(config, "tuning"),
         runtime=60,
         # a point with its chain's bench flags measures on that server (sglang.share_idle_s)
         engine_sharing=engine_settings.server_sharing(config, "sglang"),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from specbuild.engines.gpus import train_slots
@@ -17,10 +19,14 @@ __all__ = [
     "bench_threads",
     "device_gpus",
     "engine_env",
+    "engine_host_mb",
     "generate_gpus",
     "hidden_gpus",
     "hidden_mem_mb",
     "sglang_gpus",
+    "stage_engine",
+    "stage_mem_mb",
+    "target_weights",
     "train_gpus",
 ]
 
@@ -81,26 +87,111 @@ def hidden_gpus(config: Mapping) -> int:
     return device_gpus(config["hidden"]["device"])
 
 
-# Host memory (MB) of a hidden job that opens its own engine: the target's weights (SmolLM2 on
-# the CPU), one batch and one shard; raise it for large targets (--set-resources).
-HIDDEN_ENGINE_MB = 6000
-# ...and of one that hands its shard to the run's kept engine: torch and a request.
+# Host memory (MB) of an engine-bound job, before its engine's own: its Python, its inputs and
+# one batch of outputs (SmolLM2 on the CPU fits in these).
+JOB_FLOOR_MB = {
+    "generate": 4000,
+    "synthesize": 4000,
+    "hidden": 6000,
+    "align": 6000,
+    "bench": 8000,
+    "tuning": 8000,
+}
+# ...and of a hidden job that hands its shard to the run's kept engine: torch and a request.
 HIDDEN_CLIENT_MB = 1000
+# An engine's own host memory (benchmarks/host_memory.py; BENCHMARKS.md, "Host memory of
+# engine-bound jobs"). SGLang keeps the weights on the GPUs: at tp 1 its processes' anonymous
+# memory did not grow with the target's (256 MB to 17 GB of weights): 1.2-1.6 GB for the model
+# runner in a job, 3.1-3.4 GB for a server, 9.2 GB once for a server's cold start (28
+# processes compiling kernels). Each rank past the first is a process of its own: projected at
+# SGLANG_RANK_MB each, not measured.
+SGLANG_RUNNER_MB = 4000
+SGLANG_SERVER_MB = 10000
+SGLANG_RANK_MB = 2000
+# transformers holds the weights twice while it loads: mapped from disk, and in the compute
+# dtype (SmolLM2, 513 MB float32: 1.4 GB at float32, 1.1 GB at bfloat16, with 0.3 GB of torch)
+HF_BASE_MB = 1000
+HF_MARGIN = 1.25
+
+
+def target_weights(config: Mapping) -> tuple[int, int] | None:
+    """(safetensors bytes, bytes a parameter) of the target: the materialized folder's, else a
+    local source folder's; None where neither is on disk yet (a hub id, a GGUF to convert)."""
+    from specbuild.workflow.paths import target_dir
+
+    folder = Path(target_dir(config))
+    if not (folder / "fingerprint.json").is_file():
+        folder = Path(config["target"]["source"])
+        if not folder.is_dir():
+            return None
+    nbytes = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    if not nbytes:
+        return None
+    try:
+        model = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        model = {}
+    model = model.get("text_config", model)
+    return nbytes, _dtype_bytes(model.get("torch_dtype") or model.get("dtype") or "float32")
+
+
+def _dtype_bytes(name: str) -> int:
+    from specbuild.infra.dtypes import DTYPES
+
+    return DTYPES[name].itemsize if name in DTYPES else 4
+
+
+def engine_host_mb(config: Mapping, kind: str, dtype: str = "float32") -> int:
+    """Host memory of one engine of `kind` for the config's target: an SGLang "server" or
+    "runner" (weights on the GPUs, a process per rank), or "hf", transformers computing in
+    `dtype` (the weights mapped, and again in `dtype`); 0 for none (an openai endpoint)."""
+    ranks = tp_size(config["sglang"]["server_args"])
+    if kind in ("server", "runner"):
+        first = SGLANG_SERVER_MB if kind == "server" else SGLANG_RUNNER_MB
+        return first + SGLANG_RANK_MB * (ranks - 1)
+    weights = target_weights(config) if kind == "hf" else None
+    if weights is None:
+        return 0
+    nbytes, stored = weights
+    held = nbytes + nbytes // stored * _dtype_bytes(dtype)
+    return int(HF_MARGIN * (HF_BASE_MB + held / 2**20))
+
+
+def stage_engine(config: Mapping, stage: str, engine: str | None = None) -> tuple[str, str]:
+    """(engine kind, compute dtype) a job of `stage` holds (bench and tuning: `engine`)."""
+    if stage in ("bench", "tuning"):
+        backend = engine or "sglang"
+        if backend == "hf":
+            return "hf", config["bench"]["hf"]["dtype"]
+        return ("server" if backend == "sglang" else "", "")
+    section = "generate" if stage == "synthesize" else stage
+    backend = config[section]["backend"]
+    if backend == "sglang":
+        return ("server" if section == "generate" else "runner"), ""
+    return ("hf", config[section]["dtype"]) if backend == "hf" else ("", "")
+
+
+def stage_mem_mb(config: Mapping, stage: str, engine: str | None = None) -> int:
+    """mem_mb of a job of `stage` that holds its engine: JOB_FLOOR_MB, or the engine's own
+    (engine_host_mb) where that is more. --set-resources <rule>:mem_mb=N overrides it."""
+    kind, dtype = stage_engine(config, stage, engine)
+    return max(JOB_FLOOR_MB[stage], engine_host_mb(config, kind, dtype) if kind else 0)
 
 
 def hidden_mem_mb(config: Mapping, workflow: Any) -> Callable[..., int]:
     """mem_mb of a hidden job: HIDDEN_CLIENT_MB where the job will share the run's engine
-    (hidden.share_idle_s on a local executor, outside a SLURM allocation: the keeper holds the
-    model, one process for the whole stage, outside Snakemake's count), else HIDDEN_ENGINE_MB.
-    A callable, since the executor is known only once the run starts; a dry run, whose
-    executor stands in for the one a real run would have, shows HIDDEN_ENGINE_MB."""
+    (hidden.share_idle_s on a local executor: the keeper holds the model, one process for the
+    whole stage, outside Snakemake's count), else the stage's (stage_mem_mb). A callable,
+    since the executor is known only once the run starts; a dry run, whose executor stands in
+    for the one a real run would have, shows the stage's."""
     idle_s = float(config["hidden"]["share_idle_s"])
+    own = stage_mem_mb(config, "hidden")
 
     def mem_mb(wildcards: Any) -> int:
         plugin = workflow.executor_plugin
         settings = plugin.common_settings if plugin is not None else None
         local = settings is not None and settings.local_exec and not settings.dryrun_exec
-        return HIDDEN_CLIENT_MB if local and sharing_allowed(idle_s) else HIDDEN_ENGINE_MB
+        return HIDDEN_CLIENT_MB if local and sharing_allowed(idle_s) else own
 
     return mem_mb
 
