@@ -74,6 +74,18 @@ from specbuild.infra.snakemake_locks import one_writer_per_output
 if workflow.is_main_process:
     one_writer_per_output()
 
+# A SLURM allocation's own Snakemake, running a group of one stage's shards (docs/clusters.md):
+# the group's other shards still run after one fails (Snakemake passes --keep-going on to no
+# cluster job), and its keeper host starts the engines the group's jobs share, each loaded
+# once and stopped when this Snakemake exits (specbuild/engines/keeper_host.py).
+from specbuild.engines.keeper_host import start_host
+from specbuild.workflow.allocation import batch_step, keep_going
+
+if batch_step(workflow):
+    keep_going(workflow)
+    if config["hidden"]["share_idle_s"] or config["sglang"]["share_idle_s"]:
+        start_host()
+
 
 # {variant: its whole train config}: `base` (train as given) and each of train.variants
 VARIANTS = train_variants(config)

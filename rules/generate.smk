@@ -25,6 +25,8 @@ rule generate:
         gpu=scheduling.generate_gpus(config),
         mem_mb=scheduling.stage_mem_mb(config, "generate"),
         runtime=60,
+        # one at a time per cluster job (profiles/slurm): a group runs its shards in turn
+        engine_jobs=1,
         engine_sharing=engine_settings.server_sharing(config),
     params:
         backend=config["generate"]["backend"],

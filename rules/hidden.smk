@@ -24,6 +24,8 @@ rule hidden:
         # holds the weights
         mem_mb=scheduling.hidden_mem_mb(config, workflow),
         runtime=120,
+        # one at a time per cluster job (profiles/slurm): a group runs its shards in turn
+        engine_jobs=1,
         engine_memory=features.engine_memory(config, "hidden"),
         # one engine for the run's hidden jobs (hidden.share_idle_s); changes no output
         engine_sharing=features.feature_sharing(config),

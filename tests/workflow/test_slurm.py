@@ -2,8 +2,11 @@
 
 tests/slurm/start_slurm.sh installs (as root, via apt-get, when missing) and starts munge,
 slurmctld and slurmd. Every job of the run must be an sbatch job that SLURM reports
-COMPLETED, and the results must equal the local run's (`built_workflow`), file for file.
-Skipped only where SLURM is absent and this process cannot be root to install it.
+COMPLETED, each engine-bound stage's shards one job (a group) whose hidden shards load the
+target once, and the results must equal the local run's (`built_workflow`), file for file. A
+bad shard fails alone inside its group: the group's other shard is published, and a rerun
+runs only the bad one. Skipped only where SLURM is absent and this process cannot be root to
+install it.
 """
 
 from __future__ import annotations
@@ -26,14 +29,18 @@ from workflow_helpers import (
     snakemake,
 )
 
+from benchmarks.engine_loads import count_loads
+
 pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
 
 START_SLURM = REPO / "tests" / "slurm" / "start_slurm.sh"
 SLURM_TOOLS = ("sbatch", "squeue", "srun", "sinfo", "slurmctld", "slurmd", "munged")
-_SUBMITTED = re.compile(r"Job (\d+) has been submitted with SLURM jobid (\d+) \(log: (.+?)\)")
+_SUBMITTED = re.compile(r"Job (\S+) has been submitted with SLURM jobid (\d+) \(log: (.+?)\)")
 # Rules with `localrule: True` beside `all`: the rejected-row checks (a JSON read each) run in
 # Snakemake's own process on the login node, never as SLURM jobs.
 LOCAL_RULES = {"rejects_check", "rejects"}
+# profiles/slurm-test's groups: each stage's shards in one cluster job
+GROUPED = {"generate", "hidden"}
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +109,23 @@ def test_workflow_runs_through_slurm_and_matches_the_local_run(
 
     proc = snakemake(workdir, "--profile", "profiles/slurm-test", timeout=1500)
     submitted = _SUBMITTED.findall(proc.stdout + proc.stderr)
-    # Every job but the local rules' went through sbatch, each as its own SLURM job.
+    # Every job but the local rules' went through sbatch: a grouped stage's shards as one
+    # SLURM job, every other job as its own.
     remote = [job for job in jobs if job[0] not in LOCAL_RULES]
-    assert len(submitted) == len(remote) < len(jobs), proc.stderr[-5000:]
+    alone = [job for job in remote if job[0] not in GROUPED]
+    groups = {job[0] for job in remote} & GROUPED
+    assert groups == GROUPED and len(submitted) == len(alone) + len(groups), proc.stderr[-5000:]
     slurm_ids = [slurm_id for _, slurm_id, _ in submitted]
     assert len(set(slurm_ids)) == len(slurm_ids)
     for _, slurm_id, log in submitted:  # SLURM's own log of each job, named by its job id
         assert Path(log).name == f"{slurm_id}.log" and Path(log).is_file()
         assert Path(log).is_relative_to(workdir / "logs" / "slurm")
+    for rule in GROUPED:
+        assert len(list((workdir / "logs" / "slurm" / f"group_{rule}_{rule}").glob("*.log"))) == 1
+    # the hidden group's two shards on one engine: the first started it, the second shared it
+    loads = {row.stage: row for row in count_loads(workdir / "logs")}
+    hidden = loads["hidden"]
+    assert (hidden.jobs, hidden.loads, hidden.kept_joins) == (2, 1, 1), hidden
     assert set(slurm_states(slurm_ids).values()) == {"COMPLETED"}
 
     assert planned_jobs(workdir) == []
@@ -117,6 +133,36 @@ def test_workflow_runs_through_slurm_and_matches_the_local_run(
     assert sorted(results_files(workdir)) == sorted(local)
     for rel in local:
         assert same_result(built_workflow.workdir / rel, workdir / rel), f"{rel} differs"
+
+
+def test_a_bad_shard_fails_alone_in_its_group_and_a_rerun_runs_only_it(
+    slurm_cluster, tmp_path, target_dir
+):
+    workdir = make_workdir(tmp_path / "wf", target_dir)
+    snakemake(workdir, "--cores", "2", "--until", "tokenize")  # locally: the test is hidden's
+    bad = workdir / "results" / "tokenized" / "tiny" / "00000.jsonl"
+    good, stat = bad.read_bytes(), bad.stat()
+    # a broken last line, the mtime kept: tokenize is not rerun, its hidden job fails
+    bad.write_bytes(good + b'{"broken": \n')
+    os.utime(bad, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+    args = ("--profile", "profiles/slurm-test", "--until", "hidden")
+    proc = snakemake(workdir, *args, check=False, timeout=900)
+    assert proc.returncode != 0
+    assert len(_SUBMITTED.findall(proc.stdout + proc.stderr)) == 1  # both shards, one job
+    hidden = workdir / "results" / "hidden" / "tiny"
+    # the group's other shard ran and was kept; the bad one left nothing that looks finished
+    assert (hidden / "00001.safetensors").is_file()
+    assert not (hidden / "00000.safetensors").exists() and not list(hidden.glob(".*"))
+    assert f"{bad.relative_to(workdir)}:" in (workdir / "logs/hidden/tiny/00000.log").read_text()
+
+    bad.write_bytes(good)
+    os.utime(bad, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert planned_jobs(workdir, "--until", "hidden") == [("hidden", "dataset=tiny, shard=00000")]
+    rerun = snakemake(workdir, *args, timeout=900)
+    out = rerun.stdout + rerun.stderr
+    assert "shard=00000" in out and "shard=00001" not in out
+    assert (hidden / "00000.safetensors").is_file()
 
 
 def test_result_comparison_ignores_timings_but_not_results(tmp_path):

@@ -9,9 +9,14 @@ build on this module: `server` (an SGLang server for generation, engines.kept_se
 
 A keeper stops its engine when no lease has been held for `idle_s`, when another engine is
 about to start on its GPUs or a training claims them (`release_idle`: the memory is theirs
-now), and at the end of the run (`stop_all`, from the Snakefile's onsuccess/onerror). Inside a
-SLURM job nothing is shared (callers check `sharing_allowed`): the allocation, and every
-process in it, ends with the job.
+now), and at the end of the run (`stop_all`, from the Snakefile's onsuccess/onerror).
+
+Inside a SLURM allocation (a cluster job of `profiles/slurm`, often a group of one stage's
+shards) the keepers live in a folder on the node's own disk, and the allocation's keeper host
+(engines.keeper_host, started by the allocation's Snakemake) starts them: Snakemake runs each
+job in a job step of its own, whose processes end with it, while the host and its keepers
+live until the allocation's Snakemake exits. Without a host (an allocation not started by
+Snakemake) a job shares nothing (`sharing_allowed`).
 
 Why not Snakemake's service jobs: a service runs in one group with all its consumers at once,
 so every shard of the stage would be in flight together in one cluster job, and the per-shard
@@ -24,6 +29,8 @@ resource accounting and rerun decisions would be lost.
                                stop        asks the keeper to stop once no lease is held
                                leases/<pid>-<hex>  one per job using it, flock'ed meanwhile
                                keeper.log  the keeper's and its engine's output
+    <registry>/host/            host.pid    an allocation's keeper host
+                                requests/   keepers the host is asked to start (0600)
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ __all__ = [
     "Lease",
     "keeper_running",
     "fail",
+    "host_folder",
+    "host_running",
     "keeper_key",
     "lease",
     "lease_held",
@@ -72,16 +81,40 @@ DEFAULT_REGISTRY = ".specbuild/keepers"
 KEEPER_LOG = "keeper.log"
 POLL_S = 0.5
 STOP_WAIT_S = 120.0  # stop_all/release_idle: how long to wait for keepers to exit
+HOST_WAIT_S = 60.0  # a job's wait for the allocation's keeper host to start a keeper
 
 
 def registry() -> Path:
-    return Path(os.environ.get(REGISTRY_ENV) or DEFAULT_REGISTRY).resolve()
+    """Where the keepers live: SPECBUILD_KEEPERS, else inside a SLURM allocation a folder of
+    the node's (the shared filesystem is seen by other nodes, whose pids mean nothing here),
+    else below the working directory."""
+    given = os.environ.get(REGISTRY_ENV)
+    if given:
+        return Path(given).resolve()
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:
+        node = Path(os.environ.get("TMPDIR") or "/tmp")
+        return (node / f"specbuild-keepers-{os.getuid()}-{job}").resolve()
+    return Path(DEFAULT_REGISTRY).resolve()
+
+
+def host_folder() -> Path:
+    """The allocation's keeper host's folder (engines.keeper_host)."""
+    return registry() / "host"
+
+
+def host_running() -> bool:
+    """Whether this SLURM allocation has a running keeper host."""
+    try:
+        return pid_alive(int((host_folder() / "host.pid").read_text()))
+    except (OSError, ValueError):
+        return False
 
 
 def sharing_allowed(idle_s: float) -> bool:
-    """Whether a job shares an engine: asked to (idle_s > 0), and not inside a SLURM job,
-    whose allocation ends with it, keeper included."""
-    return idle_s > 0 and not os.environ.get("SLURM_JOB_ID")
+    """Whether a job shares an engine: asked to (idle_s > 0), and outside a SLURM allocation or
+    inside one whose keeper host runs (a job step's own children end with the step)."""
+    return idle_s > 0 and (not os.environ.get("SLURM_JOB_ID") or host_running())
 
 
 def keeper_key(kind: str, ident: Mapping[str, Any]) -> str:
@@ -167,17 +200,40 @@ def _start_keeper(
     fd = os.open(folder / "spec.json", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump({**spec, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}, fh)
+    argv = [sys.executable, "-m", module, str(folder), str(idle_s)]
+    if os.environ.get("SLURM_STEP_ID"):
+        _ask_host(argv, folder)
+        return
     with open(folder / KEEPER_LOG, "a") as out:
         # its own process group: it outlives the job that started it (Snakemake ends a job's
         # group), and stays in the run's session, which a terminal or batch system cleans up
         proc = subprocess.Popen(
-            [sys.executable, "-m", module, str(folder), str(idle_s)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            process_group=0,
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, process_group=0
         )
     write_text(folder / "keeper.pid", str(proc.pid))
+
+
+def _ask_host(argv: list[str], folder: Path) -> None:
+    """Have the allocation's keeper host start `argv` as the keeper of `folder`, with this job's
+    environment (its GPUs, its Python's), and wait until it has. The request is 0600 and
+    removed once read: the environment may hold keys."""
+    (folder / "keeper.pid").unlink(missing_ok=True)  # a dead keeper's
+    requests = host_folder() / "requests"
+    requests.mkdir(parents=True, exist_ok=True)
+    request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "folder": str(folder)}
+    tmp = requests / f".{folder.name}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(request, fh)
+    os.rename(tmp, requests / f"{folder.name}.json")
+    deadline = time.monotonic() + HOST_WAIT_S
+    while not (folder / "keeper.pid").exists():
+        if not host_running() or time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the allocation's keeper host ({host_folder()}) did not start the keeper of "
+                f"{folder} within {HOST_WAIT_S:.0f} s"
+            )
+        time.sleep(POLL_S / 5)
 
 
 @dataclass(frozen=True)

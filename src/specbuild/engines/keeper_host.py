@@ -1,0 +1,108 @@
+"""A SLURM allocation's keeper host: starts the keepers its jobs ask for, and stops them when
+the allocation's Snakemake exits.
+
+Under `profiles/slurm` one stage's engine-bound shards go to one cluster job (a Snakemake
+group, docs/clusters.md), so that its jobs share one engine, loaded once. Inside the
+allocation Snakemake runs each job in a job step of its own (`srun`), and a step's processes
+end with it: a keeper the first job started as its child would die with the first shard. The
+allocation's own Snakemake (its batch step) starts this host when it parses the Snakefile
+(`start_host`); jobs write requests to the host's folder (engines.keepers), the host starts
+each keeper as its child, in the batch step, and reaps it when it exits. When the Snakemake it
+was started by exits, success or failure, the host asks every keeper to stop, waits for them,
+removes the allocation's folder of keepers and exits: no engine outlives the group. SLURM ends the whole allocation, host and keepers
+included, at a time limit or a cancel.
+
+    python -m specbuild.engines.keeper_host <pid of the allocation's Snakemake>
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from specbuild.engines import keepers
+from specbuild.infra.io import pid_alive
+
+__all__ = ["serve", "start_host"]
+
+log = logging.getLogger("specbuild")
+
+
+def start_host() -> None:
+    """Start this allocation's keeper host unless it runs: a child of this Snakemake in its own
+    process group, watching this process."""
+    folder = keepers.host_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    if keepers.host_running():
+        return
+    with open(folder / "host.log", "a") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specbuild.engines.keeper_host", str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )
+    keepers.write_text(folder / "host.pid", str(proc.pid))
+
+
+def _start(request: Path, children: dict[int, subprocess.Popen]) -> None:
+    """Start the keeper `request` asks for and record its pid where the job waits for it."""
+    ask = json.loads(request.read_text())
+    request.unlink()
+    folder = Path(ask["folder"])
+    with open(folder / keepers.KEEPER_LOG, "a") as out:
+        proc = subprocess.Popen(
+            ask["argv"],
+            cwd=ask["cwd"],
+            env=ask["env"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )
+    children[proc.pid] = proc
+    keepers.write_text(folder / "keeper.pid", str(proc.pid))
+    log.info("started the keeper of %s (pid %d)", folder.name, proc.pid)
+
+
+def serve(parent: int) -> None:
+    """Start requested keepers until process `parent` exits; then stop them all and return."""
+    requests = keepers.host_folder() / "requests"
+    requests.mkdir(parents=True, exist_ok=True)
+    children: dict[int, subprocess.Popen] = {}
+    while pid_alive(parent):
+        for request in sorted(requests.glob("*.json")):
+            try:
+                _start(request, children)
+            except Exception as err:  # one bad request must not end the host
+                log.error("could not start the keeper of %s: %s", request.name, err)
+                request.unlink(missing_ok=True)
+        for pid, proc in list(children.items()):
+            if proc.poll() is not None:  # reaped: no zombie looks like a running keeper
+                del children[pid]
+        time.sleep(keepers.POLL_S / 5)
+    log.info("the allocation's Snakemake (pid %d) exited: stopping its keepers", parent)
+    keepers.stop_all()
+    for proc in children.values():
+        proc.wait()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    keepers.write_text(keepers.host_folder() / "host.pid", str(os.getpid()))
+    try:
+        serve(int(sys.argv[1]))
+    finally:
+        # the node's folder of this allocation: its keepers have exited, their jobs too
+        shutil.rmtree(keepers.registry(), ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
