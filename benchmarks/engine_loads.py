@@ -49,6 +49,8 @@ def count_loads(logs: str | Path) -> list[StageLoads]:
         stage = path.relative_to(logs).parts[0]
         if stage == path.name:  # a log of the whole run, not a job's
             continue
+        if stage == "slurm":  # SLURM's copy of its cluster jobs' output (profiles/slurm)
+            continue
         row = stages.setdefault(stage, StageLoads(stage))
         row.jobs += 1
         for line in path.read_text(errors="replace").splitlines():

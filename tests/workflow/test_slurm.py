@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,8 @@ from workflow_helpers import (
     results_files,
     same_result,
     snakemake,
+    tiny_config,
+    write_config,
 )
 
 from benchmarks.engine_loads import count_loads
@@ -133,6 +136,37 @@ def test_workflow_runs_through_slurm_and_matches_the_local_run(
     assert sorted(results_files(workdir)) == sorted(local)
     for rel in local:
         assert same_result(built_workflow.workdir / rel, workdir / rel), f"{rel} differs"
+
+
+def test_each_engine_bound_stage_loads_its_engine_once_and_writes_what_a_local_run_does(
+    slurm_cluster, tmp_path, target_dir
+):
+    # generate on an SGLang server (the loopback stub: no GPU here) and hidden with
+    # transformers, each stage's two shards sharing one kept engine inside their group's job
+    config = tiny_config(generate={"backend": "sglang", "max_new_tokens": 6})
+    config["hidden"]["share_idle_s"] = 600
+    config["sglang"] = {
+        "launcher": [sys.executable, str(REPO / "tests" / "stubs" / "sglang_stub.py")],
+        "startup_timeout_s": 60,
+        "server_args": {"attention_backend": "triton"},
+        "share_idle_s": 600,
+    }
+    runs = {}
+    for where in ("local", "slurm"):
+        runs[where] = make_workdir(tmp_path / where, target_dir)
+        write_config(runs[where], config)
+    snakemake(runs["local"], "--cores", "2", "--until", "hidden")
+    snakemake(runs["slurm"], "--profile", "profiles/slurm-test", "--until", "hidden")
+
+    loads = {row.stage: row for row in count_loads(runs["slurm"] / "logs")}
+    assert (loads["generate"].kept_starts, loads["generate"].kept_joins) == (1, 1)
+    for stage in ("generate", "hidden"):
+        assert (loads[stage].jobs, loads[stage].loads) == (2, 1), loads[stage]
+        assert len(list((runs["slurm"] / "logs/slurm").glob(f"group_{stage}_*/*.log"))) == 1
+    local = [f for f in results_files(runs["local"]) if f.split("/")[1] in ("generated", "hidden")]
+    assert len(local) >= 8
+    for rel in local:
+        assert same_result(runs["local"] / rel, runs["slurm"] / rel), f"{rel} differs"
 
 
 def test_a_bad_shard_fails_alone_in_its_group_and_a_rerun_runs_only_it(

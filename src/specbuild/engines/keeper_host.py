@@ -9,8 +9,8 @@ allocation's own Snakemake (its batch step) starts this host when it parses the 
 (`start_host`); jobs write requests to the host's folder (engines.keepers), the host starts
 each keeper as its child, in the batch step, and reaps it when it exits. When the Snakemake it
 was started by exits, success or failure, the host asks every keeper to stop, waits for them,
-removes the allocation's folder of keepers and exits: no engine outlives the group. SLURM ends the whole allocation, host and keepers
-included, at a time limit or a cancel.
+removes the allocation's folder of keepers and exits: no engine outlives the group. SLURM
+ends the whole allocation, host and keepers included, at a time limit or a cancel.
 
     python -m specbuild.engines.keeper_host <pid of the allocation's Snakemake>
 """
