@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -94,8 +95,15 @@ def serve(parent: int) -> None:
         proc.wait()
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # SLURM ends a cancelled or timed-out allocation with SIGTERM to every process in it: the
+    # keepers get theirs too; the host still removes the node's folder
+    signal.signal(signal.SIGTERM, _terminated)
     keepers.write_text(keepers.host_folder() / "host.pid", str(os.getpid()))
     try:
         serve(int(sys.argv[1]))

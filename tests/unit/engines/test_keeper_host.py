@@ -71,3 +71,24 @@ def test_a_job_steps_keeper_is_the_hosts_child_and_ends_with_the_allocations_sna
     finally:
         snakemake.kill()
         host.kill()
+
+
+def test_a_cancelled_allocations_host_still_removes_the_nodes_folder(tmp_path, monkeypatch):
+    # SLURM's cancel or time limit: SIGTERM to every process of the allocation
+    import signal
+
+    monkeypatch.setenv(REGISTRY_ENV, str(tmp_path / "keepers"))
+    monkeypatch.setenv("SLURM_JOB_ID", "4243")
+    snakemake = subprocess.Popen(["sleep", "600"])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    host = subprocess.Popen(
+        [sys.executable, "-m", "specbuild.engines.keeper_host", str(snakemake.pid)], env=env
+    )
+    try:
+        assert _wait(host_running)
+        host.send_signal(signal.SIGTERM)
+        assert host.wait(timeout=30) == 128 + signal.SIGTERM
+        assert not (tmp_path / "keepers").exists()
+    finally:
+        snakemake.kill()
+        host.kill()
