@@ -5,7 +5,7 @@ slurmctld and slurmd. Every job of the run must be an sbatch job that SLURM repo
 COMPLETED, each engine-bound stage's shards one job (a group) whose hidden shards load the
 target once, and the results must equal the local run's (`built_workflow`), file for file. A
 bad shard fails alone inside its group: the group's other shard is published, and a rerun
-runs only the bad one. Skipped only where SLURM is absent and this process cannot be root to
+runs only the bad one; a group SLURM cancels leaves only whole shards and no engine. Skipped only where SLURM is absent and this process cannot be root to
 install it.
 """
 
@@ -17,12 +17,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 from workflow_helpers import (
     REPO,
+    SNAKEMAKE,
     make_workdir,
     planned_jobs,
     results_files,
@@ -33,6 +35,7 @@ from workflow_helpers import (
 )
 
 from benchmarks.engine_loads import count_loads
+from specbuild.hidden.shards import read_shard
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
 
@@ -169,7 +172,7 @@ def test_each_engine_bound_stage_loads_its_engine_once_and_writes_what_a_local_r
         assert same_result(runs["local"] / rel, runs["slurm"] / rel), f"{rel} differs"
 
 
-def test_a_bad_shard_fails_alone_in_its_group_and_a_rerun_runs_only_it(
+def test_a_bad_shard_fails_alone_in_its_group_and_a_cancelled_group_leaves_only_whole_shards(
     slurm_cluster, tmp_path, target_dir
 ):
     workdir = make_workdir(tmp_path / "wf", target_dir)
@@ -197,6 +200,43 @@ def test_a_bad_shard_fails_alone_in_its_group_and_a_rerun_runs_only_it(
     out = rerun.stdout + rerun.stderr
     assert "shard=00000" in out and "shard=00001" not in out
     assert (hidden / "00000.safetensors").is_file()
+
+    # SLURM cancels the group (a time limit, a preemption) once a shard's job has begun: what
+    # it leaves is whole, no engine outlives it, and a rerun finishes the stage
+    for shard in hidden.glob("*.safetensors"):
+        shard.unlink()
+    logs = workdir / "logs" / "slurm" / "group_hidden_hidden"
+    before, start = set(logs.glob("*.log")), time.time()
+    with subprocess.Popen(
+        [str(SNAKEMAKE), "--snakefile", "Snakefile", *args],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    ) as run:
+        job_logs = workdir / "logs" / "hidden" / "tiny"
+        assert _until(lambda: any(p.stat().st_mtime > start for p in job_logs.glob("*.log")))
+        (new,) = set(logs.glob("*.log")) - before
+        subprocess.run(["scancel", new.stem], check=True)
+        assert run.wait(timeout=600) != 0
+    for shard in hidden.glob("*.safetensors"):
+        read_shard(shard)  # whole, or not there
+    keepers = f"specbuild-keepers-{os.getuid()}-{new.stem}"
+    assert _until(lambda: subprocess.run(["pgrep", "-f", keepers]).returncode == 1)
+    snakemake(workdir, *args, timeout=900)
+    assert sorted(p.name for p in hidden.glob("*.safetensors")) == [
+        "00000.safetensors",
+        "00001.safetensors",
+    ]
+
+
+def _until(condition, timeout_s: float = 300.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def test_result_comparison_ignores_timings_but_not_results(tmp_path):
