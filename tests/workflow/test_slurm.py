@@ -2,11 +2,11 @@
 
 tests/slurm/start_slurm.sh installs (as root, via apt-get, when missing) and starts munge,
 slurmctld and slurmd. Every job of the run must be an sbatch job that SLURM reports
-COMPLETED, each engine-bound stage's shards one job (a group) whose hidden shards load the
-target once, and the results must equal the local run's (`built_workflow`), file for file. A
-bad shard fails alone inside its group: the group's other shard is published, and a rerun
-runs only the bad one; a group SLURM cancels leaves only whole shards and no engine. Skipped only where SLURM is absent and this process cannot be root to
-install it.
+COMPLETED, each engine-bound stage's shards one job (a group) that loads its engine once,
+and the results must equal a local run's, file for file. A bad shard fails alone inside its
+group (the other shard is published, a rerun runs only the bad one), and a group SLURM
+cancels leaves only whole shards and no engine. Skipped only where SLURM is absent and this
+process cannot be root to install it.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def test_workflow_runs_through_slurm_and_matches_the_local_run(
         assert same_result(built_workflow.workdir / rel, workdir / rel), f"{rel} differs"
 
 
-def test_each_engine_bound_stage_loads_its_engine_once_and_writes_what_a_local_run_does(
+def test_a_stages_group_loads_its_engine_once_fails_a_bad_shard_alone_and_ends_when_cancelled(
     slurm_cluster, tmp_path, target_dir
 ):
     # generate on an SGLang server (the loopback stub: no GPU here) and hidden with
@@ -159,35 +159,31 @@ def test_each_engine_bound_stage_loads_its_engine_once_and_writes_what_a_local_r
         runs[where] = make_workdir(tmp_path / where, target_dir)
         write_config(runs[where], config)
     snakemake(runs["local"], "--cores", "2", "--until", "hidden")
-    snakemake(runs["slurm"], "--profile", "profiles/slurm-test", "--until", "hidden")
+    args = ("--profile", "profiles/slurm-test", "--until", "hidden")
+    workdir = runs["slurm"]
+    snakemake(workdir, *args)
 
-    loads = {row.stage: row for row in count_loads(runs["slurm"] / "logs")}
+    loads = {row.stage: row for row in count_loads(workdir / "logs")}
     assert (loads["generate"].kept_starts, loads["generate"].kept_joins) == (1, 1)
     for stage in ("generate", "hidden"):
         assert (loads[stage].jobs, loads[stage].loads) == (2, 1), loads[stage]
-        assert len(list((runs["slurm"] / "logs/slurm").glob(f"group_{stage}_*/*.log"))) == 1
+        assert len(list((workdir / "logs/slurm").glob(f"group_{stage}_*/*.log"))) == 1
     local = [f for f in results_files(runs["local"]) if f.split("/")[1] in ("generated", "hidden")]
     assert len(local) >= 8
     for rel in local:
-        assert same_result(runs["local"] / rel, runs["slurm"] / rel), f"{rel} differs"
+        assert same_result(runs["local"] / rel, workdir / rel), f"{rel} differs"
 
-
-def test_a_bad_shard_fails_alone_in_its_group_and_a_cancelled_group_leaves_only_whole_shards(
-    slurm_cluster, tmp_path, target_dir
-):
-    workdir = make_workdir(tmp_path / "wf", target_dir)
-    snakemake(workdir, "--cores", "2", "--until", "tokenize")  # locally: the test is hidden's
+    # A bad shard fails alone: a broken last line, the mtime kept (tokenize is not rerun)
+    hidden = workdir / "results" / "hidden" / "tiny"
+    for shard in hidden.glob("*.safetensors"):
+        shard.unlink()
     bad = workdir / "results" / "tokenized" / "tiny" / "00000.jsonl"
     good, stat = bad.read_bytes(), bad.stat()
-    # a broken last line, the mtime kept: tokenize is not rerun, its hidden job fails
     bad.write_bytes(good + b'{"broken": \n')
     os.utime(bad, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-
-    args = ("--profile", "profiles/slurm-test", "--until", "hidden")
     proc = snakemake(workdir, *args, check=False, timeout=900)
     assert proc.returncode != 0
     assert len(_SUBMITTED.findall(proc.stdout + proc.stderr)) == 1  # both shards, one job
-    hidden = workdir / "results" / "hidden" / "tiny"
     # the group's other shard ran and was kept; the bad one left nothing that looks finished
     assert (hidden / "00001.safetensors").is_file()
     assert not (hidden / "00000.safetensors").exists() and not list(hidden.glob(".*"))
