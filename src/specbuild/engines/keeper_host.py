@@ -58,18 +58,8 @@ def _start(request: Path, children: dict[int, subprocess.Popen]) -> None:
     ask = json.loads(request.read_text())
     request.unlink()
     folder = Path(ask["folder"])
-    with open(folder / keepers.KEEPER_LOG, "a") as out:
-        proc = subprocess.Popen(
-            ask["argv"],
-            cwd=ask["cwd"],
-            env=ask["env"],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            process_group=0,
-        )
+    proc = keepers.spawn_keeper(ask["argv"], folder, cwd=ask["cwd"], env=ask["env"])
     children[proc.pid] = proc
-    keepers.write_text(folder / "keeper.pid", str(proc.pid))
     log.info("started the keeper of %s (pid %d)", folder.name, proc.pid)
 
 

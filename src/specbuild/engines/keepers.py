@@ -69,6 +69,7 @@ __all__ = [
     "registry",
     "release_idle",
     "serve_until_idle",
+    "spawn_keeper",
     "sharing_allowed",
     "stop_all",
     "write_text",
@@ -204,13 +205,27 @@ def _start_keeper(
     if os.environ.get("SLURM_STEP_ID"):
         _ask_host(argv, folder)
         return
+    spawn_keeper(argv, folder)
+
+
+def spawn_keeper(
+    argv: list[str], folder: Path, *, cwd: str | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.Popen:
+    """Start `argv` as the keeper of `folder`, its output in keeper.log, and record its pid."""
     with open(folder / KEEPER_LOG, "a") as out:
         # its own process group: it outlives the job that started it (Snakemake ends a job's
         # group), and stays in the run's session, which a terminal or batch system cleans up
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, process_group=0
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            process_group=0,
         )
     write_text(folder / "keeper.pid", str(proc.pid))
+    return proc
 
 
 def _ask_host(argv: list[str], folder: Path) -> None:
