@@ -24,7 +24,6 @@ import pytest
 import yaml
 from workflow_helpers import (
     REPO,
-    SNAKEMAKE,
     make_workdir,
     planned_jobs,
     results_files,
@@ -40,6 +39,8 @@ from specbuild.hidden.shards import read_shard
 pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
 
 START_SLURM = REPO / "tests" / "slurm" / "start_slurm.sh"
+# the plugin's status checks at most 2 s apart (its own wait grows by 10 s a check)
+SLURM_SNAKEMAKE = (sys.executable, str(REPO / "tests" / "slurm" / "fast_poll.py"))
 SLURM_TOOLS = ("sbatch", "squeue", "srun", "sinfo", "slurmctld", "slurmd", "munged")
 _SUBMITTED = re.compile(r"Job (\S+) has been submitted with SLURM jobid (\d+) \(log: (.+?)\)")
 # Rules with `localrule: True` beside `all`: the rejected-row checks (a JSON read each) run in
@@ -113,7 +114,9 @@ def test_workflow_runs_through_slurm_and_matches_the_local_run(
     jobs = planned_jobs(workdir)
     assert jobs == built_workflow.jobs
 
-    proc = snakemake(workdir, "--profile", "profiles/slurm-test", timeout=1500)
+    proc = snakemake(
+        workdir, "--profile", "profiles/slurm-test", timeout=1500, launcher=SLURM_SNAKEMAKE
+    )
     submitted = _SUBMITTED.findall(proc.stdout + proc.stderr)
     # Every job but the local rules' went through sbatch: a grouped stage's shards as one
     # SLURM job, every other job as its own.
@@ -157,7 +160,7 @@ def test_a_stages_group_loads_its_engine_once_fails_a_bad_shard_alone_and_ends_w
     workdir = make_workdir(tmp_path / "wf", target_dir)
     write_config(workdir, config)
     args = ("--profile", "profiles/slurm-test", "--until", "hidden")
-    snakemake(workdir, *args)
+    snakemake(workdir, *args, launcher=SLURM_SNAKEMAKE)
 
     loads = {row.stage: row for row in count_loads(workdir / "logs")}
     assert (loads["generate"].kept_starts, loads["generate"].kept_joins) == (1, 1)
@@ -174,7 +177,7 @@ def test_a_stages_group_loads_its_engine_once_fails_a_bad_shard_alone_and_ends_w
     good, stat = bad.read_bytes(), bad.stat()
     bad.write_bytes(good + b'{"broken": \n')
     os.utime(bad, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    proc = snakemake(workdir, *args, check=False, timeout=900)
+    proc = snakemake(workdir, *args, check=False, timeout=900, launcher=SLURM_SNAKEMAKE)
     assert proc.returncode != 0
     assert len(_SUBMITTED.findall(proc.stdout + proc.stderr)) == 1  # both shards, one job
     # the group's other shard ran and was kept; the bad one left nothing that looks finished
@@ -185,7 +188,7 @@ def test_a_stages_group_loads_its_engine_once_fails_a_bad_shard_alone_and_ends_w
     bad.write_bytes(good)
     os.utime(bad, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert planned_jobs(workdir, "--until", "hidden") == [("hidden", "dataset=tiny, shard=00000")]
-    rerun = snakemake(workdir, *args, timeout=900)
+    rerun = snakemake(workdir, *args, timeout=900, launcher=SLURM_SNAKEMAKE)
     out = rerun.stdout + rerun.stderr
     assert "shard=00000" in out and "shard=00001" not in out
     assert (hidden / "00000.safetensors").is_file()
@@ -197,7 +200,7 @@ def test_a_stages_group_loads_its_engine_once_fails_a_bad_shard_alone_and_ends_w
     logs = workdir / "logs" / "slurm" / "group_hidden_hidden"
     before, start = set(logs.glob("*.log")), time.time()
     with subprocess.Popen(
-        [str(SNAKEMAKE), "--snakefile", "Snakefile", *args],
+        [*SLURM_SNAKEMAKE, "--snakefile", "Snakefile", *args],
         cwd=workdir,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -24,7 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pytest
@@ -196,12 +196,17 @@ def copy_workdir(src: Path, dst: Path) -> Path:
 
 
 def snakemake(
-    workdir: Path, *args: str, check: bool = True, timeout: float = 900
+    workdir: Path,
+    *args: str,
+    check: bool = True,
+    timeout: float = 900,
+    launcher: Sequence[str] = (str(SNAKEMAKE),),
 ) -> subprocess.CompletedProcess:
-    """Run the real snakemake in `workdir`; on failure show its output and the job logs."""
+    """Run the real snakemake in `workdir`; on failure show its output and the job logs.
+    `launcher`: the command that starts it (the SLURM tests' caps the plugin's polling)."""
     # Own process group: on a timeout the jobs it started go too, not only snakemake.
     with subprocess.Popen(
-        [str(SNAKEMAKE), "--snakefile", "Snakefile", *args],
+        [*launcher, "--snakefile", "Snakefile", *args],
         cwd=workdir,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
