@@ -28,6 +28,10 @@ on: use it only for text the target wrote.
 Self-written conversations (`synthesize.turns` > 1) go on for more turns in the same job: the
 target writes each follow-up user turn itself and answers it (`generate_shard`).
 
+`answers` > 1 answers each prompt several times, each answer a conversation and sample of its
+own (`answer_copies`): sampled at a temperature, one prompt yields several target-written
+answers.
+
 No single record takes a shard down: when the backend raises on a batch, each of its requests
 is tried alone, and one that still fails is rejected with the error as its reason.
 """
@@ -39,7 +43,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -62,6 +66,8 @@ from specbuild.target import load_tokenizer, read_target_info
 
 __all__ = [
     "AnswerRounds",
+    "answer_copies",
+    "answer_ids",
     "GenerateSettings",
     "GenerationPlan",
     "generate_shard",
@@ -141,6 +147,21 @@ def _answer_failure(gen: Generation | str) -> str | None:
 def _check_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"generate.mode {mode!r}: allowed {', '.join(MODES)}")
+
+
+def _check_settings(s: GenerateSettings) -> None:
+    """Raise for settings no shard can be generated with (the config checks name the keys)."""
+    _check_mode(s.mode)
+    if s.turns > 1 and s.follow_up is None:
+        raise ValueError(f"turns {s.turns} needs the follow-up sampling (synthesize settings)")
+    if s.answers < 1:
+        raise ValueError(f"answers {s.answers}: at least 1")
+    if s.answers > 1 and (s.mode != "regenerate" or s.sampling.temperature == 0):
+        # greedy answers would be one answer n times; keep reuses the dataset's one answer
+        raise ValueError(
+            f"answers {s.answers} needs mode regenerate and a temperature > 0 (got mode "
+            f"{s.mode}, temperature {s.sampling.temperature})"
+        )
 
 
 def answer_contexts(messages: list[dict]) -> list[list[dict]]:
@@ -229,6 +250,7 @@ class GenerateSettings:
     turns: int = 1  # answers per self-written conversation (synthesize.turns)
     follow_up: SamplingParams | None = None  # how the target writes a follow-up user turn
     near_duplicate_threshold: float | None = None  # Jaccard; None: no near-duplicate check
+    answers: int = 1  # per prompt, each a sample of its own (`answer_copies`)
 
 
 @dataclass(frozen=True)
@@ -314,6 +336,30 @@ def plan_generation(
     return GenerationPlan(kept=kept, first=tuple(first), later=later, bad=tuple(bad))
 
 
+def answer_ids(sample_id: str, n: int) -> list[str]:
+    """The ids of a sample's `n` answers: its own, then `<id>~1` .. `<id>~<n-1>`."""
+    return [sample_id] + [f"{sample_id}~{k}" for k in range(1, n)]
+
+
+def answer_copies(plan: GenerationPlan, n: int, seed: int) -> GenerationPlan:
+    """`plan` with each sample answered `n` times, answer k a conversation of its own with id
+    `answer_ids(id, n)[k]`. Answer 0 keeps its request as it is (the shard's `seed`: one answer
+    is sampled as before); answer k >= 1 is seeded `seed + k`. A sample rejected before any
+    answer is rejected once per answer, so in (rows x n) = kept + rejected still holds."""
+    if n == 1:
+        return plan
+    if plan.kept:
+        raise ValueError(f"answers {n}: keep mode reuses the dataset's one answer")
+    first = tuple(
+        replace(req, id=cid, seed=req.seed if k == 0 else seed + k)
+        for req in plan.first
+        for k, cid in enumerate(answer_ids(req.id, n))
+    )
+    later = {cid: rest for sid, rest in plan.later.items() for cid in answer_ids(sid, n)}
+    bad = tuple({**b, "id": cid} for b in plan.bad for cid in answer_ids(b["id"], n))
+    return GenerationPlan(kept=plan.kept, first=first, later=later, bad=bad)
+
+
 class AnswerRounds:
     """The answering loop of one shard on one engine: round k sends the k-th answer of every
     conversation that has one, then asks the target for the follow-up user turns of those
@@ -343,6 +389,7 @@ class AnswerRounds:
     def _round(self, pending: list[GenerationRequest], what: str) -> list[GenerationRequest]:
         s, made, rest = self.settings, self.made, self.rest
         follow: dict[str, list[dict]] = {}  # answered to the end: the target goes on
+        seeds: dict[str, int | None] = {}  # of the conversations in `follow`
         after: list[GenerationRequest] = []
         for req, gen in _run(self.engine, pending, s.sampling, s.batch_size, what):
             n = _n_answers(req.messages) + 1
@@ -376,9 +423,9 @@ class AnswerRounds:
                     self.ended[f"answer {n}: stopped at max_new_tokens"] += 1
             elif rest.get(req.id):
                 context = made[req.id]["messages"] + rest[req.id].pop(0)
-                after.append(GenerationRequest(id=req.id, messages=context))
+                after.append(GenerationRequest(id=req.id, messages=context, seed=req.seed))
             elif n < s.turns:
-                follow[req.id] = made[req.id]["messages"]
+                follow[req.id], seeds[req.id] = made[req.id]["messages"], req.seed
         if follow:
             asked, why = _follow_ups(
                 self.engine,
@@ -387,7 +434,8 @@ class AnswerRounds:
                 sampling=s.follow_up,
                 batch_size=s.batch_size,
             )
-            after += asked
+            # each answer of a conversation is sampled with its seed (`answer_copies`)
+            after += [replace(r, seed=seeds[r.id]) for r in asked]
             self.ended += why
         return after
 
@@ -422,24 +470,29 @@ def generate_shard(
     each sample whose prompt is a near-duplicate of an earlier kept one of its dataset: in the
     `earlier` samples shards (every shard before this one, in order) or earlier in this shard
     (`specbuild.infra.near_dup`).
+
+    `settings.answers` > 1 answers each sample that many times (`answer_copies`: ids `<id>`,
+    `<id>~1`, ..., each seeded apart), after the near-duplicate check, so a prompt's answers
+    are never rejected as each other's duplicates. Rows keep input order, a sample's answers
+    together; each answer counts as a sample (in = rows x answers = kept + rejected).
     """
     s = settings
-    _check_mode(s.mode)
-    if s.turns > 1 and s.follow_up is None:
-        raise ValueError(f"turns {s.turns} needs the follow-up sampling (synthesize settings)")
+    _check_settings(s)
     target = read_target_info(fingerprint)
     rows = list(read_jsonl(samples))
     ensure_free_space(
         files.out,
         generate_need(
             samples=samples,
-            new_tokens=most_new_tokens(
+            new_tokens=s.answers
+            * most_new_tokens(
                 rows,
                 mode=s.mode,
                 turns=s.turns,
                 answer_tokens=s.sampling.max_new_tokens,
                 follow_up_tokens=s.follow_up.max_new_tokens if s.follow_up is not None else 0,
             ),
+            copies=s.answers,
         ),
         "a generated shard",
         hint="lower generate.max_new_tokens",
@@ -457,10 +510,17 @@ def generate_shard(
             n_earlier,
             len(earlier),
         )
-    plan = plan_generation(
-        rows, mode=s.mode, duplicates=dups, special_fault=partial(special_text_fault, tokenizer)
+    # copied after the near-duplicate check: a prompt's answers are never each other's duplicates
+    plan = answer_copies(
+        plan_generation(
+            rows, mode=s.mode, duplicates=dups, special_fault=partial(special_text_fault, tokenizer)
+        ),
+        s.answers,
+        s.sampling.seed,
     )
     multi = s.turns > 1 or plan.n_answers > len(plan.first)
+    each = [f"{s.answers} answers per prompt"] if s.answers > 1 else []
+    each += [f"{s.turns} turns each"] if s.turns > 1 else []
     log.info(
         "generate %s: %d samples, %d kept from the dataset, %d to generate (%d answers%s)",
         samples,
@@ -468,7 +528,7 @@ def generate_shard(
         len(plan.kept),
         len(plan.first),
         plan.n_answers,
-        f", {s.turns} turns each" if s.turns > 1 else "",
+        "".join(", " + e for e in each),
     )
 
     made: dict[str, dict] = {}
@@ -495,8 +555,8 @@ def generate_shard(
         )
 
     def rows_out():
-        for row in rows:
-            res = plan.kept.get(row["id"]) or made.get(row["id"])
+        for cid in (c for row in rows for c in answer_ids(row["id"], s.answers)):
+            res = plan.kept.get(cid) or made.get(cid)
             if res is None:
                 continue
             src = (
@@ -504,13 +564,13 @@ def generate_shard(
                 if res["response_source"] == "generated"
                 else {"backend": None, "model": None}
             )
-            yield {"id": row["id"], **res, **src, "target_fingerprint": target.fingerprint}
+            yield {"id": cid, **res, **src, "target_fingerprint": target.fingerprint}
 
     n = publish_shard(
         files,
         rows=rows_out(),
         bad=bad,
-        n_in=len(rows),
+        n_in=len(rows) * s.answers,  # every answer is a sample, kept or rejected
         label=f"generate {samples}",
     )
     return n, len(bad)

@@ -11,7 +11,7 @@ from specbuild.backends import SamplingParams, make_backend
 from specbuild.backends.base import Generation, GenerationRequest
 from specbuild.backends.hf import split_reasoning
 from specbuild.backends.user_turn import follow_up_seed, open_user_turn
-from specbuild.generate import GenerateSettings, generate_shard, plan_generation
+from specbuild.generate import GenerateSettings, answer_copies, generate_shard, plan_generation
 from specbuild.infra.io import read_json, read_jsonl
 from specbuild.rejects import ShardFiles
 from specbuild.tokenization import tokenize_conversation
@@ -560,3 +560,158 @@ def test_the_plan_rejects_duplicates_first_then_rows_regenerate_cannot_answer():
 
 def _no_fault(messages):
     return None
+
+
+# Several answers per prompt (datasets.<name>.answers) ----------------------------------------
+
+SAMPLED = SamplingParams(max_new_tokens=16, temperature=0.8, seed=3)
+
+
+def _fresh_hf(target_dir):
+    # generate_shard closes the backend it built: a fresh one, not the module's fixture
+    return lambda: make_backend("hf", target_dir=str(target_dir), device="cpu", batch_size=4)
+
+
+@pytest.mark.slow  # decodes with the real SmolLM2
+def test_two_answers_a_prompt_are_two_samples_sampled_apart(tmp_path, target_dir):
+    rows = [
+        {"id": "d-0", "messages": ASK},
+        {"id": "d-1", "messages": [{"role": "user", "content": "Say hi to Bob."}]},
+    ]
+    kept, bad = _generate(
+        tmp_path, target_dir, rows, backend=_fresh_hf(target_dir), sampling=SAMPLED, answers=2
+    )
+    got = list(read_jsonl(tmp_path / "g.jsonl"))
+    assert (kept, bad) == (4, 0)
+    assert [r["id"] for r in got] == ["d-0", "d-0~1", "d-1", "d-1~1"]  # a row's answers follow it
+    for r in got:  # every answer is to its own sample's prompt
+        assert r["messages"][:-1] == rows[r["id"].startswith("d-1")]["messages"]
+        assert r["messages"][-1]["role"] == "assistant" and r["backend"] == "hf"
+    text = {r["id"]: r["messages"][-1]["content"] for r in got}
+    assert any(text[i] != text[f"{i}~1"] for i in ("d-0", "d-1"))
+    counts = read_json(tmp_path / "c.json")
+    assert counts["in"] == counts["kept"] + counts["rejected"] == len(rows) * 2
+
+
+@pytest.mark.slow  # decodes with the real SmolLM2
+def test_one_answer_a_prompt_samples_as_a_shard_did_before_the_setting(tmp_path, target_dir):
+    # two batches of two at a temperature: a seed attached to a request would reseed the
+    # second batch (hf seeds per batch by its first request) and change its answers
+    rows = [
+        {"id": f"d-{i}", "messages": [{"role": "user", "content": f"Count to {i}."}]}
+        for i in range(4)
+    ]
+    runs = {}
+    for answers in (None, 1):
+        out = tmp_path / f"answers-{answers}"
+        out.mkdir()
+        extra = {} if answers is None else {"answers": answers}
+        _generate(
+            out,
+            target_dir,
+            rows,
+            backend=_fresh_hf(target_dir),
+            sampling=SAMPLED,
+            batch_size=2,
+            **extra,
+        )
+        runs[answers] = (out / "g.jsonl").read_bytes(), read_json(out / "c.json")["in"]
+    assert runs[1] == runs[None] and runs[1][1] == 4
+    # as generate did before: the shard's seed once, the model built, then its batches in
+    # order, no request seeded
+    torch.manual_seed(SAMPLED.seed)
+    hf = _fresh_hf(target_dir)()
+    reqs = [GenerationRequest(r["id"], r["messages"]) for r in rows]
+    want = [g.content for b in (reqs[:2], reqs[2:]) for g in hf.generate(b, SAMPLED)]
+    got = [r["messages"][-1]["content"] for r in read_jsonl(tmp_path / "answers-1" / "g.jsonl")]
+    assert got == want
+
+
+class ByIdAndSeed(Recording):
+    """Recording, each answer naming the conversation and seed it was asked with."""
+
+    def generate(self, requests, sampling):
+        out = super().generate(requests, sampling)
+        for r, g in zip(requests, out, strict=True):
+            if r.prompt is None:
+                g.content += f" ({r.id}, seed {r.seed})"
+        return out
+
+
+def test_each_answer_of_a_prompt_builds_on_its_own_answers_with_its_own_seed(tmp_path, target_dir):
+    rows = [
+        {"id": "two", "messages": _dialog(2)},
+        {"id": "bot-first", "messages": [{"role": "assistant", "content": "Hi!"}, *_dialog(1)]},
+        {"id": "one", "messages": _dialog(1)},
+    ]
+    engine = ByIdAndSeed({"one~1": "error 1", "two~2": "error 2"})
+    kept, bad = _generate(
+        tmp_path, target_dir, rows, backend=lambda: engine, sampling=SAMPLED, answers=3
+    )
+    got = {r["id"]: r for r in read_jsonl(tmp_path / "g.jsonl")}
+    assert list(got) == ["two", "two~1", "two~2", "one", "one~2"]
+    # answer 0 keeps the shard's seed (none on the request), answer k gets seed + k, every turn
+    assert [m["content"] for m in got["two~1"]["messages"]] == [
+        "Q1", "answer 1 (two~1, seed 4)", "Q2", "answer 2 (two~1, seed 4)",
+    ]  # fmt: skip
+    assert got["two"]["messages"][1]["content"] == "answer 1 (two, seed None)"
+    # its second question follows its own first answer
+    second = [r.messages for r in engine.asked if r.id == "two~2"][1]
+    assert [m["content"] for m in second] == ["Q1", "answer 1 (two~2, seed 5)", "Q2"]
+    assert len(got["two~2"]["messages"]) == 2  # its failed second answer ended it early
+    rejects = list(read_jsonl(tmp_path / "r.jsonl"))
+    assert [r["id"] for r in rejects] == ["bot-first", "bot-first~1", "bot-first~2", "one~1"]
+    assert rejects[-1]["reason"] == "backend error: error"
+    counts = read_json(tmp_path / "c.json")
+    assert (counts["in"], counts["kept"], counts["rejected"]) == (9, 5, 4) == (9, kept, bad)
+
+
+def test_follow_up_turns_of_each_answer_are_written_and_answered_apart(tmp_path, target_dir):
+    engine = ByIdAndSeed()
+    _generate(
+        tmp_path,
+        target_dir,
+        [{"id": "c", "messages": ASK}],
+        backend=lambda: engine,
+        sampling=SAMPLED,
+        turns=2,
+        follow_up=FOLLOW_UP,
+        answers=2,
+    )
+    got = {r["id"]: r for r in read_jsonl(tmp_path / "g.jsonl")}
+    assert [m["role"] for m in got["c~1"]["messages"]] == ["user", "assistant"] * 2
+    assert got["c~1"]["messages"][3]["content"] == "answer 2 (c~1, seed 4)"
+    assert got["c"]["messages"][3]["content"] == "answer 2 (c, seed None)"
+    assert sorted((r.id, r.seed) for r in engine.follow_ups) == [
+        ("c", follow_up_seed(5, "c", 2)),
+        ("c~1", follow_up_seed(5, "c~1", 2)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("mode", "temperature"), [("regenerate", 0.0), ("keep", 0.8)], ids=["greedy", "keep"]
+)
+def test_several_answers_need_sampling_and_regenerate(tmp_path, target_dir, mode, temperature):
+    with pytest.raises(ValueError, match="answers 2 needs mode regenerate and a temperature > 0"):
+        _generate(
+            tmp_path,
+            target_dir,
+            [{"id": "a", "messages": ASK}],
+            backend=Scripted,
+            mode=mode,
+            sampling=SamplingParams(temperature=temperature),
+            answers=2,
+        )
+
+
+def test_answer_copies_leave_one_answer_as_planned():
+    plan = plan_generation(
+        [{"id": "c", "messages": _msgs(("user", "a"))}],
+        mode="regenerate",
+        duplicates={},
+        special_fault=_no_fault,
+    )
+    assert answer_copies(plan, 1, seed=7) is plan
+    two = answer_copies(plan, 2, seed=7)
+    assert [(r.id, r.seed) for r in two.first] == [("c", None), ("c~1", 8)]
+    assert two.later == {"c": (), "c~1": ()} and two.n_answers == 2
