@@ -40,5 +40,6 @@ rule generate:
         near_duplicate_threshold=job(
             datasets.dataset_setting, config, "near_duplicate_threshold"
         ),
+        answers=job(datasets.answers_per_prompt, config),
     script:
         "../scripts/generate.py"

@@ -29,6 +29,7 @@ generate_shard(
         turns=snakemake.params.turns,
         follow_up=SamplingParams(**snakemake.params.follow_up),
         near_duplicate_threshold=snakemake.params.near_duplicate_threshold,
+        answers=snakemake.params.answers.get("answers", 1),
     ),
     earlier=list(snakemake.input.earlier),
 )

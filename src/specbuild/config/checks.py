@@ -110,6 +110,31 @@ def _dataset_faults(config: Mapping, workdir: Path) -> list[str]:
     return faults
 
 
+def _answers_faults(config: Mapping) -> list[str]:
+    """A dataset answering each prompt more than once samples (greedy answers would be one
+    answer N times) and regenerates (keep mode reuses the dataset's one answer)."""
+    generate = mapping(config.get("generate"))
+    temperature, mode = generate.get("temperature"), generate.get("mode")
+    faults = []
+    for name, spec in mapping(config.get("datasets")).items():
+        n = mapping(spec).get("answers")
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 1:
+            continue
+        if temperature == 0:
+            faults.append(
+                f"datasets.{name}.answers: {n} answers per prompt need generate.temperature "
+                f"> 0 (greedy decoding writes one answer {n} times); raise the temperature or "
+                "set answers: 1"
+            )
+        if mode == "keep":
+            faults.append(
+                f"datasets.{name}.answers: {n} answers per prompt need generate.mode "
+                "regenerate (keep reuses the dataset's one answer); set answers: 1 or mode "
+                "regenerate"
+            )
+    return faults
+
+
 def _eval_set_faults(config: Mapping) -> list[str]:
     """train.eval_set names a dataset, leaves one to train on, and replaces eval_fraction."""
     train, datasets = mapping(config.get("train")), mapping(config.get("datasets"))
@@ -287,6 +312,7 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
     datasets, train, bench, sglang."""
     return (
         _dataset_faults(config, workdir)
+        + _answers_faults(config)
         + _eval_set_faults(config)
         + _variant_faults(config)
         + _bench_faults(config, workdir)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "answers_per_prompt",
     "conversation_turns",
     "dataset_size_limit",
     "dataset_setting",
@@ -59,6 +60,15 @@ def follow_up_sampling(config: Mapping, dataset: str) -> dict:
     if conversation_turns(config, dataset) == 1:
         return {}
     return synthesize_sampling(config, dataset)
+
+
+def answers_per_prompt(config: Mapping, dataset: str) -> dict:
+    """{"answers": n} for a dataset answering each prompt n > 1 times, else {}. Not the bare
+    n: Snakemake compares a job's params as a set of values, names dropped, so an int could
+    equal another param's (turns, rows_version) and hide a change; {} (follow_up's value
+    under one turn too) keeps jobs built before the key existed as they are."""
+    n = config["datasets"][dataset]["answers"]
+    return {"answers": n} if n > 1 else {}
 
 
 def sampling_params(config: Mapping, dataset: str, shard: str) -> dict:

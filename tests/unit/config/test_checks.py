@@ -55,6 +55,26 @@ def test_the_openai_engine_needs_its_endpoint():
 
 
 @pytest.mark.parametrize(
+    ("generate", "why"),
+    [
+        ({"temperature": 0.0}, "need generate.temperature > 0 (greedy decoding writes one"),
+        ({"temperature": 0.8, "mode": "keep"}, "need generate.mode regenerate"),
+    ],
+)
+def test_several_answers_per_prompt_need_sampling_and_regenerate(generate, why):
+    cfg = default_config()
+    cfg["datasets"]["gsm8k"]["answers"] = 2
+    cfg["generate"].update(generate)
+    (fault,) = faults(cfg)
+    assert fault.startswith("datasets.gsm8k.answers: 2 answers per prompt ") and why in fault
+    cfg["generate"].update(temperature=0.8, mode="regenerate")
+    passes(cfg)
+    cfg["generate"].update(generate)
+    cfg["datasets"]["gsm8k"]["answers"] = 1  # one answer: greedy and keep are fine
+    passes(cfg)
+
+
+@pytest.mark.parametrize(
     ("eval_set", "fraction", "fault"),
     [
         ("mt_bench", 0.0, "train.eval_set: 'mt_bench' is no dataset (datasets: gsm8k, chat)"),

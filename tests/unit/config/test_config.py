@@ -138,8 +138,12 @@ def test_shipped_config_dry_runs_in_a_scratch_directory(path, tmp_path):
         ),
         (lambda c: c["bench"].update(chains=["0-1-1"]), "bench.chains[0]: chain '0-1-1'"),
         (lambda c: c["bench"].update(chains=["3-1-9"]), "bench.chains[0]: chain '3-1-9'"),
+        (
+            lambda c: c["datasets"]["gsm8k"].update(answers=2),
+            "datasets.gsm8k.answers: 2 answers per prompt need generate.temperature > 0",
+        ),
     ],
-    ids=["top-level-typo", "missing-file", "chain-0-1-1", "chain-3-1-9"],
+    ids=["top-level-typo", "missing-file", "chain-0-1-1", "chain-3-1-9", "greedy-answers"],
 )
 def test_snakemake_prints_a_short_error_naming_the_key(edit, named, tmp_path):
     work = scratch_dir(tmp_path)

@@ -1,4 +1,5 @@
 from specbuild.workflow.datasets import (
+    answers_per_prompt,
     conversation_turns,
     dataset_setting,
     datasets_regex,
@@ -56,3 +57,11 @@ def test_near_duplicate_removal_reads_only_the_earlier_shards(default_config):
         "results/samples/gsm8k/00001.jsonl",
     ]
     assert dataset_setting(default_config, "near_duplicate_threshold", "chat") == 0.8
+
+
+def test_answers_per_prompt_is_a_param_no_other_generate_param_can_equal(default_config):
+    # Snakemake compares params as a set of values: a bare 2 would be rows_version's 2
+    assert answers_per_prompt(default_config, "gsm8k") == {}
+    default_config["datasets"]["gsm8k"]["answers"] = 2
+    assert answers_per_prompt(default_config, "gsm8k") == {"answers": 2}
+    assert answers_per_prompt(default_config, "chat") == {}
