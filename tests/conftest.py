@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,17 +42,18 @@ def _is_workflow_test(item) -> bool:
     return item.path.is_relative_to(REPO / "tests" / "workflow")
 
 
-def _worker_order(item) -> int:
+def _worker_order(item, slow_in_module: Counter) -> tuple[int, int]:
     """Where a test goes in the workers' queue (make test runs --no-loadscope-reorder): the
     long tests first, so that the run ends on short ones and no worker finishes alone. The
     SLURM run, mostly waiting on SLURM, starts building the shared workflow it compares with;
-    the workflow tests that need no built workflow come next, while it builds."""
+    the workflow tests that need no built workflow come next, while it builds. Unit modules
+    (each one worker's) follow by their count of slow tests, most first."""
     fixtures = getattr(item, "fixturenames", ())
     if not _is_workflow_test(item):
-        return 3
+        return 3, -slow_in_module[item.path]
     if "slurm_cluster" in fixtures:
-        return 0
-    return 2 if "built_workflow" in fixtures else 1
+        return 0, 0
+    return (2 if "built_workflow" in fixtures else 1), 0
 
 
 # Before pytest-xdist's own hook, which reads the xdist_group marks.
@@ -68,7 +70,8 @@ def pytest_collection_modifyitems(config, items):
         if os.environ.get("PYTEST_XDIST_WORKER") and not _is_workflow_test(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=_worker_order)
+        slow_in_module = Counter(item.path for item in items if "slow" in item.keywords)
+        items.sort(key=lambda item: _worker_order(item, slow_in_module))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run on the device machine)")
