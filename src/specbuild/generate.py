@@ -484,8 +484,7 @@ def generate_shard(
         files.out,
         generate_need(
             samples=samples,
-            new_tokens=s.answers
-            * most_new_tokens(
+            new_tokens=most_new_tokens(
                 rows,
                 mode=s.mode,
                 turns=s.turns,

@@ -113,10 +113,10 @@ def ensure_free_space(
 
 
 def generate_need(*, samples: str | os.PathLike, new_tokens: int, copies: int = 1) -> int:
-    """Bytes of a generated shard: the samples file it repeats (prompts and all) `copies` times
-    (answers per prompt), and the `new_tokens` its records can gain (every answer and written
-    turn at its max_new_tokens), BYTES_PER_GENERATED_TOKEN each."""
-    return copies * os.path.getsize(samples) + new_tokens * BYTES_PER_GENERATED_TOKEN
+    """Bytes of a generated shard: `copies` times (answers per prompt) the samples file it
+    repeats (prompts and all) and the `new_tokens` its records can gain (every answer and
+    written turn at its max_new_tokens), BYTES_PER_GENERATED_TOKEN each."""
+    return copies * (os.path.getsize(samples) + new_tokens * BYTES_PER_GENERATED_TOKEN)
 
 
 def tokenize_need(*, generated: str | os.PathLike) -> int:

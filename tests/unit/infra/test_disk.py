@@ -129,8 +129,11 @@ def test_estimates_count_what_each_stage_writes(tmp_path):
         generate_need(samples=samples, new_tokens=4 * 256)
         == size + 4 * 256 * BYTES_PER_GENERATED_TOKEN
     )
-    # two answers a prompt: the prompts twice, the new tokens counted by the caller
+    # two answers a prompt: the prompts and their new tokens twice
     assert generate_need(samples=samples, new_tokens=0, copies=2) == 2 * size
+    assert generate_need(samples=samples, new_tokens=256, copies=2) == 2 * (
+        size + 256 * BYTES_PER_GENERATED_TOKEN
+    )
     assert tokenize_need(generated=samples) == size * TOKENIZE_EXPANSION
     assert train_need(parameters=1000, trainable=600) == CHECKPOINTS_AT_ONCE * (4000 + 4800) + 4000
     ckpt = tmp_path / "best.safetensors"
