@@ -89,10 +89,18 @@ class TTTObjective(nn.Module):
         """(loss mask [B,L] on the host, rows the full-vocabulary head ran over for it)."""
         valid = batch.on_host.valid
         mask, full_rows = valid.clone(), 0  # shape: [B,L]
+        new = [b for b, ref in enumerate(batch.refs) if ref not in self.in_draft]
+        if new:
+            # the batch's new samples in one pass and one copy to the host: a copy per sample
+            # waits on every queued kernel each time
+            rows = valid[new]  # shape: [n,L]
+            picked = rows.flatten().nonzero().squeeze(1).to(batch.last_next.device)
+            last = batch.last_next[new].flatten(0, 1)[picked]
+            ok, _, _ = self.teacher.targets(last, with_lse=False)
+            full_rows = ok.numel()
+            for b, part in zip(new, ok.cpu().split(rows.sum(1).tolist()), strict=True):
+                self.in_draft[batch.refs[b]] = part
         for b, ref in enumerate(batch.refs):
-            if ref not in self.in_draft:
-                ok, _, _ = self.teacher.targets(batch.last_next[b][batch.valid[b]], with_lse=False)
-                self.in_draft[ref], full_rows = ok.cpu(), full_rows + ok.numel()
             mask[b, valid[b]] = self.in_draft[ref]
         return mask, full_rows  # the target's argmax cannot be drafted: no loss there
 

@@ -11,12 +11,14 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from benchmarks.synthetic import SyntheticSpec, make_workspace, train_outputs
+from specbuild.drafter.build import build_drafter
 from specbuild.drafter.config import cpu_bf16_supported
 from specbuild.drafter.data import (
     BatchOrder,
@@ -47,6 +49,7 @@ from specbuild.drafter.train import (
 )
 from specbuild.hidden.shards import ShardError, read_shard, write_shard
 from specbuild.infra.run_lock import RUN_ENV, process_start, this_run
+from specbuild.target import read_target_info
 
 
 class Killed(RuntimeError):
@@ -578,6 +581,32 @@ def test_loss_rows_pick_what_boolean_masks_pick():
         h = torch.randn(5, 11 - i, 3, generator=g)  # step i's hidden over indices 0 .. L-1-i
         assert torch.equal(h.flatten(0, 1)[at], h[mask[:, i:]])
         assert torch.equal(r, row[:, i:][mask[:, i:]])
+
+
+def test_positions_whose_target_argmax_cannot_be_drafted_carry_no_loss(ws):
+    """The in-draft mask, worked out for a batch's new samples at once, equals each sample's own."""
+    info = read_target_info(ws["target_fingerprint"])
+    target = Path(ws["target_fingerprint"]).parent
+    model, teacher = build_drafter(TrainConfig(), target, ws["vocab"], info.vocab_size)
+    teacher.t2d = torch.rand(info.vocab_size, generator=torch.Generator().manual_seed(0)) > 0.5
+    objective = TTTObjective(model, teacher, steps=1, decay=1.0, amp=False)
+    data = ShardSet(ws["shards"], hidden_size=model.config.hidden_size)
+
+    def expected(batch):
+        want = batch.valid.clone()
+        for b in range(len(batch.refs)):
+            top = (batch.last_next[b].float() @ teacher.full.float().T).argmax(-1)
+            want[b] &= teacher.t2d[top]
+        return want
+
+    first = data.batch(data.refs[:3], 24)
+    mask, rows = objective._mask(first)
+    assert torch.equal(mask, expected(first)) and rows == int(first.valid.sum())
+    assert 0 < int(mask.sum()) < int(first.valid.sum())  # some positions masked, not all
+    mixed = data.batch(data.refs[1:5], 24)  # two samples seen, two new
+    mask, rows = objective._mask(mixed)
+    assert torch.equal(mask, expected(mixed))
+    assert rows == int(mixed.valid[2:].sum())  # only the new samples ran the full vocabulary
 
 
 def test_a_fused_optimizer_skips_a_non_finite_step_on_the_device_and_stops_at_the_next_line(ws):
