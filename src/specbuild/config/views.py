@@ -14,6 +14,7 @@ from typing import Any
 __all__ = [
     "BASE_VARIANT",
     "TRAIN_CADENCE",
+    "TRAIN_NEUTRAL",
     "bench_drafter_names",
     "sglang_server_args",
     "train_datasets",
@@ -25,6 +26,9 @@ BASE_VARIANT = "base"  # the variant that is the recipe of `train` itself, alway
 # they are neither params of a train job (a change reruns nothing) nor part of its resume key
 # (a run resumes from a checkpoint written at another save_interval). Resources carry them.
 TRAIN_CADENCE = ("log_interval", "save_interval")
+# Training keys added after builds existed, at the value that trains exactly as before: a job's
+# params leave them out there, so a build made before the key existed stays up to date.
+TRAIN_NEUTRAL = {"acceptance_weight": 0.0}
 
 
 def train_variants(config: Mapping) -> dict[str, dict]:

@@ -175,6 +175,7 @@ def build_objective(
         steps=cfg.ttt_steps,
         decay=cfg.loss_decay,
         temperature=cfg.teacher_temperature,
+        acceptance_weight=cfg.acceptance_weight,
         amp=amp,
         attention=attention,
         fused_loss=loss == "fused",

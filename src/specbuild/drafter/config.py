@@ -181,6 +181,10 @@ class TrainConfig:
     # Teacher softmax temperature: 1 = the target's distribution (EAGLE-3), < 1 sharpens it
     # toward its argmax (what greedy verification accepts), 0 = the argmax as a hard label.
     teacher_temperature: float = 1.0
+    # Share of each step's loss taken by -log of the expected acceptance sum_v min(p_v, q_v)
+    # (an LK-style loss: what verification accepts, not a proxy of it) instead of the soft
+    # cross-entropy; 0: cross-entropy alone (EAGLE-3), 1: acceptance alone.
+    acceptance_weight: float = 0.0
     lr: float = 1e-4
     warmup_fraction: float = 0.05  # share of all steps with linear warmup, then cosine to 0
     weight_decay: float = 0.0
@@ -232,6 +236,8 @@ class TrainConfig:
             faults.append("ttt_steps must be >= 1")
         if self.teacher_temperature < 0:
             faults.append("teacher_temperature must be >= 0 (0: the target's argmax)")
+        if not 0 <= self.acceptance_weight <= 1:
+            faults.append(f"acceptance_weight {self.acceptance_weight} must lie in [0, 1]")
         if self.eval_set is not None and self.eval_fraction > 0:
             faults.append(
                 f"eval_set {self.eval_set!r} is held out for evaluation, so eval_fraction must "

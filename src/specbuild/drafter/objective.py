@@ -2,9 +2,12 @@
 
 Loss = sum_i decay**i * soft cross-entropy(teacher, drafter) at unroll step i, averaged over
 the positions that count: the predicted token is a response token and the target's argmax is
-in the draft vocabulary. The teacher is the target's softmax over the draft vocabulary at
-`temperature` (1: as is; 0: its argmax, one-hot), computed once per batch at those positions;
-step i reads it shifted by i (step i at index t predicts what index t+i's teacher predicts).
+in the draft vocabulary. With an acceptance weight w, each position's term is
+(1 - w) * cross-entropy + w * -log(sum_v min(p_v, q_v)): the expected acceptance of a draft
+from q checked against p, the quantity serving pays for (an LK-style loss). The teacher is the
+target's softmax over the draft vocabulary at `temperature` (1: as is; 0: its argmax,
+one-hot), computed once per batch at those positions; step i reads it shifted by i (step i at
+index t predicts what index t+i's teacher predicts).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from specbuild.drafter.metrics import StepCounts, step_counts
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.teacher import Teacher
 
-__all__ = ["LossRows", "TTTObjective", "evaluate", "loss_rows"]
+__all__ = ["LossRows", "TTTObjective", "evaluate", "loss_rows", "step_loss"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class TTTObjective(nn.Module):
         decay: float,
         amp: bool,
         temperature: float = 1.0,
+        acceptance_weight: float = 0.0,
         attention: str = "reference",
         fused_loss: bool = False,
     ):
@@ -79,6 +83,7 @@ class TTTObjective(nn.Module):
         self.steps, self.decay, self.amp = steps, decay, amp
         self.attention = attention  # config.ATTENTION: how the unroll attends
         self.temperature = temperature
+        self.acceptance_weight = acceptance_weight
         # Per sample: is the target's argmax at each loss position in the draft vocabulary?
         # One full-vocabulary matmul per sample per run (memoized: it costs like a step).
         self.in_draft: dict[SampleRef, Tensor] = {}
@@ -135,7 +140,8 @@ class TTTObjective(nn.Module):
         # training: lm_head and loss fused over row chunks (drafter/fused_loss.py); metrics
         # want each step's logits, so evaluation keeps the plain expression
         fused = counts is None and torch.is_grad_enabled()
-        fused = fused and self.fused_loss
+        # the acceptance term needs each row's whole softmax, which the fused pass never holds
+        fused = fused and self.fused_loss and not self.acceptance_weight
         head = self.drafter.lm_head.weight
         for i, h in enumerate(hiddens):
             at, r = picks.steps[i]  # step i at index t targets index t+i
@@ -148,7 +154,7 @@ class TTTObjective(nn.Module):
             else:
                 with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.amp):
                     logits = self.drafter.logits(h).float()  # shape: [N_i,Vd]
-                ce = -(t_probs[r] * logits.log_softmax(-1)).sum()
+                ce = step_loss(t_probs[r], logits.log_softmax(-1), self.acceptance_weight)
             loss = loss + self.decay**i * ce / max(r.numel(), 1)
             step_rows.append(r.numel())
             if counts is not None:
@@ -157,6 +163,18 @@ class TTTObjective(nn.Module):
         B, L = batch.input_ids.shape
         self.work = StepWork(B, L, tuple(step_rows), t_logits.shape[0], full_rows)
         return loss
+
+
+def step_loss(p: Tensor, log_q: Tensor, acceptance_weight: float = 0.0) -> Tensor:
+    """Summed over rows: soft cross-entropy of teacher `p` [N,Vd] and drafter `log_q` [N,Vd],
+    with `acceptance_weight` of it moved to -log(sum_v min(p_v, q_v)) per row."""
+    ce = -(p * log_q).sum()
+    if not acceptance_weight:
+        return ce
+    accepted = torch.minimum(p, log_q.exp()).sum(-1)  # shape: [N], in [0, 1]
+    # floored: a row the drafter has all but ruled out keeps a finite, bounded gradient
+    lk = -accepted.clamp_min(1e-6).log().sum()
+    return (1 - acceptance_weight) * ce + acceptance_weight * lk
 
 
 @torch.no_grad()

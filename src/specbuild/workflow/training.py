@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from specbuild.config import train_datasets
-from specbuild.config.views import TRAIN_CADENCE
+from specbuild.config.views import TRAIN_CADENCE, TRAIN_NEUTRAL
 from specbuild.workflow.paths import HIDDEN_SHARD, drafter_folder_files
 from specbuild.workflow.shards import ShardIndex
 
@@ -24,9 +24,14 @@ def train_hparams(variants: Mapping[str, Mapping], variant: str) -> dict:
     """Every training hyper-parameter of a variant (schema defaults filled in), as one plain
     dict: a variant's jobs rerun when its own keys or the base recipe's change. Its
     `datasets` are its input shards (`variant_shards`), not a trainer setting; how often it
-    logs and checkpoints (TRAIN_CADENCE) changes no output: `train_cadence`."""
+    logs and checkpoints (TRAIN_CADENCE) changes no output: `train_cadence`. A TRAIN_NEUTRAL
+    key at its neutral value is left out (the trainer's default is that value)."""
     return {
-        k: v for k, v in variants[variant].items() if k != "datasets" and k not in TRAIN_CADENCE
+        k: v
+        for k, v in variants[variant].items()
+        if k != "datasets"
+        and k not in TRAIN_CADENCE
+        and not (k in TRAIN_NEUTRAL and v == TRAIN_NEUTRAL[k])
     }
 
 

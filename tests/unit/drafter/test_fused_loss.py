@@ -120,6 +120,20 @@ def test_the_training_objective_fused_equals_its_plain_loss_and_gradients(object
         assert torch.allclose(fused[name], grad, rtol=1e-4, atol=1e-6), name
 
 
+def test_an_acceptance_weighted_loss_is_computed_the_plain_way_even_when_fused_is_asked(
+    objective_and_data,
+):
+    objective, data = objective_and_data
+    batch = data.batch(data.refs[:4], 24)
+    losses = []
+    for fused in (False, True):
+        objective.fused_loss, objective.acceptance_weight = fused, 0.5
+        losses.append(objective(batch).item())
+    objective.fused_loss, objective.acceptance_weight = False, 0.0
+    assert losses[0] == losses[1]
+    assert losses[0] != objective(batch).item()  # the acceptance term changes the loss
+
+
 @pytest.mark.gpu
 def test_the_compiled_cuda_kernel_equals_the_plain_expression():
     if not torch.cuda.is_available():

@@ -7,6 +7,7 @@ shapes) so every run takes seconds.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -29,7 +30,7 @@ from specbuild.drafter.data import (
 )
 from specbuild.drafter.launch import Ranks
 from specbuild.drafter.metrics import acceptance_length
-from specbuild.drafter.objective import TTTObjective, loss_rows
+from specbuild.drafter.objective import TTTObjective, loss_rows, step_loss
 from specbuild.drafter.observer import Observer
 from specbuild.drafter.state import (
     TrainState,
@@ -189,6 +190,8 @@ def test_config_rejects_unknown_keys_and_impossible_combinations():
         TrainConfig.from_params({"max_length": 4096, "token_budget": 1024})
     with pytest.raises(ValueError, match="teacher_temperature must be >= 0"):
         TrainConfig.from_params({"teacher_temperature": -1})
+    with pytest.raises(ValueError, match=r"acceptance_weight 1.5 must lie in \[0, 1\]"):
+        TrainConfig.from_params({"acceptance_weight": 1.5})
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0])
@@ -205,6 +208,27 @@ def test_teacher_temperature_sharpens_toward_the_argmax(temperature):
 
 def test_hard_label_run_overfits_like_the_soft_one(ws, tmp_path):
     assert run(ws, tmp_path, epochs=12, teacher_temperature=0.0)["acc"][0] > 0.9
+
+
+def test_the_acceptance_loss_is_minus_log_of_the_mass_both_distributions_share():
+    p = torch.tensor([[0.5, 0.3, 0.2], [1.0, 0.0, 0.0]])
+    q = torch.tensor([[0.2, 0.3, 0.5], [0.6, 0.3, 0.1]])
+    log_q = q.log().requires_grad_()
+    ce = -(p * q.log()).sum()
+    assert step_loss(p, log_q).item() == pytest.approx(ce.item())  # weight 0: cross-entropy
+    shared = torch.tensor([0.2 + 0.3 + 0.2, 0.6])  # sum_v min(p_v, q_v) per row
+    lk = -shared.log().sum()
+    assert step_loss(p, log_q, 1.0).item() == pytest.approx(lk.item())
+    mixed = step_loss(p, log_q, 0.25)
+    assert mixed.item() == pytest.approx(0.75 * ce.item() + 0.25 * lk.item())
+    mixed.backward()
+    assert log_q.grad.abs().sum() > 0
+    # a hard label: the shared mass is q at the label, so both terms are -log q there
+    assert step_loss(p[1:], q[1:].log(), 1.0).item() == pytest.approx(-math.log(0.6))
+
+
+def test_an_acceptance_weighted_run_overfits_like_the_cross_entropy_one(ws, tmp_path):
+    assert run(ws, tmp_path, epochs=12, acceptance_weight=0.5)["acc"][0] > 0.9
 
 
 def test_lr_warms_up_then_decays_to_zero():

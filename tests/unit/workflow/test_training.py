@@ -34,6 +34,15 @@ def test_logging_and_checkpoint_cadence_are_resources_of_the_job_not_its_params(
         train_cadence(variants, "lr", "base")
 
 
+def test_a_key_added_later_enters_the_params_only_away_from_its_neutral_value(default_config):
+    """A build made before acceptance_weight existed stays up to date; setting it reruns."""
+    default_config["train"]["variants"] = {"lk": {"acceptance_weight": 0.5}}
+    variants = train_variants(default_config)
+    assert variants["base"]["acceptance_weight"] == 0.0  # the schema's default, filled in
+    assert "acceptance_weight" not in train_hparams(variants, "base")
+    assert train_hparams(variants, "lk")["acceptance_weight"] == 0.5
+
+
 def test_a_variant_trains_on_the_hidden_shards_of_its_own_datasets(default_config):
     default_config["train"]["variants"] = {"chat_only": {"datasets": ["chat"]}}
     shards = ShardIndex({"gsm8k": ["a", "b"], "chat": ["c"]})
