@@ -1,6 +1,6 @@
 #!/bin/bash
 # Every GPU-marked test on one H200, after SGLang is staged (the first three calls in
-# benchmarks/h200/variants_fp8.sh's header), against the staged SmolLM2 (/tmp/smol, from
+# benchmarks/h200/run.sh's header), against the staged SmolLM2 (/tmp/smol, from
 # .ship3/model.sh) materialized as the target stage does. The whole output goes to
 # $OUT/gpu-tests.log (a failing test's captured stderr included), its tail to the console.
 # Extra arguments go to pytest (`-k deepseek` runs the DeepSeek-V3 and Kimi-K2.5 layout tests).

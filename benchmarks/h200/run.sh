@@ -26,7 +26,7 @@
 # (specbuild.engines.gpus), so on nvidia-h200-x2 two servers run side by side. SPECBUILD_TRAIN_NPROC=2
 # trains with torchrun on both GPUs (the config's train.nproc, overridden in a derived copy;
 # every variant inherits it): with several variants leave it unset, so two train at once.
-# SPECBUILD_VARIANTS="fc_norm epochs_4" builds only those variants (and base), and only the
+# SPECBUILD_VARIANTS="fc_norm ttt7" builds only those variants (and base), and only the
 # datasets they train on; SPECBUILD_VARIANTS=base builds the recipe alone.
 # SPECBUILD_SET="sglang.tuning.enabled=false bench.sweep_drafters=[]"
 # sets config keys (dotted path = a YAML value, no spaces in either) in the derived copy.
@@ -50,10 +50,12 @@
 # shards and marks them up to date on it (snakemake --touch: the target job is new, so each
 # shard would be stale by its time stamp alone), then builds the rest; a shard the seed lacks is
 # built as usual (specbuild/seed.py; it refuses a results/ that already has the seed's shards).
-# The variants run on one H200 from a seed (every variant but base_multiturn built in 17 min
-# 44 s, BENCHMARKS.md, "SmolLM2 example on H200"; name a subset with SPECBUILD_VARIANTS):
-#   SPECBUILD_SEED=/tmp/seed.tar.gz SPECBUILD_GPU_SLOTS=3 SPECBUILD_SET="sglang.tuning.enabled=false \
-#     bench.sweep_drafters=[] sglang.server_args.mem_fraction_static=0.2" bash benchmarks/h200/run.sh
+# The recipe from a seed of its data (benchmarks/h200/seed/README.md): from the seed of the first
+# shards the whole run took 20 min 7 s of one H200 (data 8 min 4 s, training 7 min 16 s;
+# BENCHMARKS.md, "SmolLM2 example on H200"); from the recipe's own seed the data is all there.
+# Each variant adds ~7 min of training; name a subset with SPECBUILD_VARIANTS:
+#   SPECBUILD_VARIANTS=base SPECBUILD_SEED=/tmp/seed.tar.gz SPECBUILD_GPU_SLOTS=3 \
+#     SPECBUILD_SET="sglang.tuning.enabled=false bench.baseline=false" bash benchmarks/h200/run.sh
 # Tables, plots and logs come back in $OUT: summary.md (the tables, and the model loads per stage
 # of benchmarks/engine_loads.py), snakemake.log, specbuild-h200.tar.gz.
 set -uo pipefail

@@ -15,7 +15,10 @@ def test_the_overlay_replaces_the_variants_and_merges_every_other_mapping(tmp_pa
     main(["config", EXAMPLE, OVERLAY, str(out)])
     merged = yaml.safe_load(out.read_text())
     assert list(merged["train"]["variants"]) == ["epochs_4", "batch16", "sf_optim", "sf_all"]
-    assert merged["train"]["epochs"] == 12  # the recipe's, kept: base is the equal-time point
+    # pinned by the overlay, whatever the example's recipe: the seed's data, base at 12 epochs
+    assert merged["train"]["epochs"] == 12 and merged["train"]["ttt_steps"] == 7
+    assert merged["datasets"]["gsm8k"]["limit"] == 2048
+    assert merged["train"]["datasets"] == ["gsm8k", "chat"]
     assert merged["datasets"]["chat"]["synthesize"] == {"count": 4096, "max_tokens": 128}
     assert merged["sglang"]["server_args"]["attention_backend"] == "triton"
     assert merged["sglang"]["tuning"]["enabled"] is False
