@@ -114,17 +114,20 @@ def _answers_faults(config: Mapping) -> list[str]:
     """A dataset answering each prompt more than once samples (greedy answers would be one
     answer N times) and regenerates (keep mode reuses the dataset's one answer)."""
     generate = mapping(config.get("generate"))
-    temperature, mode = generate.get("temperature"), generate.get("mode")
+    mode = generate.get("mode")
     faults = []
     for name, spec in mapping(config.get("datasets")).items():
         n = mapping(spec).get("answers")
         if not isinstance(n, int) or isinstance(n, bool) or n <= 1:
             continue
+        own = mapping(spec).get("temperature")
+        temperature = generate.get("temperature") if own is None else own
         if temperature == 0:
+            key = f"datasets.{name}.temperature" if own is not None else "generate.temperature"
             faults.append(
-                f"datasets.{name}.answers: {n} answers per prompt need generate.temperature "
-                f"> 0 (greedy decoding writes one answer {n} times); raise the temperature or "
-                "set answers: 1"
+                f"datasets.{name}.answers: {n} answers per prompt need a temperature > 0, "
+                f"and {key} is 0 (greedy decoding writes one answer {n} times); set "
+                f"datasets.{name}.temperature above 0 or answers: 1"
             )
         if mode == "keep":
             faults.append(

@@ -72,15 +72,21 @@ def answers_per_prompt(config: Mapping, dataset: str) -> dict:
 
 
 def sampling_params(config: Mapping, dataset: str, shard: str) -> dict:
-    """SamplingParams fields; the seed is offset per shard so shards sample independently."""
+    """SamplingParams fields (the dataset's own max_new_tokens and temperature over generate's);
+    the seed is offset per shard so shards sample independently."""
     gen = config["generate"]
-    own = config["datasets"][dataset].get("max_new_tokens")
     return {
-        "max_new_tokens": gen["max_new_tokens"] if own is None else own,
-        "temperature": gen["temperature"],
+        "max_new_tokens": _own_or(config, dataset, "max_new_tokens"),
+        "temperature": _own_or(config, dataset, "temperature"),
         "top_p": gen["top_p"],
         "seed": gen["seed"] + int(shard),
     }
+
+
+def _own_or(config: Mapping, dataset: str, key: str) -> Any:
+    """The dataset's own generate setting `key`, or generate's where it has none (null)."""
+    own = config["datasets"][dataset].get(key)
+    return config["generate"][key] if own is None else own
 
 
 def dataset_size_limit(config: Mapping, dataset: str) -> int | None:

@@ -57,7 +57,7 @@ def test_the_openai_engine_needs_its_endpoint():
 @pytest.mark.parametrize(
     ("generate", "why"),
     [
-        ({"temperature": 0.0}, "need generate.temperature > 0 (greedy decoding writes one"),
+        ({"temperature": 0.0}, "need a temperature > 0, and generate.temperature is 0"),
         ({"temperature": 0.8, "mode": "keep"}, "need generate.mode regenerate"),
     ],
 )
@@ -72,6 +72,18 @@ def test_several_answers_per_prompt_need_sampling_and_regenerate(generate, why):
     cfg["generate"].update(generate)
     cfg["datasets"]["gsm8k"]["answers"] = 1  # one answer: greedy and keep are fine
     passes(cfg)
+
+
+def test_a_datasets_own_temperature_samples_its_answers_while_the_others_stay_greedy():
+    cfg = default_config()
+    cfg["generate"]["temperature"] = 0.0
+    cfg["datasets"]["chat"]["answers"] = 3
+    cfg["datasets"]["chat"]["temperature"] = 0.8
+    passes(cfg)
+    cfg["datasets"]["chat"]["temperature"] = 0.0  # its own 0 is named, not generate's
+    (fault,) = faults(cfg)
+    assert fault.startswith("datasets.chat.answers: 3 answers per prompt need a temperature")
+    assert "datasets.chat.temperature is 0" in fault
 
 
 @pytest.mark.parametrize(

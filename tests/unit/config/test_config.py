@@ -140,7 +140,7 @@ def test_shipped_config_dry_runs_in_a_scratch_directory(path, tmp_path):
         (lambda c: c["bench"].update(chains=["3-1-9"]), "bench.chains[0]: chain '3-1-9'"),
         (
             lambda c: c["datasets"]["gsm8k"].update(answers=2),
-            "datasets.gsm8k.answers: 2 answers per prompt need generate.temperature > 0",
+            "datasets.gsm8k.answers: 2 answers per prompt need a temperature > 0",
         ),
     ],
     ids=["top-level-typo", "missing-file", "chain-0-1-1", "chain-3-1-9", "greedy-answers"],

@@ -25,6 +25,18 @@ def test_a_datasets_own_max_new_tokens_wins_over_generates(default_config):
     )
 
 
+def test_a_datasets_own_temperature_wins_over_generates_and_null_changes_no_param(default_config):
+    before = sampling_params(default_config, "chat", "00000")
+    assert default_config["datasets"]["chat"]["temperature"] is None  # the schema's default
+    default_config["generate"]["temperature"] = 0.0
+    default_config["datasets"]["chat"]["temperature"] = 0.8
+    assert sampling_params(default_config, "chat", "00000")["temperature"] == 0.8
+    assert sampling_params(default_config, "gsm8k", "00000")["temperature"] == 0.0
+    default_config["datasets"]["chat"]["temperature"] = None
+    default_config["generate"]["temperature"] = before["temperature"]
+    assert sampling_params(default_config, "chat", "00000") == before
+
+
 def test_the_last_shard_stops_at_the_datasets_limit(default_config):
     default_config["datasets"]["gsm8k"].update(limit=70, shard_size=32)
     assert shard_range(default_config, "gsm8k", "00002") == [64, 70]
