@@ -172,7 +172,8 @@ def step_loss(p: Tensor, log_q: Tensor, acceptance_weight: float = 0.0) -> Tenso
     if not acceptance_weight:
         return ce
     accepted = torch.minimum(p, log_q.exp()).sum(-1)  # shape: [N], in [0, 1]
-    # floored: a row the drafter has all but ruled out keeps a finite, bounded gradient
+    # floored: a row the drafter has all but ruled out stays finite (and past the floor
+    # passes no gradient; its cross-entropy share still does)
     lk = -accepted.clamp_min(1e-6).log().sum()
     return (1 - acceptance_weight) * ce + acceptance_weight * lk
 
