@@ -41,6 +41,8 @@ __all__ = [
 
 DEFAULT_CHAIN = "3-1-4"  # EAGLE-3's usual chain: 3 draft steps, top-1, 4 tokens verified
 API_KEY_KEY = "sglang.serve_api_key_env"
+# seconds serve.sh keeps the key's --config file: SGLang reads it while parsing its arguments
+KEY_FILE_LIFE_S = 300
 
 log = logging.getLogger("specbuild")
 
@@ -141,11 +143,17 @@ def write_serve_script(
         *(f"export {k}={shlex.quote(str(v))}" for k, v in env.items()),
     ]
     if api_key_env:
-        lines.append(
+        # the key goes in an owner-only file SGLang reads through --config, never on the
+        # command line every user of the host can read (ps); removed once the server has read it
+        quoted = f"${{{api_key_env}//\\'/\\'\\'}}"  # YAML single quotes: ' doubled
+        lines += [
             f': "${{{api_key_env}:?export {api_key_env}: the API key clients of this server '
-            f'must send ({API_KEY_KEY})}}"'
-        )
-        exec_line += f' --api-key "${api_key_env}"'
+            f'must send ({API_KEY_KEY})}}"',
+            "keydir=$(mktemp -d)",
+            f'(umask 077 && printf "api-key: \'%s\'\\n" "{quoted}" >"$keydir/key.yaml")',
+            f'(sleep {KEY_FILE_LIFE_S} && rm -rf "$keydir") >/dev/null 2>&1 </dev/null &',
+        ]
+        exec_line += ' --config "$keydir/key.yaml"'
     lines.append(exec_line)
     with atomic_open(Path(out)) as fh:
         fh.write("\n".join(lines) + "\n")

@@ -11,7 +11,9 @@ It speaks the parts of SGLang's HTTP API that specbuild uses, with deterministic
                             stream (SSE, one chunk per step, usage chunk on include_usage)
 
 Its argument parser rejects unknown flags the way SGLang's does, and `--help` lists the flags
-it knows. With `--api-key K` every route but /health* answers 401 unless the request carries
+it knows; `--config FILE.yaml` reads flags from a YAML mapping first (`api-key: K`), as
+SGLang's does, the command line's own flags winning. With an API key K every route but
+/health* answers 401 unless the request carries
 `Authorization: Bearer K`, as SGLang's middleware does; like SGLang it prints its arguments,
 the key included, at start (the log must mask it).
 Behaviour switches for failure tests come from the environment (the sweep sets env):
@@ -55,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--api-key")
+    p.add_argument("--config")
     p.add_argument("--served-model-name")
     for name in (
         "--tp-size",
@@ -389,8 +392,22 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
+def _with_config(argv: list[str]) -> list[str]:
+    """argv with the `--config` file's flags before the command line's (SGLang's order)."""
+    if "--config" not in argv:
+        return argv
+    import yaml  # the stub runs in specbuild's environment
+
+    i = argv.index("--config")
+    path = Path(argv[i + 1])
+    if path.suffix not in (".yaml", ".yml"):
+        raise SystemExit(f"Config file must be YAML format, got: {path.suffix}")
+    flags = [a for k, v in yaml.safe_load(path.read_text()).items() for a in (f"--{k}", str(v))]
+    return flags + argv[:i] + argv[i + 2 :]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_with_config(sys.argv[1:] if argv is None else argv))
     code = os.environ.get("SGLANG_STUB_EXIT")
     if code:
         print(f"stub: failing at start with code {code} as asked", flush=True)

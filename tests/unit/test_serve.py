@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 from specbuild.engines.server import ServerOptions
 from specbuild.infra.io import write_jsonl
@@ -106,7 +108,7 @@ def test_a_server_for_other_machines_without_an_api_key_is_refused_and_nothing_w
 
 def test_a_server_for_other_machines_requires_the_key_from_the_environment(tmp_path, caplog):
     script = tmp_path / "serve.sh"
-    key = "sk-" + "k" * 40
+    key = "sk-'k\"" + "k" * 40  # quotes survive the trip through the file
     command = _exposed_command("0.0.0.0")
     with caplog.at_level("WARNING", logger="specbuild"):
         write_serve_script(
@@ -123,7 +125,12 @@ def test_a_server_for_other_machines_requires_the_key_from_the_environment(tmp_p
     )
     argv = json.loads(given.stdout)
     assert argv[argv.index("--host") + 1] == "0.0.0.0"
-    assert argv[-2:] == ["--api-key", key]
+    assert key not in given.stdout  # in no command line (ps), only in an owner-only file
+    assert argv[-2] == "--config"
+    key_file = Path(argv[-1])
+    assert yaml.safe_load(key_file.read_text()) == {"api-key": key}
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert key_file.parent.stat().st_mode & 0o777 == 0o700
 
 
 def test_a_loopback_server_needs_no_key_and_gets_no_warning(tmp_path, caplog):
@@ -131,4 +138,4 @@ def test_a_loopback_server_needs_no_key_and_gets_no_warning(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="specbuild"):
         write_serve_script(script, command=_exposed_command("127.0.0.1"), env={}, why="t")
     assert "WARNING" not in script.read_text() and caplog.text == ""
-    assert "--api-key" not in script.read_text()
+    assert "--api-key" not in script.read_text() and "--config" not in script.read_text()

@@ -7,9 +7,11 @@ spawned, when the job ends: normally, on an exception, on SIGTERM from Snakemake
 interpreter exit. A server that dies or never becomes healthy raises `ServerStartError` with
 the tail of its output, so a bad flag shows up as a failed job, not as a hang.
 
-Access: a server gets a random API key (`new_api_key`, passed as `--api-key`) that only the
-job's own clients know (SGLang then answers 401 to anything but `/health*` without it), so
-another user on a shared host cannot use or drive it. The key and every environment value
+Access: a server gets a random API key (`new_api_key`) that only the job's own clients know
+(SGLang then answers 401 to anything but `/health*` without it), so another user on a shared
+host cannot use or drive it. The key reaches the server in an owner-only file read through
+SGLang's `--config` (`api-key: ...`), never on its command line, which every user of the host
+can read (`ps`); the file is removed once the server is up. The key and every environment value
 whose name looks secret (KEY, TOKEN, SECRET, PASSWORD) are masked as *** in the log lines
 written here, the server's own output included (SGLang prints its server_args at start).
 
@@ -28,10 +30,12 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -307,6 +311,7 @@ class SGLangServer:
         self._env = {**os.environ, **{k: str(v) for k, v in spec.env.items()}}
         self._secrets = _secret_values(self._env, spec.api_key)
         self._pools_sized = 0  # POOL_SIZED lines seen in this start's output
+        self._key_file: Path | None = None  # the API key's --config file while starting
         # seconds from start() to healthy, waits for another start on the GPUs included
         self.start_s: float | None = None
 
@@ -335,7 +340,7 @@ class SGLangServer:
             spec.host,
             "--port",
             str(self.port),
-            *(["--api-key", spec.api_key] if spec.api_key else []),
+            *(["--config", str(self._key_file)] if self._key_file else []),
             *spec.server_args,
         ]
 
@@ -373,6 +378,16 @@ class SGLangServer:
         return 2 if "--speculative-algorithm" in self.spec.server_args else 1
 
     def _start_once(self) -> SGLangServer:
+        if self.spec.api_key:
+            self._key_file = _write_key_file(self.spec.api_key)
+        try:
+            return self._launch()
+        finally:  # read at the server's start: gone once it is up (or failed)
+            if self._key_file is not None:
+                shutil.rmtree(self._key_file.parent, ignore_errors=True)
+                self._key_file = None
+
+    def _launch(self) -> SGLangServer:
         cmd = self.command()
         env_note = " ".join(f"{k}={v}" for k, v in sorted(mask_env(self.spec.env).items()))
         note = self.mask(f"{env_note} {' '.join(cmd)}".strip())
@@ -514,6 +529,17 @@ def model_path_arg(model_path: str) -> str:
     """`--model-path` of a server: a local folder as an absolute path, never mistaken for a hub
     id; anything else (a hub id) as given."""
     return str(Path(model_path).resolve()) if Path(model_path).exists() else model_path
+
+
+def _write_key_file(api_key: str) -> Path:
+    """An owner-only `--config` YAML file holding `api-key` (in a fresh 0700 directory), so the
+    key is in no process's command line."""
+    folder = Path(tempfile.mkdtemp(prefix="specbuild-key-"))
+    path = folder / "key.yaml"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"api-key: {json.dumps(api_key)}\n")  # a JSON string is a YAML string
+    return path
 
 
 def _get(url: str, api_key: str | None) -> urllib.request.Request:

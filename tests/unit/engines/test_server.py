@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 import threading
 import time
@@ -15,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from specbuild.engines.gpus import startup_lock
 from specbuild.engines.server import (
@@ -287,9 +289,14 @@ def test_a_server_with_a_key_is_started_with_it_and_its_own_requests_carry_it(mo
     spec = ServerSpec(model_path=str(model_dir), launcher=LAUNCHER, api_key=key)
     assert key not in repr(spec)
     with SGLangServer(spec) as srv:  # the health check passed
-        assert srv.command()[-2:] == ["--api-key", key]
         assert srv.get_json("/server_info")["version"] == "0.0.0-stub"
-        assert _status(srv.base_url + "/server_info") == 401
+        assert _status(srv.base_url + "/server_info") == 401  # so the server has the key
+        # in no command line any user of the host can read (ps), and its file is gone
+        argv = Path(f"/proc/{srv.proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert key.encode() not in b" ".join(argv)
+        key_file = Path(argv[argv.index(b"--config") + 1].decode())
+        assert not key_file.exists() and not key_file.parent.exists()
+        assert "--config" not in srv.command()  # read at the start only
 
 
 def test_the_key_and_secret_looking_env_values_are_masked_in_the_log(
@@ -302,7 +309,7 @@ def test_the_key_and_secret_looking_env_values_are_masked_in_the_log(
     with caplog.at_level(logging.INFO, logger="specbuild"), SGLangServer(spec) as srv:
         srv.get_json("/server_info")
     text = caplog.text
-    assert "HF_TOKEN=*** NCCL_ALGO=Ring" in text and "--api-key ***" in text
+    assert "HF_TOKEN=*** NCCL_ALGO=Ring" in text and "--config " in text
     assert "api_key='***'" in text  # the server's own print of its arguments
     for secret in (key, "hf_abcdefghijklmnop", "inherited-secret-value"):
         assert secret not in text
@@ -336,3 +343,16 @@ def test_a_speculative_server_out_of_memory_is_told_to_bound_its_pools():
     assert draft_pool_hint(bounded, oom) == ""  # bounded already: the hint would mislead
     assert draft_pool_hint(build_server_args({"tp_size": 1}), oom) == ""  # no draft pool
     assert draft_pool_hint(eagle, "KeyError: 'lm_head.weight'") == ""  # another failure
+
+
+def test_the_key_file_is_the_owners_alone_and_holds_the_key_as_sglangs_config_reads_it():
+    key = "-" + new_api_key()  # a leading "-" stays a value, not a flag
+    import specbuild.engines.server as server_mod
+
+    path = server_mod._write_key_file(key)
+    try:
+        assert path.suffix == ".yaml"  # SGLang's --config takes YAML files only
+        assert path.stat().st_mode & 0o777 == 0o600 and path.parent.stat().st_mode & 0o777 == 0o700
+        assert yaml.safe_load(path.read_text()) == {"api-key": key}
+    finally:
+        shutil.rmtree(path.parent)
