@@ -20,6 +20,7 @@ route each covers.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -255,9 +256,11 @@ def refuse_unsafe_configfiles(argv: Sequence[str] | None = None) -> None:
 
 def value_faults(value: Any) -> list[str]:
     """'dotted.key: what' faults of a loaded config: a value of another type than plain data
-    (a Python object from a tag), nesting deeper than MAX_DEPTH, more than MAX_VALUES values
-    (shared or cyclic references counted each time they are reached, as every walk of the
-    config reaches them). Stops at the first."""
+    (a Python object from a tag), a number that is not finite (YAML's .nan and .inf pass every
+    minimum and maximum, since NaN compares false: `align.min_cosine: .nan` passed any layer),
+    nesting deeper than MAX_DEPTH, more than MAX_VALUES values (shared or cyclic references
+    counted each time they are reached, as every walk of the config reaches them). Stops at
+    the first."""
     count = 0
     stack: list[tuple[str, Any, int]] = [("", value, 1)]
     while stack:
@@ -270,6 +273,8 @@ def value_faults(value: Any) -> list[str]:
             children = [(f"{key}.{k}" if key else str(k), v) for k, v in item.items()]
         elif isinstance(item, list | tuple):
             children = [(f"{key}[{i}]", v) for i, v in enumerate(item)]
+        elif isinstance(item, float) and not math.isfinite(item):
+            return [f"{shown}: {item} is not a finite number"]
         elif isinstance(item, _PLAIN_TYPES):
             continue
         else:

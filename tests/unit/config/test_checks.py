@@ -165,3 +165,13 @@ def test_a_tensor_parallel_size_must_be_a_whole_number_of_gpus(tp):
     assert faults(cfg) == [
         f"sglang.server_args.tp_size: expected an integer >= 1 (GPUs per server), got {tp!r}"
     ]
+
+
+@pytest.mark.parametrize("section", ["generate", "train"])
+def test_a_seed_beyond_what_samplers_take_is_refused_naming_its_key(section):
+    cfg = default_config()
+    cfg[section]["seed"] = 2**64  # torch.manual_seed overflowed on it at the job's start
+    (fault,) = faults(cfg)
+    assert fault == f"{section}.seed: {2**64} is greater than the maximum of 2147483647"
+    cfg[section]["seed"] = 2**31 - 1
+    passes(cfg)

@@ -138,6 +138,21 @@ def test_a_loaded_alias_bomb_is_refused_before_the_schema_walks_it():
     assert value_faults({"sglang": {"server_args": wide}})[0].startswith("sglang.server_args.k")
 
 
+@pytest.mark.parametrize(
+    ("key", "text", "shown"),
+    [("align", "{min_cosine: .nan}", "nan"), ("train", "{lr: .inf}", "inf")],
+)
+def test_a_number_that_is_not_finite_is_refused_naming_its_key(key, text, shown):
+    """NaN compares false with every bound, so `.nan` would pass the schema and turn a
+    threshold into no check at all."""
+    config = _config()
+    config[key] = yaml.safe_load(text)
+    with pytest.raises(ConfigError) as err:
+        check_config(config, schema=SCHEMA, source="my.yaml", workdir=REPO)
+    (name,) = config[key]
+    assert err.value.faults == [f"{key}.{name}: {shown} is not a finite number"]
+
+
 def test_config_values_on_the_command_line_are_bounded_like_files():
     argv = ["-n", "--config", "a=1", "train={lr: 1}", "--cores", "1", "-C", "b=2"]
     assert config_values_of(argv) == ["a=1", "train={lr: 1}", "b=2"]
