@@ -57,6 +57,7 @@ from specbuild.backends.base import (
 )
 from specbuild.backends.user_turn import follow_up_seed, open_user_turn, written_user_turn
 from specbuild.eagle.special_text import special_text_fault
+from specbuild.engines.http import EngineUnavailable
 from specbuild.infra.disk import ensure_free_space, generate_need
 from specbuild.infra.io import read_jsonl
 from specbuild.infra.near_dup import find_near_duplicates
@@ -93,6 +94,8 @@ def generate_each(
     alone, the reason. A whole batch is tried first; only a failing one is split."""
     try:
         return list(engine.generate(batch, sampling))
+    except EngineUnavailable:
+        raise  # the engine, not this batch: fail the job, publish nothing
     except Exception as err:  # a record's failure must not take the shard down
         if len(batch) == 1:
             log.warning("request %s failed: %s", batch[0].id, _raised(err))

@@ -1,6 +1,7 @@
 """Stage `generate`: the hf backend on the real SmolLM2, keep vs regenerate, provenance."""
 
 import json
+import socket
 import sys
 from pathlib import Path
 
@@ -8,9 +9,11 @@ import pytest
 import torch
 
 from specbuild.backends import SamplingParams, make_backend
+from specbuild.backends import openai as openai_backend
 from specbuild.backends.base import Generation, GenerationRequest
 from specbuild.backends.hf import split_reasoning
 from specbuild.backends.user_turn import follow_up_seed, open_user_turn
+from specbuild.engines.http import EngineUnavailable
 from specbuild.generate import GenerateSettings, answer_copies, generate_shard, plan_generation
 from specbuild.infra.io import read_json, read_jsonl
 from specbuild.rejects import ShardFiles
@@ -175,6 +178,29 @@ def test_a_record_the_backend_raises_on_is_rejected_and_the_rest_of_its_batch_ke
         ["d-4", "d-5"],
     ]
     assert read_json(counts)["in"] == 6
+
+
+def test_an_engine_that_refuses_every_connection_fails_the_job_and_publishes_nothing(
+    tmp_path, target_dir, monkeypatch
+):
+    """An outage is no record's fault: rejecting every record with it as the reason would
+    publish a finished-looking shard that a rerun never regenerates."""
+    monkeypatch.setattr(openai_backend, "RETRY_BACKOFF_S", (0.0,))
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    engine = openai_backend.OpenAIBackend(base_url=f"http://127.0.0.1:{port}", model="m")
+    rows = [{"id": f"d-{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(3)]
+    with pytest.raises(EngineUnavailable, match=f"127.0.0.1:{port} unreachable after 2 tries"):
+        _generate(
+            tmp_path,
+            target_dir,
+            rows,
+            backend=lambda: engine,
+            sampling=SamplingParams(),
+            batch_size=2,
+        )
+    assert not {"g.jsonl", "r.jsonl", "c.json"} & {p.name for p in tmp_path.iterdir()}
 
 
 # Multi-turn self-written conversations (synthesize.turns > 1) --------------------------------

@@ -137,7 +137,7 @@ def test_tuning_point_measures_and_notes_nccl_without_collectives(
         )
     assert row["status"] == "ok", row["detail"]
     # measured through a server that answers 401 without its key: the sweep sent it
-    assert "--api-key ***" in caplog.text and "NCCL_PROTO=LL" in caplog.text
+    assert "--config " in caplog.text and "NCCL_PROTO=LL" in caplog.text
     assert row["single_stream_tokens_per_s"] > 0 and row["peak_concurrency"] in (1, 2)
     assert row["accept_length"] == 1.0 and row["itl_s_p99"] >= row["itl_s_p50"] > 0
     assert row["server_start_s"] > 0  # what the start cost, beside what it measured

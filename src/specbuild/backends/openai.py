@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
-from specbuild.engines.http import HTTPError, get_json, post_json
+from specbuild.engines.http import EngineUnavailable, HTTPError, get_json, post_json
 
 __all__ = ["OpenAIBackend", "api_key_from_env"]
 
@@ -153,6 +153,12 @@ class OpenAIBackend:
                 what=f"request {request.id}",
             )
             return parse_chat_completion(request.id, resp)
+        except (urllib.error.URLError, ConnectionError) as err:
+            if isinstance(getattr(err, "reason", None), TimeoutError):
+                raise  # this request's answer took too long: its own failure
+            raise EngineUnavailable(
+                f"{self.base_url} unreachable after {len(RETRY_BACKOFF_S) + 1} tries: {err}"
+            ) from err
         except (HTTPError, ValueError) as err:
             log.error("request %s failed: %s", request.id, err)
             return Generation(

@@ -20,7 +20,7 @@ from torch import nn
 from specbuild.drafter import fused_attention
 from specbuild.drafter.config import DrafterConfig, TrainConfig, cpu_bf16_supported
 from specbuild.drafter.model import Eagle3Drafter
-from specbuild.drafter.objective import TTTObjective
+from specbuild.drafter.objective import LossForm, TTTObjective
 from specbuild.drafter.target_init import init_from_target_layer
 from specbuild.drafter.teacher import Teacher, read_target_weights, read_vocab
 from specbuild.infra.io import read_json
@@ -174,8 +174,7 @@ def build_objective(
         teacher,
         steps=cfg.ttt_steps,
         decay=cfg.loss_decay,
-        temperature=cfg.teacher_temperature,
-        acceptance_weight=cfg.acceptance_weight,
+        form=LossForm(cfg.teacher_temperature, cfg.acceptance_weight),
         amp=amp,
         attention=attention,
         fused_loss=loss == "fused",

@@ -26,7 +26,17 @@ from specbuild.drafter.metrics import StepCounts, step_counts
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.teacher import Teacher
 
-__all__ = ["LossRows", "TTTObjective", "evaluate", "loss_rows", "step_loss"]
+__all__ = ["LossForm", "LossRows", "TTTObjective", "evaluate", "loss_rows", "step_loss"]
+
+
+@dataclass(frozen=True)
+class LossForm:
+    """What each position's loss compares: the teacher at `teacher_temperature` (1: as is; 0:
+    its argmax, one-hot) against the drafter, with `acceptance_weight` of the loss on -log of
+    the expected acceptance instead of the soft cross-entropy (train config keys alike)."""
+
+    teacher_temperature: float = 1.0
+    acceptance_weight: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -73,8 +83,7 @@ class TTTObjective(nn.Module):
         steps: int,
         decay: float,
         amp: bool,
-        temperature: float = 1.0,
-        acceptance_weight: float = 0.0,
+        form: LossForm = LossForm(),
         attention: str = "reference",
         fused_loss: bool = False,
     ):
@@ -82,8 +91,8 @@ class TTTObjective(nn.Module):
         self.drafter, self.teacher = drafter, teacher
         self.steps, self.decay, self.amp = steps, decay, amp
         self.attention = attention  # config.ATTENTION: how the unroll attends
-        self.temperature = temperature
-        self.acceptance_weight = acceptance_weight
+        self.temperature = form.teacher_temperature
+        self.acceptance_weight = form.acceptance_weight
         # Per sample: is the target's argmax at each loss position in the draft vocabulary?
         # One full-vocabulary matmul per sample per run (memoized: it costs like a step).
         self.in_draft: dict[SampleRef, Tensor] = {}

@@ -11,12 +11,18 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["HTTPError", "get_json", "iter_sse", "post_json"]
+__all__ = ["EngineUnavailable", "HTTPError", "get_json", "iter_sse", "post_json"]
 
 try:  # hidden states come back as JSON float lists: orjson parses them ~5x faster
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - orjson ships with SGLang, not with the CPU default
     _loads = json.loads
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine itself cannot answer (its server refuses connections after every retry, or
+    died): no record's fault, so the job fails and publishes nothing, instead of rejecting
+    every record with the outage as its reason."""
 
 
 class HTTPError(RuntimeError):

@@ -48,6 +48,7 @@ from typing import Any
 
 from specbuild.engines import keepers
 from specbuild.engines.gpus import startup_lock
+from specbuild.engines.http import EngineUnavailable
 
 __all__ = [
     "ServerOptions",
@@ -102,7 +103,7 @@ def tp_size(server_args: Mapping[str, Any]) -> int:
     return int(server_args.get("tp_size") or server_args.get("tp") or 1)
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(EngineUnavailable):
     """The server exited or never answered its health check; the message holds its output tail."""
 
 

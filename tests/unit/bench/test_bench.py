@@ -181,7 +181,7 @@ def test_the_sglang_engine_benches_every_turn_then_sweeps_with_its_key(
                 drafter_name="ours",
             )
         # the server demanded a key (the stub answers 401 without it), and the bench sent it
-        assert "--api-key ***" in caplog.text and "api_key='***'" in caplog.text
+        assert "--config " in caplog.text and "api_key='***'" in caplog.text
         assert all(list(r) == list(ROW_KEYS) for r in rows)
         bench = [r for r in rows if r["phase"] == "bench"]
         assert [(r["prompt_id"], r["turn"]) for r in bench] == [

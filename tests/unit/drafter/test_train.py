@@ -30,7 +30,7 @@ from specbuild.drafter.data import (
 )
 from specbuild.drafter.launch import Ranks
 from specbuild.drafter.metrics import acceptance_length
-from specbuild.drafter.objective import TTTObjective, loss_rows, step_loss
+from specbuild.drafter.objective import LossForm, TTTObjective, loss_rows, step_loss
 from specbuild.drafter.observer import Observer
 from specbuild.drafter.state import (
     TrainState,
@@ -197,7 +197,8 @@ def test_config_rejects_unknown_keys_and_impossible_combinations():
 @pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0])
 def test_teacher_temperature_sharpens_toward_the_argmax(temperature):
     logits = torch.tensor([[2.0, 1.0, -1.0], [0.0, 3.0, 2.5]])
-    objective = TTTObjective(None, None, steps=1, decay=1.0, amp=False, temperature=temperature)
+    form = LossForm(teacher_temperature=temperature)
+    objective = TTTObjective(None, None, steps=1, decay=1.0, amp=False, form=form)
     probs = objective._soft_targets(logits)
     if temperature == 0:  # hard label: one-hot at the argmax
         assert probs.tolist() == [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
