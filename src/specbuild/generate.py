@@ -144,6 +144,8 @@ def _answer_failure(gen: Generation | str) -> str | None:
         return gen
     if gen.finish_reason not in ("stop", "length"):
         return "backend error: " + str(gen.extra.get("error", gen.finish_reason))
+    if not gen.content.strip() and not gen.reasoning:
+        return "empty answer: the target wrote nothing to learn from"
     return None
 
 

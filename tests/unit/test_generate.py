@@ -203,6 +203,23 @@ def test_an_engine_that_refuses_every_connection_fails_the_job_and_publishes_not
     assert not {"g.jsonl", "r.jsonl", "c.json"} & {p.name for p in tmp_path.iterdir()}
 
 
+class Blank(RaisesOnHuge):
+    """A backend whose answer to one prompt is empty (a server's, or a model's at once EOS)."""
+
+    def generate(self, requests, sampling):
+        return [Generation(r.id, "  " if r.id == "d-1" else "ok", "stop", 3, 1) for r in requests]
+
+
+def test_an_empty_answer_is_rejected_with_its_reason_not_trained_on(tmp_path, target_dir):
+    rows = [{"id": f"d-{i}", "messages": [{"role": "user", "content": "hi"}]} for i in range(3)]
+    kept, bad = _generate(
+        tmp_path, target_dir, rows, backend=Blank, sampling=SamplingParams(max_new_tokens=4)
+    )
+    assert (kept, bad) == (2, 1)
+    (reject,) = read_jsonl(tmp_path / "r.jsonl")
+    assert reject["id"] == "d-1" and reject["reason"].startswith("empty answer")
+
+
 # Multi-turn self-written conversations (synthesize.turns > 1) --------------------------------
 
 FOLLOW_UP = SamplingParams(max_new_tokens=24, temperature=1.0, seed=5)

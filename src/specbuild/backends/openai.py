@@ -76,6 +76,22 @@ def parse_chat_completion(req_id: str, resp: Mapping[str, Any]) -> Generation:
     usage = resp.get("usage") or {}
     reasoning = msg.get("reasoning_content") or msg.get("reasoning")
     finish = choice.get("finish_reason") or "unknown"
+    # what a server says is checked like a record: a wrong type is this request's failure,
+    # never a training row (a list as the answer, a negative or fractional token count)
+    faults = [
+        f"{name} is {value!r:.60}, not {want}"
+        for name, value, want, ok in (
+            ("content", msg.get("content"), "text", _is(msg.get("content"), str)),
+            ("reasoning", reasoning, "text", _is(reasoning, str)),
+            *(
+                (k, usage.get(k, 0), "a count", _is_count(usage.get(k, 0)))
+                for k in ("prompt_tokens", "completion_tokens")
+            ),
+        )
+        if not ok
+    ]
+    if faults:
+        raise ValueError(f"request {req_id}: malformed response: {'; '.join(faults)}")
     extra = {"model": resp.get("model")}
     if usage.get("completion_tokens_details"):
         extra["completion_tokens_details"] = usage["completion_tokens_details"]
@@ -83,11 +99,19 @@ def parse_chat_completion(req_id: str, resp: Mapping[str, Any]) -> Generation:
         id=req_id,
         content=msg.get("content") or "",
         finish_reason=str(finish),
-        prompt_tokens=int(usage.get("prompt_tokens", 0)),
-        completion_tokens=int(usage.get("completion_tokens", 0)),
+        prompt_tokens=usage.get("prompt_tokens", 0),
+        completion_tokens=usage.get("completion_tokens", 0),
         reasoning=reasoning or None,
         extra=extra,
     )
+
+
+def _is(value: Any, kind: type) -> bool:
+    return value is None or isinstance(value, kind)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class OpenAIBackend:

@@ -43,6 +43,24 @@ def test_parse_chat_completion_rejects_a_response_without_choices():
         parse_chat_completion("q1", {"error": "x"})
 
 
+@pytest.mark.parametrize(
+    ("message", "usage", "fault"),
+    [
+        ({"content": ["a", "list"]}, {}, "content is ['a', 'list'], not text"),
+        ({"content": 7}, {}, "content is 7, not text"),
+        ({"content": "ok"}, {"completion_tokens": -3}, "completion_tokens is -3, not a count"),
+        ({"content": "ok"}, {"prompt_tokens": 3.9}, "prompt_tokens is 3.9, not a count"),
+        ({"content": "ok"}, {"completion_tokens": True}, "completion_tokens is True, not a count"),
+        ({"content": "ok", "reasoning_content": {"x": 1}}, {}, "reasoning is {'x': 1}, not text"),
+    ],
+)
+def test_a_malformed_answer_is_the_requests_failure_not_a_training_row(message, usage, fault):
+    resp = {"choices": [{"message": message, "finish_reason": "stop"}], "usage": usage}
+    with pytest.raises(ValueError, match="request q1: malformed response: ") as err:
+        parse_chat_completion("q1", resp)
+    assert fault in str(err.value)
+
+
 def test_openai_backend_sends_key_from_env_and_never_shows_it(model_dir, monkeypatch, caplog):
     secret = "sk-test-123456"
     monkeypatch.setenv("SPECBUILD_TEST_KEY", secret)
