@@ -5,8 +5,10 @@ prints them) and results/serve.sh.
 Contract: `credential_faults` returns one 'dotted.key: what' line for each value under the
 free-form server keys (`sglang.env`, `sglang.server_args`, and each tuning point's) whose name
 says it is a credential (HF_TOKEN, OPENAI_API_KEY, api_key, a password) or whose value looks
-like one (hf_..., sk-..., a GitHub or Slack token, an AWS key id, a JWT), and each endpoint URL
-holding a password or a token (`sglang.endpoint`, `bench.openai.endpoint`). A line names the key,
+like one (hf_..., sk-..., a GitHub or Slack token, an AWS key id, a JWT), each word of
+`sglang.launcher` that is a credential flag or looks like one, and each endpoint URL holding a
+user, a password, a token or a credential-named query parameter (`sglang.endpoint`,
+`bench.openai.endpoint`). A line names the key,
 never the value, and says where a key goes instead: the environment, named by
 `sglang.api_key_env` (an endpoint's key) or `sglang.serve_api_key_env` (the key `make serve`'s
 server requires). Servers specbuild starts inherit the environment (HF_TOKEN included) and get
@@ -18,18 +20,30 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from specbuild.config.schema import mapping
 
 __all__ = ["credential_faults", "is_credential_name", "looks_like_credential"]
 
 # words of a name that make it a credential wherever they stand (split at _, - and .):
-# AWS_SECRET_ACCESS_KEY, ssl_keyfile_password
-_SECRET_WORDS = {"secret", "password", "passwd", "credential", "credentials", "apikey"}
-# ...or that end it: HF_TOKEN, api_key, OPENAI_API_KEY, private_key. Not SGLang's
-# speculative_token_map, max_total_tokens or tokenizer_path.
-_LAST_WORDS = {"token", "key", "keys"}
+# AWS_SECRET_ACCESS_KEY, ssl_keyfile_password, DB_PASS
+_SECRET_WORDS = {
+    "secret",
+    "password",
+    "passwd",
+    "pass",
+    "pwd",
+    "credential",
+    "credentials",
+    "apikey",
+}
+# ...or that name one unless a word saying what about it follows: HF_TOKEN, api_key,
+# OPENAI_API_KEY_2, HF_TOKEN_RO, private_key; not SGLang's speculative_token_map (nor
+# max_total_tokens or tokenizer_path, other words)
+_KEY_WORDS = {"token", "key", "keys"}
+_ABOUT_WORDS = {"map", "id", "ids", "len", "length", "size", "num", "count", "type", "path"}
+_ABOUT_WORDS |= {"file", "dir", "mode", "limit", "budget"}
 # token formats with a recognisable prefix and enough random characters to be one
 _CREDENTIAL = re.compile(
     r"(?<![A-Za-z0-9])("
@@ -52,7 +66,12 @@ _INSTEAD = (
 def is_credential_name(name: str) -> bool:
     """Whether a variable or flag name says its value is a credential."""
     words = [w for w in re.split(r"[_\-.]+", name.lower()) if w]
-    return bool(_SECRET_WORDS & set(words)) or (bool(words) and words[-1] in _LAST_WORDS)
+    if _SECRET_WORDS & set(words):
+        return True
+    return any(
+        w in _KEY_WORDS and (i + 1 == len(words) or words[i + 1] not in _ABOUT_WORDS)
+        for i, w in enumerate(words)
+    )
 
 
 def looks_like_credential(value: Any) -> bool:
@@ -96,10 +115,12 @@ def _endpoint_faults(config: Mapping) -> list[str]:
         if not isinstance(url, str):
             continue
         try:
-            password = urlsplit(url).password
+            parts = urlsplit(url)
+            user = parts.username or parts.password  # https://user:pass@host, https://token@host
+            asked = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True)]
         except ValueError:
-            password = None  # not a URL the backend can use either; its request says so
-        if password or looks_like_credential(url):
+            user, asked = None, []  # not a URL the backend can use either; its request says so
+        if user or looks_like_credential(url) or any(map(is_credential_name, asked)):
             faults.append(f"{key}: the URL holds a credential; {_INSTEAD}")
     return faults
 
@@ -108,6 +129,11 @@ def credential_faults(config: Mapping) -> list[str]:
     """One line per credential-looking name or value under the free-form server keys, and per
     endpoint URL that holds one."""
     faults = _endpoint_faults(config)
+    launcher = mapping(config.get("sglang")).get("launcher")
+    for i, word in enumerate(launcher if isinstance(launcher, list) else []):
+        flag = isinstance(word, str) and word.startswith("-") and is_credential_name(word)
+        if flag or looks_like_credential(word):
+            faults.append(f"sglang.launcher[{i}]: a credential on the command line; {_INSTEAD}")
     for prefix, section in _free_form(config):
         for name, value in section.items():
             key = f"{prefix}.{name}"

@@ -15,7 +15,18 @@ SK = "sk-proj-" + "x9Y" * 10
 
 
 @pytest.mark.parametrize(
-    "name", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "api_key", "admin-api-key"]
+    "name",
+    [
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "OPENAI_API_KEY",
+        "api_key",
+        "admin-api-key",
+        "OPENAI_API_KEY_2",  # masked in the servers' logs as secrets: the check agrees
+        "HF_TOKEN_RO",
+        "API_KEY_PROD",
+        "DB_PASS",
+    ],
 )
 def test_credential_names_are_recognised(name):
     assert is_credential_name(name)
@@ -91,5 +102,21 @@ def test_an_endpoint_url_holding_a_password_or_token_is_refused():
     assert "s3cret" not in fault
     cfg["sglang"] = {"endpoint": f"https://llm.example.com/v1?key={SK}"}
     assert faults(cfg)[0].startswith("sglang.endpoint: the URL holds a credential")
-    cfg["sglang"] = {"endpoint": "http://127.0.0.1:30000/v1"}
+    cfg["sglang"] = {"endpoint": "https://0123456789abcdef0123@llm.example.com/v1"}
+    assert faults(cfg)[0].startswith("sglang.endpoint: the URL holds a credential")
+    cfg["sglang"] = {"endpoint": "http://llm.example.com/v1?api-key=0123456789abcdef"}
+    assert faults(cfg)[0].startswith("sglang.endpoint: the URL holds a credential")
+    cfg["sglang"] = {"endpoint": "http://127.0.0.1:30000/v1?model=m"}
+    passes(cfg)
+
+
+def test_a_credential_on_the_launcher_command_line_is_refused_naming_its_place():
+    cfg = default_config()
+    cfg["sglang"] = {"launcher": ["python", "-m", "sglang.launch_server", "--api-key", "x"]}
+    (fault,) = faults(cfg)
+    assert fault.startswith("sglang.launcher[3]: a credential on the command line")
+    cfg["sglang"] = {"launcher": ["env", f"HF_TOKEN={HF}", "python", "-m", "sglang.launch_server"]}
+    (fault,) = faults(cfg)
+    assert fault.startswith("sglang.launcher[1]: a credential") and HF not in fault
+    cfg["sglang"] = {"launcher": ["python", "-m", "sglang.launch_server"]}
     passes(cfg)
