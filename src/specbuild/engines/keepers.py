@@ -9,7 +9,9 @@ build on this module: `server` (an SGLang server for generation, engines.kept_se
 
 A keeper stops its engine when no lease has been held for `idle_s`, when another engine is
 about to start on its GPUs or a training claims them (`release_idle`: the memory is theirs
-now), and at the end of the run (`stop_all`, from the Snakefile's onsuccess/onerror).
+now), and at the end of the run (`stop_all`, from the Snakefile's onsuccess/onerror) unless
+another live run in the directory has used it (runs/): two runs at once in one directory
+share engines, and one ending must not take the other's away.
 
 Inside a SLURM allocation (a cluster job of `profiles/slurm`, often a group of one stage's
 shards) the keepers live in a folder on the node's own disk, and the allocation's keeper host
@@ -28,6 +30,7 @@ resource accounting and rerun decisions would be lost.
                                failed.txt  why the engine did not start, or died
                                stop        asks the keeper to stop once no lease is held
                                leases/<pid>-<hex>  one per job using it, flock'ed meanwhile
+                               runs/<run id>  each run whose jobs used it ($SPECBUILD_RUN)
                                keeper.log  the keeper's and its engine's output
     <registry>/host/            host.pid    an allocation's keeper host
                                 requests/   keepers the host is asked to start (0600)
@@ -51,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.infra.io import atomic_open, pid_alive
+from specbuild.infra.run_lock import RUN_ENV, run_ended
 
 __all__ = [
     "KEEPER_LOG",
@@ -72,6 +76,7 @@ __all__ = [
     "spawn_keeper",
     "sharing_allowed",
     "stop_all",
+    "keeper_env",
     "write_text",
 ]
 
@@ -198,14 +203,23 @@ def _start_keeper(
 ) -> None:
     for stale_file in ("failed.txt", "stop", *stale):
         (folder / stale_file).unlink(missing_ok=True)
-    fd = os.open(folder / "spec.json", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+    # whole or absent (release_idle reads it without the lock), and 0600 from the start
+    tmp = folder / f".spec.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump({**spec, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}, fh)
+    os.replace(tmp, folder / "spec.json")
     argv = [sys.executable, "-m", module, str(folder), str(idle_s)]
     if os.environ.get("SLURM_STEP_ID"):
         _ask_host(argv, folder)
         return
-    spawn_keeper(argv, folder)
+    spawn_keeper(argv, folder, env=keeper_env())
+
+
+def keeper_env() -> dict[str, str]:
+    """This job's environment but its run's id: a keeper is shared across runs and outlives
+    them, so it must not make the run that started it look live (run_lock)."""
+    return {k: v for k, v in os.environ.items() if k != RUN_ENV}
 
 
 def spawn_keeper(
@@ -235,7 +249,7 @@ def _ask_host(argv: list[str], folder: Path) -> None:
     (folder / "keeper.pid").unlink(missing_ok=True)  # a dead keeper's
     requests = host_folder() / "requests"
     requests.mkdir(parents=True, exist_ok=True)
-    request = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "folder": str(folder)}
+    request = {"argv": argv, "cwd": os.getcwd(), "env": keeper_env(), "folder": str(folder)}
     tmp = requests / f".{folder.name}.{secrets.token_hex(4)}.tmp"
     fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
@@ -278,6 +292,10 @@ def lease(
     fd = os.open(folder / f".lease-{tag}", os.O_CREAT | os.O_RDWR, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.rename(folder / f".lease-{tag}", path)
+    run = os.environ.get(RUN_ENV)
+    if run:  # this run uses it: another run's end leaves it running (stop_all)
+        (folder / "runs").mkdir(exist_ok=True)
+        (folder / "runs" / run).touch()
     try:
         with _locked(folder):
             if keeper_running(folder) and not (folder / "failed.txt").exists():
@@ -359,7 +377,11 @@ def release_idle(gpus: str | None = None, *, keep: str | None = None) -> None:
             continue
         if not keeper_running(folder):
             continue
-        theirs = set(filter(None, json.loads(spec.read_text()).get("gpus", "").split(",")))
+        try:
+            gpus = json.loads(spec.read_text()).get("gpus", "")
+        except (OSError, ValueError):
+            continue  # replaced or removed meanwhile: not an idle keeper to stop now
+        theirs = set(filter(None, str(gpus).split(",")))
         if (not mine or not theirs or mine & theirs) and _live_leases(folder) == 0:
             idle.append(folder)
     if idle:
@@ -368,8 +390,33 @@ def release_idle(gpus: str | None = None, *, keep: str | None = None) -> None:
 
 
 def stop_all() -> None:
-    """Stop every keeper of this working directory, of every kind (the end of a run), and
-    wait until they have exited."""
+    """Stop every keeper of this working directory, of every kind (the end of a run), but
+    those another live run has used, and wait until they have exited."""
     root = registry()
-    if root.is_dir():
-        _ask_stop(sorted(p for p in root.iterdir() if p.is_dir()), "the run ended")
+    if not root.is_dir():
+        return
+    stopping, kept = [], {}
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        others = _other_live_runs(folder, os.environ.get(RUN_ENV, ""))
+        if others:
+            kept[folder.name] = others
+        else:
+            stopping.append(folder)
+    for name, others in kept.items():
+        log.info("leaving the shared engine %s running: run(s) %s use it", name, ", ".join(others))
+    _ask_stop(stopping, "the run ended")
+
+
+def _other_live_runs(folder: Path, run: str) -> list[str]:
+    """The runs but `run` that used the keeper of `folder` and have not ended (a run on
+    another host counts as live: it cannot be told here); ended runs' marks are removed."""
+    marks = folder / "runs"
+    if run:
+        (marks / run).unlink(missing_ok=True)
+    live = []
+    for mark in sorted(marks.glob("*")) if marks.is_dir() else []:
+        if run_ended(mark.name):
+            mark.unlink(missing_ok=True)
+        else:
+            live.append(mark.name)
+    return live

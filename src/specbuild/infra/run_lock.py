@@ -152,9 +152,9 @@ def _ancestors() -> set[int]:
     return pids
 
 
-def _snakemake_processes() -> Iterable[tuple[int, list[str], Path]]:
-    """(pid, argv, /proc entry) of every live snakemake process or job but this one's
-    ancestors; raises OSError where processes cannot be listed (no /proc)."""
+def _processes() -> Iterable[tuple[int, list[str], Path]]:
+    """(pid, argv, /proc entry) of every live process but this one's ancestors; raises
+    OSError where processes cannot be listed (no /proc)."""
     if not (PROC / "self" / "stat").exists():
         raise OSError("no /proc here: cannot tell whether a snakemake run is live")
     skip = _ancestors()
@@ -166,8 +166,13 @@ def _snakemake_processes() -> Iterable[tuple[int, list[str], Path]]:
         except OSError:
             continue  # exited meanwhile
         fields = _stat_fields(int(entry.name))
-        if argv and fields and fields[0] not in ("Z", "X") and is_snakemake_process(argv):
+        if argv and fields and fields[0] not in ("Z", "X"):
             yield int(entry.name), argv, entry
+
+
+def _snakemake_processes() -> Iterable[tuple[int, list[str], Path]]:
+    """_processes() that are a snakemake process or job."""
+    return ((p, a, e) for p, a, e in _processes() if is_snakemake_process(a))
 
 
 def lock_holders(workdir: str | os.PathLike) -> list[Holder]:
@@ -191,11 +196,13 @@ def lock_holders(workdir: str | os.PathLike) -> list[Holder]:
 
 
 def runs_with_live_jobs() -> dict[str, list[int]]:
-    """{run id: pids of its live jobs}, from the id each snakemake job carries in its
-    environment ($SPECBUILD_RUN)."""
+    """{run id: pids of its live jobs}, from the id each job carries in its environment
+    ($SPECBUILD_RUN), and so does every process a job starts: a training's torchrun workers
+    outlive a killed job script, and still write its outputs (kept engines are started
+    without it: they outlive runs by design)."""
     runs: dict[str, list[int]] = {}
     prefix = f"{RUN_ENV}=".encode()
-    for pid, _argv, entry in _snakemake_processes():
+    for pid, _argv, entry in _processes():
         try:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:

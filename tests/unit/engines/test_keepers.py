@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from specbuild.engines.keepers import (
     release_idle,
     stop_all,
 )
+from specbuild.infra.run_lock import RUN_ENV, process_start
 
 REPO = Path(__file__).resolve().parents[3]
 MODULE = "tests.stubs.idle_keeper"
@@ -77,6 +79,22 @@ def test_stop_all_stops_every_kind_and_returns_once_they_have_exited(registry):
     assert time.monotonic() - start < 10
     assert not any(keeper_running(f) for f in folders)
     assert not any(process_running(p) for p in pids)
+
+
+def test_one_runs_end_leaves_running_an_engine_another_live_run_uses(registry, monkeypatch):
+    live = f"{socket.gethostname()}:{os.getpid()}:{process_start(os.getpid())}"  # this process
+    monkeypatch.setenv(RUN_ENV, live)
+    with _lease(keeper_key("server", {"model": "a"}), idle_s=600) as held:
+        folder = held.folder
+    # the keeper carries no run id: shared across runs, it keeps none of them looking live
+    environ = Path(f"/proc/{_pid(folder)}/environ").read_bytes().split(b"\0")
+    assert not [e for e in environ if e.startswith(f"{RUN_ENV}=".encode())]
+    monkeypatch.setenv(RUN_ENV, f"{socket.gethostname()}:1:1")  # another run, ending now
+    stop_all()
+    assert keeper_running(folder)  # the live run's next job finds its engine loaded
+    monkeypatch.setenv(RUN_ENV, live)  # now the run that used it ends
+    stop_all()
+    assert not keeper_running(folder) and not list((folder / "runs").iterdir())
 
 
 def test_a_dead_jobs_lease_does_not_keep_the_keeper(registry):

@@ -95,6 +95,18 @@ def test_a_run_is_live_while_its_process_or_a_job_it_started_runs(tmp_path):
         orphan.kill()
         orphan.wait()
     assert run_state(ended) == "ended"
+    # a process the job started (a training's torchrun worker, no snakemake in its command
+    # line) outlives a killed job script and still writes the job's outputs
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env=os.environ | {RUN_ENV: ended.run_id},
+    )
+    try:
+        assert run_state(ended) == "live"
+    finally:
+        worker.kill()
+        worker.wait()
+    assert run_state(ended) == "ended"
     assert run_state(replace(ended, jobs_elsewhere=True)) == "unseen"  # a cluster's jobs
     assert run_state(replace(this_run(), host=f"not-{socket.gethostname()}")) == "unseen"
 
