@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.infra.io import atomic_open, pid_alive
-from specbuild.infra.run_lock import RUN_ENV, run_ended
+from specbuild.infra.run_lock import RUN_ENV, process_start, run_ended
 
 __all__ = [
     "KEEPER_LOG",
@@ -77,6 +77,7 @@ __all__ = [
     "sharing_allowed",
     "stop_all",
     "keeper_env",
+    "keeper_pid",
     "write_text",
 ]
 
@@ -142,12 +143,22 @@ def process_running(pid: int) -> bool:
     return pid_alive(pid)
 
 
+def keeper_pid(folder: Path) -> int | None:
+    """The pid of the keeper of `folder` while that very process runs; None once it has
+    stopped or never started. keeper.pid holds the pid and the process's start time, so a
+    dead keeper's pid reused by another process is not taken for the keeper."""
+    try:
+        pid, *start = (int(f) for f in (folder / "keeper.pid").read_text().split())
+    except (OSError, ValueError):
+        return None
+    if not process_running(pid) or (start and process_start(pid) != start[0]):
+        return None
+    return pid
+
+
 def keeper_running(folder: Path) -> bool:
     """Whether the keeper of `folder` runs (False: it has stopped, or never started)."""
-    try:
-        return process_running(int((folder / "keeper.pid").read_text()))
-    except (OSError, ValueError):
-        return False
+    return keeper_pid(folder) is not None
 
 
 def write_text(path: Path, text: str) -> None:
@@ -238,7 +249,7 @@ def spawn_keeper(
             stderr=subprocess.STDOUT,
             process_group=0,
         )
-    write_text(folder / "keeper.pid", str(proc.pid))
+    write_text(folder / "keeper.pid", f"{proc.pid} {process_start(proc.pid) or ''}".strip())
     return proc
 
 
@@ -340,11 +351,8 @@ def _ask_stop(folders: list[Path], why: str) -> None:
     """Ask these keepers to stop once no lease is held, and wait until they have."""
     waiting = []
     for folder in folders:
-        try:
-            pid = int((folder / "keeper.pid").read_text())
-        except (OSError, ValueError):
-            continue  # stopped, or never started
-        if process_running(pid):
+        pid = keeper_pid(folder)
+        if pid is not None:  # else stopped, or never started
             write_text(folder / "stop", why)
             waiting.append(pid)
     # by pid, not keeper.pid: the keeper removes that before it stops its engine and exits
@@ -356,10 +364,7 @@ def _ask_stop(folders: list[Path], why: str) -> None:
 
 def _own(folder: Path) -> bool:
     """Whether `folder` is kept by this process (a keeper starting its engine)."""
-    try:
-        return int((folder / "keeper.pid").read_text()) == os.getpid()
-    except (OSError, ValueError):
-        return False
+    return keeper_pid(folder) == os.getpid()
 
 
 def release_idle(gpus: str | None = None, *, keep: str | None = None) -> None:

@@ -56,7 +56,7 @@ def test_a_job_steps_keeper_is_the_hosts_child_and_ends_with_the_allocations_sna
         monkeypatch.setenv("SLURM_STEP_ID", "0")  # this test is now a job in a step
         key = keeper_key("features", {"model": "a"})
         with lease(key, spec={}, module="tests.stubs.idle_keeper", idle_s=600, name="t") as held:
-            pid = int((held.folder / "keeper.pid").read_text())
+            pid = int((held.folder / "keeper.pid").read_text().split()[0])
             assert keeper_running(held.folder)
             assert _parent(pid) == host.pid  # not this job's child: outlives its step
         requests = tmp_path / "keepers" / "host" / "requests"

@@ -40,7 +40,7 @@ def _lease(key: str, idle_s: float = 30.0):
 
 
 def _pid(folder: Path) -> int:
-    return int((folder / "keeper.pid").read_text())
+    return int((folder / "keeper.pid").read_text().split()[0])
 
 
 def _stops(folder: Path, timeout_s: float) -> bool:
@@ -95,6 +95,14 @@ def test_one_runs_end_leaves_running_an_engine_another_live_run_uses(registry, m
     monkeypatch.setenv(RUN_ENV, live)  # now the run that used it ends
     stop_all()
     assert not keeper_running(folder) and not list((folder / "runs").iterdir())
+
+
+def test_a_dead_keepers_pid_reused_by_another_process_is_not_taken_for_the_keeper(tmp_path):
+    me = os.getpid()  # a live process, standing for whatever got the dead keeper's pid
+    (tmp_path / "keeper.pid").write_text(f"{me} {process_start(me) + 1}")
+    assert not keeper_running(tmp_path)
+    (tmp_path / "keeper.pid").write_text(f"{me} {process_start(me)}")
+    assert keeper_running(tmp_path)
 
 
 def test_a_dead_jobs_lease_does_not_keep_the_keeper(registry):

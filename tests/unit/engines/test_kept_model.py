@@ -119,7 +119,7 @@ def test_a_keeper_killed_mid_request_fails_the_job_with_its_log_and_leaves_no_ou
             try:  # the keeper's folder is made before its log and pid files
                 (folder,) = registry.glob("features-*")
                 if "request " in (folder / "keeper.log").read_text():
-                    os.kill(int((folder / "keeper.pid").read_text()), signal.SIGKILL)
+                    os.kill(int((folder / "keeper.pid").read_text().split()[0]), signal.SIGKILL)
                     return
             except (ValueError, FileNotFoundError):
                 pass
