@@ -51,7 +51,7 @@
 # shard would be stale by its time stamp alone), then builds the rest; a shard the seed lacks is
 # built as usual (specbuild/seed.py; it refuses a results/ that already has the seed's shards).
 # The recipe from a seed of its data (benchmarks/h200/seed/README.md): from the seed of the first
-# shards the whole run took 20 min 7 s of one H200 (data 8 min 4 s, training 7 min 16 s;
+# shards the whole run took 20 min 2 s of one H200 (data 8 min 4 s, training 7 min 16 s;
 # BENCHMARKS.md, "SmolLM2 example on H200"); from the recipe's own seed the data is all there.
 # Each variant adds ~7 min of training; name a subset with SPECBUILD_VARIANTS:
 #   SPECBUILD_VARIANTS=base SPECBUILD_SEED=/tmp/seed.tar.gz SPECBUILD_GPU_SLOTS=3 \
