@@ -214,17 +214,25 @@ def _start_keeper(
 ) -> None:
     for stale_file in ("failed.txt", "stop", *stale):
         (folder / stale_file).unlink(missing_ok=True)
-    # whole or absent (release_idle reads it without the lock), and 0600 from the start
-    tmp = folder / f".spec.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({**spec, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}, fh)
-    os.replace(tmp, folder / "spec.json")
+    # whole or absent: release_idle reads it without the lock
+    spec = {**spec, "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    _write_private_json(folder / "spec.json", spec)
     argv = [sys.executable, "-m", module, str(folder), str(idle_s)]
     if os.environ.get("SLURM_STEP_ID"):
         _ask_host(argv, folder)
         return
     spawn_keeper(argv, folder, env=keeper_env())
+
+
+def _write_private_json(path: Path, data: Mapping[str, Any]) -> None:
+    """`data` as `path`, whole or absent (written beside it, then renamed), and 0600 from its
+    first byte: specs and requests may hold keys (infra.io's atomic writers give the user's
+    default mode)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh)
+    os.replace(tmp, path)
 
 
 def keeper_env() -> dict[str, str]:
@@ -261,11 +269,7 @@ def _ask_host(argv: list[str], folder: Path) -> None:
     requests = host_folder() / "requests"
     requests.mkdir(parents=True, exist_ok=True)
     request = {"argv": argv, "cwd": os.getcwd(), "env": keeper_env(), "folder": str(folder)}
-    tmp = requests / f".{folder.name}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(request, fh)
-    os.rename(tmp, requests / f"{folder.name}.json")
+    _write_private_json(requests / f"{folder.name}.json", request)
     deadline = time.monotonic() + HOST_WAIT_S
     while not (folder / "keeper.pid").exists():
         if not host_running() or time.monotonic() > deadline:
