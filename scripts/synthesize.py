@@ -8,6 +8,8 @@ from specbuild.rejects import ShardFiles
 from specbuild.synthesize import synthesize_shard
 
 start_job_log(snakemake.log[0])
+sampling = dict(snakemake.params.sampling)
+openers = sampling.pop("openers", [])  # folded into the sampling param (workflow/datasets.py)
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 synthesize_shard(
     fingerprint=snakemake.input.fp,
@@ -24,6 +26,7 @@ synthesize_shard(
         snakemake.params.backend,
         **with_sharing(snakemake.params.backend_args, snakemake.resources.engine_sharing),
     ),
-    sampling=SamplingParams(**snakemake.params.sampling),
+    sampling=SamplingParams(**sampling),
     batch_size=snakemake.params.batch_size,
+    openers=openers,
 )

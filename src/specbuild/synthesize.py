@@ -7,6 +7,12 @@ template up to an open user turn (system prompt and user header, nothing after),
 continue at temperature 1, and keep what it writes up to its end-of-turn as the user message.
 The `generate` stage then answers these prompts like any other.
 
+Left alone, a small target writes mostly one kind of prompt (SmolLM2-135M: two in three open
+"Can you" or "I'm", asking for advice), so a drafter trained on them sees few instructions to
+write, role-play, extract or code. `openers` start prompt i with openers[i % n] (a word or
+two, e.g. "Write", "Imagine you are") for the target to continue: the kind of request is
+steered, its content is still the target's own.
+
 Each shard is a fixed slice of prompt indices; request i is seeded with `seed + i` where the
 backend seeds per request (SGLang, OpenAI-compatible) and per batch otherwise (hf), so growing
 `count` adds shards and leaves earlier ones as they were. Prompts that do not end within
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from specbuild.backends.base import GenerationBackend, GenerationRequest, SamplingParams
@@ -42,12 +48,14 @@ def synthesize_shard(
     backend: Callable[[], GenerationBackend],
     sampling: SamplingParams,
     batch_size: int,
+    openers: Sequence[str] = (),
 ) -> tuple[int, int]:
     """Write the self-written prompts [start, stop) of `dataset` as a samples shard, with the
     target whose `fingerprint` (in the target's folder) is given.
 
     Rows look like the `samples` stage's (`id`, `messages` with one user turn, `source`), so
-    every later stage treats them alike. Returns (kept, rejected).
+    every later stage treats them alike. Prompt i starts with openers[i % len(openers)] when
+    there are any (the kept text begins with it). Returns (kept, rejected).
     """
     if stop <= start:
         raise ValueError(f"{dataset}: empty prompt range [{start}, {stop})")
@@ -55,19 +63,27 @@ def synthesize_shard(
     tokenizer = load_tokenizer(Path(fingerprint).parent)
     # Token ids, not text: a server would tokenize the rendered text with its BOS in front
     # of the template's own (Llama 3), and the prompts would open on a context never served.
-    prefix = tokenizer(open_user_turn(tokenizer), add_special_tokens=False)["input_ids"]
+    # The opener is tokenized with the turn's start, as the served template tokenizes a
+    # message that begins with it.
+    turn = open_user_turn(tokenizer)
+    starts = list(openers) or [""]
+    prefixes = [tokenizer(turn + o, add_special_tokens=False)["input_ids"] for o in starts]
+    opener_of = {f"{dataset}-{i:07d}": starts[i % len(starts)] for i in range(start, stop)}
     requests = [
-        GenerationRequest(id=f"{dataset}-{i:07d}", prompt=prefix, seed=sampling.seed + i)
+        GenerationRequest(
+            id=f"{dataset}-{i:07d}", prompt=prefixes[i % len(starts)], seed=sampling.seed + i
+        )
         for i in range(start, stop)
     ]
     log.info(
-        "synthesize %s [%d, %d): %d prompts, temperature %g, at most %d tokens each",
+        "synthesize %s [%d, %d): %d prompts, temperature %g, at most %d tokens each, %s",
         dataset,
         start,
         stop,
         len(requests),
         sampling.temperature,
         sampling.max_new_tokens,
+        f"{len(openers)} openers" if openers else "no openers",
     )
     kept: list[dict] = []
     bad: list[dict] = []
@@ -80,13 +96,16 @@ def synthesize_shard(
                 if isinstance(gen, str):  # the backend raised on this request alone
                     bad.append({"id": req.id, "reason": gen, "text": ""})
                     continue
-                text, reason = written_user_turn(gen, sampling.max_new_tokens)
+                opener = opener_of[req.id]
+                text, reason = written_user_turn(gen, sampling.max_new_tokens, opener)
                 if reason is None and text in seen:
                     reason = f"repeats {seen[text]}"
                 if reason is None:
                     seen[text] = req.id
                     source = {"synthesized_by": engine.name, "model": engine.model}
                     source.update(seed=req.seed, target_fingerprint=target.fingerprint)
+                    if opener:
+                        source["opener"] = opener
                     kept.append(
                         {
                             "id": req.id,

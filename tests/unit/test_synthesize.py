@@ -39,7 +39,7 @@ def test_a_request_has_exactly_one_of_messages_and_prompt():
         GenerationRequest("a", [{"role": "user", "content": "x"}], prompt="x")
 
 
-def _synth(tmp_path, target_dir, backend, *, start=0, stop=6, max_tokens=24):
+def _synth(tmp_path, target_dir, backend, *, start=0, stop=6, max_tokens=24, openers=()):
     out, rej = tmp_path / f"s{start}.jsonl", tmp_path / f"s{start}.rejected.jsonl"
     kept, bad = synthesize_shard(
         fingerprint=target_dir / "fingerprint.json",
@@ -50,6 +50,7 @@ def _synth(tmp_path, target_dir, backend, *, start=0, stop=6, max_tokens=24):
         backend=backend,
         sampling=SamplingParams(max_new_tokens=max_tokens, temperature=1.0, seed=7),
         batch_size=4,
+        openers=openers,
     )
     return kept, bad, list(read_jsonl(out)), list(read_jsonl(rej))
 
@@ -97,6 +98,62 @@ def test_the_backend_gets_the_open_user_turn_as_token_ids(tmp_path, target_dir, 
     ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
     assert [r.prompt for r in seen] == [ids] * 3 and tokenizer.decode(ids) == prefix
     assert (kept, bad) == (3, 0) and rows[0]["messages"][0]["content"] == "Question 7?"
+
+
+def test_openers_start_each_prompt_in_turn_and_an_opener_alone_is_rejected(
+    tmp_path, target_dir, tokenizer
+):
+    seen: list[GenerationRequest] = []
+
+    class Continuing:
+        name = model = "continuing"
+
+        def generate(self, requests, sampling):
+            seen.extend(requests)
+            # request 2 writes nothing after its opener
+            return [
+                Generation(r.id, "" if r.id.endswith("2") else f" thing {r.seed}.", "stop", 1, 3)
+                for r in requests
+            ]
+
+        def close(self):
+            pass
+
+    openers = ("Write", "Imagine you are")
+    kept, bad, rows, rejects = _synth(
+        tmp_path, target_dir, Continuing, start=1, stop=5, openers=openers
+    )
+    turn = open_user_turn(tokenizer)
+    # prompt i opens with openers[i % 2], tokenized together with the turn's start
+    assert [tokenizer.decode(r.prompt) for r in seen] == [
+        turn + "Imagine you are",
+        turn + "Write",
+        turn + "Imagine you are",
+        turn + "Write",
+    ]
+    assert seen[1].prompt == tokenizer(turn + "Write", add_special_tokens=False)["input_ids"]
+    assert (kept, bad) == (3, 1)
+    assert [r["messages"][0]["content"] for r in rows] == [
+        "Imagine you are thing 8.",
+        "Imagine you are thing 10.",
+        "Write thing 11.",
+    ]
+    assert [r["source"]["opener"] for r in rows] == ["Imagine you are"] * 2 + ["Write"]
+    assert rejects == [{"id": "chat-0000002", "reason": "empty prompt", "text": ""}]
+
+
+@pytest.mark.slow  # decodes with the real SmolLM2
+def test_smollm2_continues_an_opener_into_a_request(tmp_path, target_dir):
+    def hf():
+        return make_backend("hf", target_dir=str(target_dir), device="cpu", batch_size=4)
+
+    kept, bad, rows, rejects = _synth(
+        tmp_path, target_dir, hf, stop=2, max_tokens=64, openers=("Write a poem",)
+    )
+    assert kept + bad == 2 and kept >= 1
+    for r in rows:
+        text = r["messages"][0]["content"]
+        assert text.startswith("Write a poem") and len(text) > len("Write a poem")
 
 
 @pytest.mark.slow  # decodes with the real SmolLM2

@@ -37,16 +37,20 @@ def open_user_turn(tokenizer, messages: list[dict] | tuple = ()) -> str:
     return text[: text.index(_SENTINEL)]
 
 
-def written_user_turn(gen: Generation, max_tokens: int) -> tuple[str, str | None]:
-    """(the user message, None) when the target finished one, else ("", the reason)."""
-    text = gen.content.strip()
+def written_user_turn(
+    gen: Generation, max_tokens: int, opener: str = ""
+) -> tuple[str, str | None]:
+    """(the user message, None) when the target finished one, else ("", the reason).
+
+    `opener`: the words the turn was started with (`synthesize.openers`), which the target
+    continued; the message is both, and an opener with nothing after it is no prompt."""
     if gen.finish_reason == "length":
         return "", f"prompt not finished within {max_tokens} tokens"
     if gen.finish_reason != "stop":
         return "", "backend error: " + str(gen.extra.get("error", gen.finish_reason))
-    if not text:
+    if not gen.content.strip():
         return "", "empty prompt"
-    return text, None
+    return (opener + gen.content).strip(), None
 
 
 def follow_up_seed(seed: int, conversation_id: str, turn: int) -> int:

@@ -36,14 +36,19 @@ def datasets_regex(config: Mapping, synthetic: bool) -> str:
 
 
 def synthesize_sampling(config: Mapping, dataset: str) -> dict:
-    """SamplingParams fields of the self-written prompts; request i is seeded seed + i."""
+    """SamplingParams fields of the self-written prompts (request i is seeded seed + i), and
+    `openers` when the dataset has some. Folded in here, and only when set, so that shards
+    written without openers keep their params and stay up to date."""
     cfg = config["datasets"][dataset]["synthesize"]
-    return {
+    fields = {
         "max_new_tokens": cfg["max_tokens"],
         "temperature": cfg["temperature"],
         "top_p": cfg["top_p"],
         "seed": cfg["seed"],
     }
+    if cfg.get("openers"):
+        fields["openers"] = list(cfg["openers"])
+    return fields
 
 
 def conversation_turns(config: Mapping, dataset: str) -> int:
@@ -59,7 +64,9 @@ def follow_up_sampling(config: Mapping, dataset: str) -> dict:
     """
     if conversation_turns(config, dataset) == 1:
         return {}
-    return synthesize_sampling(config, dataset)
+    fields = synthesize_sampling(config, dataset)
+    fields.pop("openers", None)  # a follow-up is written freely: openers start first prompts
+    return fields
 
 
 def answers_per_prompt(config: Mapping, dataset: str) -> dict:

@@ -60,6 +60,22 @@ def test_follow_up_turns_sample_like_the_self_written_prompts_only_when_there_ar
     assert follow_up_sampling(default_config, "chat") == synthesize_sampling(default_config, "chat")
 
 
+def test_openers_join_the_prompts_sampling_param_only_when_set_and_never_a_follow_ups(
+    default_config,
+):
+    # without openers the param is what it was: shards already written stay up to date
+    assert set(synthesize_sampling(default_config, "chat")) == {
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+    }
+    synth = default_config["datasets"]["chat"]["synthesize"]
+    synth["openers"], synth["turns"] = ["Write", "Explain"], 2
+    assert synthesize_sampling(default_config, "chat")["openers"] == ["Write", "Explain"]
+    assert "openers" not in follow_up_sampling(default_config, "chat")
+
+
 def test_near_duplicate_removal_reads_only_the_earlier_shards(default_config):
     shards = ShardIndex({"gsm8k": ["a", "b", "c"], "chat": ["x", "y"]})
     assert earlier_samples(default_config, shards, "gsm8k", "00002") == []  # off
