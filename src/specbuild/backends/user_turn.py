@@ -37,9 +37,7 @@ def open_user_turn(tokenizer, messages: list[dict] | tuple = ()) -> str:
     return text[: text.index(_SENTINEL)]
 
 
-def written_user_turn(
-    gen: Generation, max_tokens: int, opener: str = ""
-) -> tuple[str, str | None]:
+def written_user_turn(gen: Generation, max_tokens: int, opener: str = "") -> tuple[str, str | None]:
     """(the user message, None) when the target finished one, else ("", the reason).
 
     `opener`: the words the turn was started with (`synthesize.openers`), which the target
