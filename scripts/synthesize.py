@@ -1,15 +1,13 @@
 from functools import partial
 
-from specbuild.backends import SamplingParams, make_backend
+from specbuild.backends import make_backend
 from specbuild.engines.gpus import pin_gpus
 from specbuild.engines.runtime import with_sharing
 from specbuild.infra.joblog import start_job_log
 from specbuild.rejects import ShardFiles
-from specbuild.synthesize import synthesize_shard
+from specbuild.synthesize import PromptWriting, synthesize_shard
 
 start_job_log(snakemake.log[0])
-sampling = dict(snakemake.params.sampling)
-openers = sampling.pop("openers", [])  # folded into the sampling param (workflow/datasets.py)
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 synthesize_shard(
     fingerprint=snakemake.input.fp,
@@ -26,7 +24,6 @@ synthesize_shard(
         snakemake.params.backend,
         **with_sharing(snakemake.params.backend_args, snakemake.resources.engine_sharing),
     ),
-    sampling=SamplingParams(**sampling),
+    writing=PromptWriting.from_param(snakemake.params.sampling),
     batch_size=snakemake.params.batch_size,
-    openers=openers,
 )

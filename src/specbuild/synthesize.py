@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild.backends.base import GenerationBackend, GenerationRequest, SamplingParams
@@ -33,9 +34,26 @@ from specbuild.generate import generate_each
 from specbuild.rejects import ShardFiles, publish_shard
 from specbuild.target import load_tokenizer, read_target_info
 
-__all__ = ["open_user_turn", "synthesize_shard"]
+__all__ = ["PromptWriting", "open_user_turn", "synthesize_shard"]
 
 log = logging.getLogger("specbuild")
+
+
+@dataclass(frozen=True)
+class PromptWriting:
+    """How the target writes a dataset's prompts: its sampling, and the openers prompt i starts
+    with (openers[i % n]; none: it writes freely)."""
+
+    sampling: SamplingParams
+    openers: tuple[str, ...] = ()
+
+    @classmethod
+    def from_param(cls, fields: Mapping) -> PromptWriting:
+        """From the rule's `sampling` param: SamplingParams' fields, with `openers` folded in
+        when the dataset has some (workflow/datasets.py's synthesize_sampling)."""
+        fields = dict(fields)
+        openers = tuple(fields.pop("openers", ()))
+        return cls(SamplingParams(**fields), openers)
 
 
 def synthesize_shard(
@@ -46,17 +64,17 @@ def synthesize_shard(
     start: int,
     stop: int,
     backend: Callable[[], GenerationBackend],
-    sampling: SamplingParams,
+    writing: PromptWriting,
     batch_size: int,
-    openers: Sequence[str] = (),
 ) -> tuple[int, int]:
     """Write the self-written prompts [start, stop) of `dataset` as a samples shard, with the
     target whose `fingerprint` (in the target's folder) is given.
 
     Rows look like the `samples` stage's (`id`, `messages` with one user turn, `source`), so
-    every later stage treats them alike. Prompt i starts with openers[i % len(openers)] when
+    every later stage treats them alike. Prompt i starts with `writing`'s openers[i % n] when
     there are any (the kept text begins with it). Returns (kept, rejected).
     """
+    sampling, openers = writing.sampling, writing.openers
     if stop <= start:
         raise ValueError(f"{dataset}: empty prompt range [{start}, {stop})")
     target = read_target_info(fingerprint)

@@ -11,7 +11,7 @@ from specbuild.backends import make_backend
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
 from specbuild.infra.io import read_jsonl
 from specbuild.rejects import ShardFiles, check_rejected_share
-from specbuild.synthesize import open_user_turn, synthesize_shard
+from specbuild.synthesize import PromptWriting, open_user_turn, synthesize_shard
 
 STUB = Path(__file__).resolve().parents[1] / "stubs" / "sglang_stub.py"
 
@@ -48,9 +48,10 @@ def _synth(tmp_path, target_dir, backend, *, start=0, stop=6, max_tokens=24, ope
         start=start,
         stop=stop,
         backend=backend,
-        sampling=SamplingParams(max_new_tokens=max_tokens, temperature=1.0, seed=7),
+        writing=PromptWriting(
+            SamplingParams(max_new_tokens=max_tokens, temperature=1.0, seed=7), tuple(openers)
+        ),
         batch_size=4,
-        openers=openers,
     )
     return kept, bad, list(read_jsonl(out)), list(read_jsonl(rej))
 
@@ -140,6 +141,13 @@ def test_openers_start_each_prompt_in_turn_and_an_opener_alone_is_rejected(
     ]
     assert [r["source"]["opener"] for r in rows] == ["Imagine you are"] * 2 + ["Write"]
     assert rejects == [{"id": "chat-0000002", "reason": "empty prompt", "text": ""}]
+
+
+def test_the_rules_sampling_param_unfolds_into_sampling_and_openers():
+    fields = {"max_new_tokens": 64, "temperature": 1.0, "top_p": 1.0, "seed": 3}
+    assert PromptWriting.from_param(fields) == PromptWriting(SamplingParams(**fields), ())
+    writing = PromptWriting.from_param(fields | {"openers": ["Write", "Explain"]})
+    assert writing.openers == ("Write", "Explain") and writing.sampling.seed == 3
 
 
 @pytest.mark.slow  # decodes with the real SmolLM2
