@@ -7,11 +7,11 @@ template up to an open user turn (system prompt and user header, nothing after),
 continue at temperature 1, and keep what it writes up to its end-of-turn as the user message.
 The `generate` stage then answers these prompts like any other.
 
-Left alone, a small target writes mostly one kind of prompt (SmolLM2-135M: two in three open
-"Can you" or "I'm", asking for advice), so a drafter trained on them sees few instructions to
-write, role-play, extract or code. `openers` start prompt i with openers[i % n] (a word or
-two, e.g. "Write", "Imagine you are") for the target to continue: the kind of request is
-steered, its content is still the target's own.
+Left alone, a small target writes mostly one kind of prompt (SmolLM2-135M: 59% of 20,247
+open "Can you" or "I'm", asking for help or advice), so a drafter trained on them sees few
+instructions to write, role-play, extract or code. `openers` start prompt i with
+openers[i % n] (a word or two, e.g. "Write", "Imagine you are") for the target to continue:
+the kind of request is steered, its content is still the target's own.
 
 Each shard is a fixed slice of prompt indices; request i is seeded with `seed + i` where the
 backend seeds per request (SGLang, OpenAI-compatible) and per batch otherwise (hf), so growing
