@@ -78,23 +78,27 @@ def test_hf_writes_seeded_prompts_and_keeps_every_reject_with_a_reason(tmp_path,
     assert again == rows
 
 
+class Recording:
+    """A backend that keeps the requests it gets and answers each with `write(request)`."""
+
+    name = model = "recording"
+
+    def __init__(self, write):
+        self.write, self.seen = write, []
+
+    def generate(self, requests, sampling):
+        self.seen.extend(requests)
+        return [Generation(r.id, self.write(r), "stop", len(r.prompt), 3) for r in requests]
+
+    def close(self):
+        pass
+
+
 def test_the_backend_gets_the_open_user_turn_as_token_ids(tmp_path, target_dir, tokenizer):
     # Ids, not text: a server tokenizing rendered text puts its own BOS before the template's.
-    seen: list[GenerationRequest] = []
-
-    class Recording:
-        name = model = "recording"
-
-        def generate(self, requests, sampling):
-            seen.extend(requests)
-            return [
-                Generation(r.id, f"Question {r.seed}?", "stop", len(r.prompt), 3) for r in requests
-            ]
-
-        def close(self):
-            pass
-
-    kept, bad, rows, _ = _synth(tmp_path, target_dir, Recording, stop=3)
+    engine = Recording(lambda r: f"Question {r.seed}?")
+    kept, bad, rows, _ = _synth(tmp_path, target_dir, lambda: engine, stop=3)
+    seen = engine.seen
     prefix = open_user_turn(tokenizer)
     ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
     assert [r.prompt for r in seen] == [ids] * 3 and tokenizer.decode(ids) == prefix
@@ -104,26 +108,13 @@ def test_the_backend_gets_the_open_user_turn_as_token_ids(tmp_path, target_dir, 
 def test_openers_start_each_prompt_in_turn_and_an_opener_alone_is_rejected(
     tmp_path, target_dir, tokenizer
 ):
-    seen: list[GenerationRequest] = []
-
-    class Continuing:
-        name = model = "continuing"
-
-        def generate(self, requests, sampling):
-            seen.extend(requests)
-            # request 2 writes nothing after its opener
-            return [
-                Generation(r.id, "" if r.id.endswith("2") else f" thing {r.seed}.", "stop", 1, 3)
-                for r in requests
-            ]
-
-        def close(self):
-            pass
-
+    # request 2 writes nothing after its opener
+    engine = Recording(lambda r: "" if r.id.endswith("2") else f" thing {r.seed}.")
     openers = ("Write", "Imagine you are")
     kept, bad, rows, rejects = _synth(
-        tmp_path, target_dir, Continuing, start=1, stop=5, openers=openers
+        tmp_path, target_dir, lambda: engine, start=1, stop=5, openers=openers
     )
+    seen = engine.seen
     turn = open_user_turn(tokenizer)
     # prompt i opens with openers[i % 2], tokenized together with the turn's start
     assert [tokenizer.decode(r.prompt) for r in seen] == [
