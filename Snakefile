@@ -10,6 +10,7 @@
 #   results/checks/{stage}/{dataset}/{shard}.json   a shard's rejected share passed its limit
 #   results/hidden/{dataset}/{shard}.safetensors    EAGLE-3 features from the target
 #   results/vocab/vocab.safetensors                 d2t / t2d draft vocabulary map
+#   results/vocab/{variant}/vocab.safetensors       a variant's own, where it trains on other datasets
 #   results/train/{variant}/, results/drafter/{variant}/   training (best, metrics, state),
 #                                                   exported SGLang folder; variant `base` is
 #                                                   the train recipe, others train.variants

@@ -6,7 +6,8 @@ rule train:
         shards=job(training.variant_shards, config, SHARDS, VARIANTS),
         # the held-out train.eval_set: evaluated to pick the best epoch, never trained on
         eval_shards=training.eval_set_shards(config, SHARDS),
-        vocab="results/vocab/vocab.safetensors",
+        # the shared draft vocabulary, or the variant's own where it trains on other datasets
+        vocab=job(training.vocab_file, config, VARIANTS),
         fp=target_file("fingerprint.json"),
         # the gate: train only on features that match the serving engine's
         align="results/align/report.json",

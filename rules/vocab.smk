@@ -31,3 +31,45 @@ rule vocab:
         draft_size=config["vocab"]["draft_size"],
     script:
         "../scripts/vocab.py"
+
+
+rule variant_vocab:
+    """The draft vocabulary of a variant that trains on other datasets than the base recipe,
+    counted on those (specbuild.workflow.training.vocab_file)."""
+    input:
+        tokens=job(
+            training.variant_files,
+            config,
+            SHARDS,
+            VARIANTS,
+            "results/tokenized/{dataset}/{shard}.jsonl",
+        ),
+        metas=job(
+            training.variant_files,
+            config,
+            SHARDS,
+            VARIANTS,
+            "results/tokenized/{dataset}/{shard}.meta.json",
+        ),
+        fp=target_file("fingerprint.json"),
+        checked=job(
+            training.variant_files,
+            config,
+            SHARDS,
+            VARIANTS,
+            "results/checks/tokenized/{dataset}/{shard}.json",
+        ),
+    output:
+        vocab="results/vocab/{variant}/vocab.safetensors",
+        stats="results/vocab/{variant}/vocab_stats.json",
+    log:
+        "logs/vocab/{variant}.log",
+    conda:
+        "../envs/specbuild.yaml"
+    resources:
+        mem_mb=2000,
+        runtime=30,
+    params:
+        draft_size=config["vocab"]["draft_size"],
+    script:
+        "../scripts/vocab.py"

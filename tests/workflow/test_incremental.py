@@ -18,6 +18,7 @@ What the stages after the shards read (so what a change must rerun):
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -378,7 +379,7 @@ def test_a_variant_training_on_one_more_dataset_adds_its_shards_and_reruns_nothi
     built_workflow, tmp_path
 ):
     # The base recipe names its datasets, so the new one is the variant's alone: the shared
-    # vocabulary, the alignment gate and the base drafter stay.
+    # vocabulary, the alignment gate and the base drafter stay; the variant counts its own.
     workdir = copy_workdir(built_workflow.workdir, tmp_path / "wf")
     extra = workdir / "raw" / "extra.jsonl"
     extra.write_text("".join(f'{{"prompt": "{p}"}}\n' for p in ["Spell cat.", "Add 1 and 1."]))
@@ -393,6 +394,7 @@ def test_a_variant_training_on_one_more_dataset_adds_its_shards_and_reruns_nothi
         [(stage, extra_shard) for stage in SHARD_STAGES]
         + [("rejects_check", f"stage={stage}, {extra_shard}") for stage in CHECKED.values()]
         + [("rejects", ""), ("report_pipeline", "")]
+        + [("variant_vocab", "variant=more")]
         + [("train", "variant=more"), ("export", "variant=more")]
         + [("bench", "engine=hf, drafter=more, chain=2-1-3")]
         + [("report_bench", ""), ("variants", "")]
@@ -403,6 +405,11 @@ def test_a_variant_training_on_one_more_dataset_adds_its_shards_and_reruns_nothi
         for v in ("base", "more")
     }
     assert trained["more"] == trained["base"] + 2  # the two extra prompts, trained on
+    stats = {
+        v: json.loads((workdir / f"results/vocab/{v}vocab_stats.json").read_text())
+        for v in ("", "more/")
+    }
+    assert stats["more/"]["masked_tokens"] > stats[""]["masked_tokens"]  # the extra answers
     table = (workdir / "results" / "tables" / "variants.md").read_text()
     assert f'| more | datasets=["{DATASET}", "extra"] | {DATASET}, extra |' in table
 

@@ -1,5 +1,5 @@
 """What a training job reads: its variant's shards, held-out shards, warm start, hparams;
-and the datasets the shared vocabulary counts."""
+and the draft vocabulary it trains with, with the datasets that vocabulary counts."""
 
 from __future__ import annotations
 
@@ -15,9 +15,13 @@ __all__ = [
     "train_cadence",
     "train_hparams",
     "train_init_files",
+    "variant_files",
     "variant_shards",
     "vocab_datasets",
+    "vocab_file",
 ]
+
+SHARED_VOCAB = "results/vocab/vocab.safetensors"
 
 
 def train_hparams(variants: Mapping[str, Mapping], variant: str) -> dict:
@@ -42,11 +46,18 @@ def train_cadence(variants: Mapping[str, Mapping], key: str, variant: str) -> st
     return str(variants[variant][key])
 
 
+def variant_files(
+    config: Mapping, shards: ShardIndex, variants: Mapping[str, Mapping], pattern: str, variant: str
+) -> list[str]:
+    """`pattern` ({dataset}, {shard}) over every shard of the datasets a variant trains on."""
+    return shards.expand(pattern, train_datasets(config, variants[variant]))
+
+
 def variant_shards(
     config: Mapping, shards: ShardIndex, variants: Mapping[str, Mapping], variant: str
 ) -> list[str]:
     """Hidden shards of the datasets a variant trains on (train.datasets)."""
-    return shards.expand(HIDDEN_SHARD, train_datasets(config, variants[variant]))
+    return variant_files(config, shards, variants, HIDDEN_SHARD, variant)
 
 
 def train_init_files(variants: Mapping[str, Mapping], variant: str) -> list[str]:
@@ -61,6 +72,16 @@ def vocab_datasets(config: Mapping) -> list[str]:
     training on more data (a multi-turn set, say) adds its jobs and reruns none of the base's.
     """
     return train_datasets(config, config["train"])
+
+
+def vocab_file(config: Mapping, variants: Mapping[str, Mapping], variant: str) -> str:
+    """The draft vocabulary a variant trains and drafts with: the shared one, counted on the
+    base recipe's datasets, or, for a variant that trains on other datasets, its own counted
+    on those (rule variant_vocab). A lever that changes the data is then measured as the
+    recipe it would become: tokens only its data holds get draft ids."""
+    if set(train_datasets(config, variants[variant])) == set(vocab_datasets(config)):
+        return SHARED_VOCAB
+    return f"results/vocab/{variant}/vocab.safetensors"
 
 
 def eval_set_shards(config: Mapping, shards: ShardIndex) -> list[str]:

@@ -9,6 +9,7 @@ from specbuild.workflow.training import (
     train_init_files,
     variant_shards,
     vocab_datasets,
+    vocab_file,
 )
 
 
@@ -69,3 +70,17 @@ def test_the_held_out_set_is_neither_in_the_vocab_nor_trained_on(default_config)
     default_config["train"]["eval_set"] = "chat"
     assert vocab_datasets(default_config) == ["gsm8k"]
     assert eval_set_shards(default_config, shards) == ["results/hidden/chat/00000.safetensors"]
+
+
+def test_a_variant_on_other_datasets_counts_its_own_vocabulary(default_config):
+    default_config["datasets"]["chat"] = dict(default_config["datasets"]["gsm8k"])
+    default_config["train"]["datasets"] = ["gsm8k"]
+    default_config["train"]["variants"] = {
+        "more": {"datasets": ["gsm8k", "chat"]},
+        "same": {"datasets": ["gsm8k"], "lr": 1e-3},
+        "faster": {"lr": 1e-3},
+    }
+    variants = train_variants(default_config)
+    assert vocab_file(default_config, variants, "more") == "results/vocab/more/vocab.safetensors"
+    for shared in ("base", "same", "faster"):
+        assert vocab_file(default_config, variants, shared) == "results/vocab/vocab.safetensors"
