@@ -2,8 +2,8 @@
 
 Every variant (`train.variants`, plus `base`, the recipe of `train` itself) trains on hidden
 states of the same shards with the same draft vocabulary; only training keys (and, through
-`train.datasets`, which shards) differ, so this is the cheap search a build system makes
-possible: the shards are the expensive part and are shared.
+`train.datasets`, which shards, with a vocabulary counted on those) differ, so this is the
+cheap search a build system makes possible: the shards are the expensive part and are shared.
 
     results/train/<variant>/metrics.jsonl (each variant's eval rows)
     results/bench/<engine>/<variant>/<chain>.jsonl (each benched variant's rows, hf and sglang)
