@@ -447,7 +447,5 @@ def test_a_python_snippet_must_be_code_as_it_is(scratch: Path):
     assert page_faults(rule, scratch) == []
     changed = rule.replace("vocab.safetensors", "draft.safetensors")
     assert "not code of rules/" in page_faults(changed, scratch)[0]
-    swapped = (
-        '```python\nrule vocab:\n    log:\n        "logs/vocab/vocab.log",\n    output:\n```\n'
-    )
+    swapped = '```python\n        "logs/vocab/vocab.log",\nrule vocab:\n```\n'
     assert "not code of rules/" in page_faults(swapped, scratch)[0]
