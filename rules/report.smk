@@ -12,6 +12,8 @@ rule report_bench:
         report_files(report_plan.bench_report_files(config, VARIANTS)),
     log:
         "logs/report/bench.log",
+    # seconds of work: where Snakemake runs (a cluster's login node), never a cluster job
+    localrule: True
     conda:
         "../envs/specbuild.yaml"
     params:
@@ -30,6 +32,8 @@ rule report_pipeline:
         report_files(report_plan.pipeline_report_files(config)),
     log:
         "logs/report/pipeline.log",
+    # seconds of work: where Snakemake runs (a cluster's login node), never a cluster job
+    localrule: True
     conda:
         "../envs/specbuild.yaml"
     params:
@@ -47,6 +51,8 @@ rule report_tuning:
         report_files(report_plan.tuning_report_files(config)),
     log:
         "logs/report/tuning.log",
+    # seconds of work: where Snakemake runs (a cluster's login node), never a cluster job
+    localrule: True
     conda:
         "../envs/specbuild.yaml"
     script:

@@ -13,6 +13,8 @@ rule serve:
         "results/serve.sh",
     log:
         "logs/serve.log",
+    # seconds of work: where Snakemake runs (a cluster's login node), never a cluster job
+    localrule: True
     conda:
         "../envs/specbuild.yaml"
     params:

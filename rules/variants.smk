@@ -22,6 +22,8 @@ rule variants:
         ),
     log:
         "logs/report/variants.log",
+    # seconds of work: where Snakemake runs (a cluster's login node), never a cluster job
+    localrule: True
     conda:
         "../envs/specbuild.yaml"
     resources:

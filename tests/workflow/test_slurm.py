@@ -43,9 +43,9 @@ START_SLURM = REPO / "tests" / "slurm" / "start_slurm.sh"
 SLURM_SNAKEMAKE = (sys.executable, str(REPO / "tests" / "slurm" / "fast_poll.py"))
 SLURM_TOOLS = ("sbatch", "squeue", "srun", "sinfo", "slurmctld", "slurmd", "munged")
 _SUBMITTED = re.compile(r"Job (\S+) has been submitted with SLURM jobid (\d+) \(log: (.+?)\)")
-# Rules with `localrule: True` beside `all`: the rejected-row checks (a JSON read each) run in
-# Snakemake's own process on the login node, never as SLURM jobs.
-LOCAL_RULES = {"rejects_check", "rejects"}
+# Rules with `localrule: True` beside `all`: the rejected-row checks (a JSON read each), the
+# tables and plots and serve.sh run where Snakemake runs, the login node, never as SLURM jobs.
+LOCAL_RULES = {"rejects_check", "rejects", "report_bench", "report_pipeline", "variants", "serve"}
 # profiles/slurm-test's groups: each stage's shards in one cluster job
 GROUPED = {"generate", "hidden"}
 
