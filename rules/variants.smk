@@ -5,6 +5,8 @@ rule variants:
     input:
         metrics=expand("results/train/{variant}/metrics.jsonl", variant=VARIANTS),
         rows=bench_plan.variant_bench_rows(config, VARIANTS),
+        # each variant's draft vocabulary's coverage of the tokens it trains on
+        vocab=[training.vocab_stats_file(config, VARIANTS, v) for v in VARIANTS],
     output:
         md="results/tables/variants.md",
         csv="results/tables/variants.csv",

@@ -7,8 +7,10 @@ cheap search a build system makes possible: the shards are the expensive part an
 
     results/train/<variant>/metrics.jsonl (each variant's eval rows)
     results/bench/<engine>/<variant>/<chain>.jsonl (each benched variant's rows, hf and sglang)
+    results/vocab/[<variant>/]vocab_stats.json (the coverage of each variant's vocabulary)
       -> results/tables/variants.{csv,md,html}: per variant the keys it changes, the datasets
-         it trained on, the best eval row's simulated acceptance length (at its ttt_steps and
+         it trained on, the share of their target tokens its draft vocabulary holds
+         (`vocab coverage`), the best eval row's simulated acceptance length (at its ttt_steps and
          at each benched chain) and per-position accuracies, its step, epoch and trained
          tokens, the run's training tokens/s at that row; then per engine, set and chain the
          measured acceptance length (Σcompletion/Σverify over the set's requests, both turns:
@@ -39,6 +41,8 @@ __all__ = ["SIMULATED", "variant_table", "variant_bars", "write_variants"]
 
 SIMULATED = "simulated acceptance length"  # training's estimate at the variant's ttt_steps
 REQUESTS = " n"  # suffix of a measured column's request count
+# the share of a variant's loss-masked training tokens that have a draft id
+VOCAB_COVERAGE = "vocab coverage"
 
 
 def _best_row(path: str | os.PathLike) -> dict:
@@ -76,12 +80,14 @@ def variant_table(
     changes: Mapping[str, Mapping],
     *,
     datasets: Mapping[str, Sequence[str]] | None = None,
+    vocab: Mapping[str, str | os.PathLike] | None = None,
     rows: Sequence[str | os.PathLike] = (),
     set_order: Sequence[str] = (),
 ) -> pd.DataFrame:
     """One row per variant, in `metrics` order (base first): training's best eval row and the
     acceptance each engine measured on each set at each chain (`rows`, the bench row files of
-    the benched variants)."""
+    the benched variants); with `vocab` (each variant's vocab_stats.json), the share of its
+    training tokens its draft vocabulary holds."""
     measured = _measured(rows, set_order)
     chains = list(dict.fromkeys(measured["chain"]))
     keys = zip(measured["engine"], measured["set"], measured["chain"], strict=True)
@@ -96,6 +102,8 @@ def variant_table(
         row = {"variant": name, "changes": _changes(changes.get(name, {}))}
         if datasets is not None:
             row["datasets"] = ", ".join(datasets[name])
+        if vocab is not None:
+            row[VOCAB_COVERAGE] = json.loads(Path(vocab[name]).read_text())["coverage"]
         row[SIMULATED] = best["acceptance_length"]
         row |= {_simulated(c): simulated_accept_length(best, Chain.parse(c).steps) for c in chains}
         row |= {f"acc {k}": acc for k, acc in enumerate(best["acc"], 1)}
@@ -158,11 +166,14 @@ def write_variants(
     table: str | os.PathLike,
     plot: str | os.PathLike,
     datasets: Mapping[str, Sequence[str]] | None = None,
+    vocab: Mapping[str, str | os.PathLike] | None = None,
     rows: Sequence[str | os.PathLike] = (),
     set_order: Sequence[str] = (),
 ) -> pd.DataFrame:
     """The table (`table` is its .md; .csv and .html beside it) and the plot."""
-    df = variant_table(metrics, changes, datasets=datasets, rows=rows, set_order=set_order)
+    df = variant_table(
+        metrics, changes, datasets=datasets, vocab=vocab, rows=rows, set_order=set_order
+    )
     write_table(df, Path(table).with_suffix(""))
     plot_variants(variant_bars(metrics, rows=rows, set_order=set_order), plot)
     return df

@@ -27,13 +27,18 @@ def test_the_variants_table_takes_each_variants_best_eval_row_and_names_its_chan
         ]
         metrics[name] = tmp_path / f"{name}.jsonl"
         metrics[name].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    vocab = {"base": tmp_path / "shared.json", "long": tmp_path / "own.json"}
+    vocab["base"].write_text(json.dumps({"coverage": 0.98}))
+    vocab["long"].write_text(json.dumps({"coverage": 1.0}))
     table = write_variants(
         metrics=metrics,
         changes={"long": {"epochs": 12, "init": "target_last_layer"}},
+        vocab=vocab,
         table=tmp_path / "variants.md",
         plot=tmp_path / "variants.png",
     )
     assert list(table["variant"]) == ["base", "long"]
+    assert list(table["vocab coverage"]) == [0.98, 1.0]
     assert list(table["best step"]) == [20, 10]  # each variant's own best row
     assert table.loc[1, "changes"] == 'epochs=12, init="target_last_layer"'
     assert table.loc[0, "changes"] == "(the train recipe)"

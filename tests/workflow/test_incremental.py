@@ -412,6 +412,7 @@ def test_a_variant_training_on_one_more_dataset_adds_its_shards_and_reruns_nothi
     assert stats["more/"]["masked_tokens"] > stats[""]["masked_tokens"]  # the extra answers
     table = (workdir / "results" / "tables" / "variants.md").read_text()
     assert f'| more | datasets=["{DATASET}", "extra"] | {DATASET}, extra |' in table
+    assert "| vocab coverage |" in table
 
 
 def test_a_drafter_built_elsewhere_is_benched_beside_ours_and_rewrites_only_the_bench_tables(

@@ -19,6 +19,7 @@ __all__ = [
     "variant_shards",
     "vocab_datasets",
     "vocab_file",
+    "vocab_stats_file",
 ]
 
 SHARED_VOCAB = "results/vocab/vocab.safetensors"
@@ -82,6 +83,12 @@ def vocab_file(config: Mapping, variants: Mapping[str, Mapping], variant: str) -
     if set(train_datasets(config, variants[variant])) == set(vocab_datasets(config)):
         return SHARED_VOCAB
     return f"results/vocab/{variant}/vocab.safetensors"
+
+
+def vocab_stats_file(config: Mapping, variants: Mapping[str, Mapping], variant: str) -> str:
+    """The coverage numbers of the vocabulary `vocab_file` gives the variant, counted on the
+    datasets it trains on."""
+    return vocab_file(config, variants, variant).replace("vocab.safetensors", "vocab_stats.json")
 
 
 def eval_set_shards(config: Mapping, shards: ShardIndex) -> list[str]:

@@ -10,6 +10,7 @@ from specbuild.workflow.training import (
     variant_shards,
     vocab_datasets,
     vocab_file,
+    vocab_stats_file,
 )
 
 
@@ -84,3 +85,7 @@ def test_a_variant_on_other_datasets_counts_its_own_vocabulary(default_config):
     assert vocab_file(default_config, variants, "more") == "results/vocab/more/vocab.safetensors"
     for shared in ("base", "same", "faster"):
         assert vocab_file(default_config, variants, shared) == "results/vocab/vocab.safetensors"
+    assert (
+        vocab_stats_file(default_config, variants, "more") == "results/vocab/more/vocab_stats.json"
+    )
+    assert vocab_stats_file(default_config, variants, "base") == "results/vocab/vocab_stats.json"
