@@ -56,6 +56,9 @@
 # Each variant adds ~7 min of training; name a subset with SPECBUILD_VARIANTS:
 #   SPECBUILD_VARIANTS=base SPECBUILD_SEED=/tmp/seed.tar.gz SPECBUILD_GPU_SLOTS=3 \
 #     SPECBUILD_SET="sglang.tuning.enabled=false bench.baseline=false" bash benchmarks/h200/run.sh
+# SPECBUILD_REFERENCE=benchmarks/h200/rows/<file>.jsonl: summary.md also pairs every drafter's
+# served rows with that reference's (benchmarks/paired.py; its README says which run each file
+# is), so a lever run on the same card model need not train the reference again.
 # Tables, plots and logs come back in $OUT: summary.md (the tables, and the model loads per stage
 # of benchmarks/engine_loads.py), snakemake.log, specbuild-h200.tar.gz.
 set -uo pipefail
@@ -182,6 +185,11 @@ grep -E '^\[|^(local)?rule |wildcards:|^Finished|Error|error:|Exiting|specbuild'
   for t in results/tables/*.md; do [ -f "$t" ] && { echo; echo "## $t"; cat "$t"; }; done
   # model loads per stage (servers, shared engines, runners), from the job logs
   [ -d logs ] && { echo; echo "## model loads (python3 -m benchmarks.engine_loads logs)"; python3 -m benchmarks.engine_loads logs; }
+  if [ -n "${SPECBUILD_REFERENCE:-}" ]; then
+    served=$(ls results/bench/sglang/*/*.jsonl 2>/dev/null | grep -v '/none/')
+    echo; echo "## paired with $SPECBUILD_REFERENCE (python3 -m benchmarks.paired)"
+    [ -n "$served" ] && python3 -m benchmarks.paired "$SPECBUILD_REFERENCE" $served
+  fi
 } >"$OUT/summary.md"
 cp "$RUN/snakemake.log" "$OUT/snakemake.log"
 # results/train without checkpoints: each variant's metrics.jsonl and TensorBoard curves
