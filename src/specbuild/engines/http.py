@@ -1,17 +1,30 @@
 """The small HTTP helpers every client of a server shares (JSON GET and POST, server-sent
 events), with the API key in the Authorization header only: generation, the bench, tuning and
-the keepers' own health reads go through these, so an error reads the same from each."""
+the keepers' own health reads go through these, so an error reads the same from each. The key
+goes to the origin it was meant for and no further (a redirect elsewhere drops it), and never
+into an error: a server that echoes it back has it replaced by ***."""
 
 from __future__ import annotations
 
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["EngineUnavailable", "HTTPError", "get_json", "iter_sse", "post_json"]
+__all__ = [
+    "EngineUnavailable",
+    "HTTPError",
+    "MASK",
+    "get_json",
+    "iter_sse",
+    "open_url",
+    "post_json",
+]
+
+MASK = "***"
 
 try:  # hidden states come back as JSON float lists: orjson parses them ~5x faster
     from orjson import loads as _loads
@@ -45,12 +58,43 @@ def _request(url: str, payload: Any | None, api_key: str | None) -> urllib.reque
     return urllib.request.Request(url, data=data, headers=headers)
 
 
+def _origin(url: str) -> tuple[str, str | None, int | None]:
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+class _KeyStaysHome(urllib.request.HTTPRedirectHandler):
+    """Follows redirects as urllib does, but urllib copies every header to wherever a server
+    points: the API key goes on only within its own origin (scheme, host and port)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(newurl) != _origin(req.full_url):
+            new.remove_header("Authorization")
+        return new
+
+
+_OPENER = urllib.request.build_opener(_KeyStaysHome)
+
+
+def _masked(text: str, req: urllib.request.Request) -> str:
+    auth = req.get_header("Authorization") or ""
+    key = auth.removeprefix("Bearer ")
+    return text.replace(key, MASK) if key else text
+
+
 def _open(req: urllib.request.Request, timeout: float):
     try:
-        return urllib.request.urlopen(req, timeout=timeout)
+        return _OPENER.open(req, timeout=timeout)
     except urllib.error.HTTPError as err:
         body = err.read().decode("utf-8", "replace")
-        raise HTTPError(err.code, req.full_url, body) from None
+        raise HTTPError(err.code, req.full_url, _masked(body, req)) from None
+
+
+def open_url(url: str, *, api_key: str | None = None, timeout: float = 30.0):
+    """GET `url` with the key (a response to use as a context manager); an HTTP error status
+    raises HTTPError, a refused connection urllib.error.URLError."""
+    return _open(_request(url, None, api_key), timeout)
 
 
 def post_json(url: str, payload: Any, *, api_key: str | None = None, timeout: float = 600.0) -> Any:
@@ -59,7 +103,7 @@ def post_json(url: str, payload: Any, *, api_key: str | None = None, timeout: fl
 
 
 def get_json(url: str, *, api_key: str | None = None, timeout: float = 30.0) -> Any:
-    with _open(_request(url, None, api_key), timeout) as r:
+    with open_url(url, api_key=api_key, timeout=timeout) as r:
         return json.loads(r.read())
 
 

@@ -39,7 +39,6 @@ import tempfile
 import threading
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -48,7 +47,7 @@ from typing import Any
 
 from specbuild.engines import keepers
 from specbuild.engines.gpus import startup_lock
-from specbuild.engines.http import EngineUnavailable
+from specbuild.engines.http import MASK, EngineUnavailable, HTTPError, get_json, open_url
 
 __all__ = [
     "ServerOptions",
@@ -79,7 +78,6 @@ STOP_GRACE_S = 30.0  # SGLang's scheduler processes need a few seconds to free t
 API_KEY_BYTES = 32  # secrets.token_urlsafe: 43 characters, 256 random bits
 # Environment names whose values are credentials (HF_TOKEN, OPENAI_API_KEY, WANDB_API_KEY...).
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
-MASK = "***"
 # Values scrubbed from output lines are at least this long: TOKENIZERS_PARALLELISM=false
 # names a "TOKEN" too, and masking every "false" would garble the server's log.
 MIN_MASKED_CHARS = 8
@@ -449,7 +447,7 @@ class SGLangServer:
             if until_sized and self._pools_sized >= self._pools_expected():
                 return False
             try:
-                with urllib.request.urlopen(_get(url, self.api_key), timeout=10) as r:
+                with open_url(url, api_key=self.api_key, timeout=10) as r:
                     if r.status == 200:
                         # what this start cost, for the rows that compare starts (tuning)
                         self.start_s = round(time.monotonic() - t0, 2)
@@ -457,8 +455,8 @@ class SGLangServer:
                             "%s healthy at %s after %.1f s", self.name, self.base_url, self.start_s
                         )
                         return True
-            except (urllib.error.URLError, OSError, TimeoutError):
-                pass
+            except (HTTPError, urllib.error.URLError, OSError, TimeoutError):
+                pass  # not up yet: refused, or up but not ready (503)
             time.sleep(0.5)
         raise ServerStartError(
             f"{self.name} not healthy at {url} within {self.spec.startup_timeout_s:.0f} s "
@@ -522,8 +520,7 @@ class SGLangServer:
 
     def get_json(self, path: str, timeout: float = 30.0) -> Any:
         """GET `path` of this server (with its API key) as JSON."""
-        with urllib.request.urlopen(_get(self.base_url + path, self.api_key), timeout=timeout) as r:
-            return json.loads(r.read())
+        return get_json(self.base_url + path, api_key=self.api_key, timeout=timeout)
 
 
 def model_path_arg(model_path: str) -> str:
@@ -541,11 +538,6 @@ def _write_key_file(api_key: str) -> Path:
     with os.fdopen(fd, "w") as fh:
         fh.write(f"api-key: {json.dumps(api_key)}\n")  # a JSON string is a YAML string
     return path
-
-
-def _get(url: str, api_key: str | None) -> urllib.request.Request:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return urllib.request.Request(url, headers=headers)
 
 
 def _group_alive(pgid: int) -> bool:
