@@ -1,7 +1,8 @@
 """A config file that would run code is refused before it runs, by the real `snakemake` and by
 `make` alike (profiles/default reads every --configfile as plain data first); without that
 profile the Snakefile refuses it too, after Snakemake's own loader has run it (docs/security.md
-says which route covers what)."""
+says which route covers what). A file a loader would misread (a repeated key, a key YAML reads
+as no string) or that is missing is one line naming it, never a traceback."""
 
 from __future__ import annotations
 
@@ -113,3 +114,50 @@ def test_an_alias_bomb_given_with_config_is_refused_before_snakemake_merges_it(t
     assert proc.returncode != 0
     assert re.search(r"--config, line 1: sglang\.server_args\.m5\.k\d: more than", proc.stderr)
     assert not (workdir / ".snakemake").exists()
+
+
+def edited_config(workdir: Path, old: str, new: str) -> Path:
+    """The workdir's config with `old` (one line of it, once) replaced by `new`, as mine.yaml."""
+    good = (workdir / "config" / "config.yaml").read_text(encoding="utf-8")
+    assert good.count(old) == 1, old
+    path = workdir / "mine.yaml"
+    path.write_text(good.replace(old, new), encoding="utf-8")
+    return path
+
+
+def one_line_refusal(proc: subprocess.CompletedProcess, fault: str) -> None:
+    """The run failed with exit code 1 on `fault`, printed as one line, and no traceback."""
+    assert proc.returncode == 1, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if fault in line] == [f"  {fault}"]
+    assert "Traceback" not in proc.stderr and "Error in file" not in proc.stderr
+
+
+def test_a_dataset_named_no_is_one_line_not_a_type_error(tmp_path):
+    workdir = copy_workflow(tmp_path / "wf")
+    edited_config(workdir, "\n  tiny:\n", "\n  no:\n")
+    proc = snakemake(workdir, "-n", "--configfile", "mine.yaml", check=False, timeout=120)
+    one_line_refusal(
+        proc,
+        "mine.yaml, line 5: datasets.no: a key must be a string, and YAML reads `no` as false "
+        "(a boolean); quote it: 'no'",
+    )
+    assert "TypeError" not in proc.stderr
+
+
+def test_a_repeated_key_is_one_line_naming_both_lines(tmp_path):
+    workdir = copy_workflow(tmp_path / "wf")
+    path = edited_config(workdir, "\n  epochs: 1\n", "\n  epochs: 1\n  epochs: 3\n")
+    line = path.read_text(encoding="utf-8").splitlines().index("  epochs: 3") + 1
+    proc = snakemake(workdir, "-n", "--configfile", "mine.yaml", check=False, timeout=120)
+    one_line_refusal(
+        proc,
+        f"mine.yaml, line {line}: train.epochs: repeated (first at line {line - 1}); give each "
+        "key once in a mapping (YAML keeps the last and drops the first)",
+    )
+
+
+def test_a_missing_config_file_is_one_line_naming_it(tmp_path):
+    workdir = copy_workflow(tmp_path / "wf")
+    proc = snakemake(workdir, "-n", "--configfile", "nope.yaml", check=False, timeout=120)
+    one_line_refusal(proc, "nope.yaml: no such config file (--configfile)")
+    assert "FileNotFoundError" not in proc.stderr

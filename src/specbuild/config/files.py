@@ -7,7 +7,11 @@ tags become Python objects, and an alias bomb (a few lines of anchors) expands i
 values when Snakemake merges the file into its config. So each file is first read here as a
 stream of YAML events (never built into objects): a top-level `__use_yte__`, a tag other than
 the plain ones, nesting deeper than MAX_DEPTH or more than MAX_VALUES values with aliases
-expanded are faults naming the file, line and dotted key.
+expanded are faults naming the file, line and dotted key. So are what a loader would take
+silently or fail on with a traceback naming no file: a key given twice in one mapping (YAML
+keeps the last), a key YAML reads as no string (`no:` is false, `2024:` an int, `~:` null:
+later code joins and matches names as strings), a file that is empty, a list or a scalar
+rather than a mapping of sections, and a path that does not exist.
 
 Contract: `configfile_faults` reads one file and returns 'file, line N: key: what' lines;
 `refuse_unsafe_configfiles` checks the files on Snakemake's command line and exits with them
@@ -24,7 +28,7 @@ import math
 import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,17 @@ PLAIN_TAGS = {_CORE + t for t in ("str", "int", "float", "bool", "null", "map", 
 _YTE = "__use_yte__"
 _PLAIN_TYPES = (str, int, float, bool, type(None))
 _DATA = "a config holds strings, numbers, booleans, lists and mappings only"
+_TOP = "a config is a mapping of sections at top level (target:, datasets:, ...)"
+# What PyYAML makes of a plain (unquoted) key that is no string, by the tag it resolves to.
+_RESOLVER = yaml.resolver.Resolver()
+_NOT_STRING = {
+    _CORE + "bool": "a boolean",
+    _CORE + "int": "an integer",
+    _CORE + "float": "a number",
+    _CORE + "null": "null",
+    _CORE + "timestamp": "a date",
+}
+_TRUE = {"yes", "true", "on"}
 _SEE = "docs/security.md"
 
 
@@ -82,6 +97,7 @@ class _Node:
     height: int = 1  # levels of collections under it, itself included
     items: int = 0  # completed children (a mapping: keys and values)
     key: str = "?"  # the key whose value is being read (mappings)
+    lines: dict[str, int] = field(default_factory=dict)  # each string key's first line
 
 
 def _path(stack: list[_Node], root: str = "") -> str:
@@ -95,15 +111,83 @@ def _path(stack: list[_Node], root: str = "") -> str:
     return out or "(top level)"
 
 
-def _events_faults(events: Iterator[yaml.Event], where: str, root: str = "") -> list[str]:
+def _scalar_tag(event: yaml.ScalarEvent) -> str:
+    """The tag PyYAML's composer gives a scalar: its own, else the one its text resolves to."""
+    if event.tag not in (None, "!"):
+        return event.tag
+    return _RESOLVER.resolve(yaml.ScalarNode, event.value, event.implicit)
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _key_type_fault(written: str, tag: str) -> str:
+    """Why the key written `written`, which YAML reads as `tag`, is refused, and the fix."""
+    if not written:
+        return "a key must be a string, and YAML reads an empty key as null; give it a name"
+    what = _NOT_STRING[tag]
+    if tag == _CORE + "bool":
+        what = f"{'true' if written.lower() in _TRUE else 'false'} ({what})"
+    quoted = _quoted(written)
+    return f"a key must be a string, and YAML reads `{written}` as {what}; quote it: {quoted}"
+
+
+def _root_kind(event: yaml.Event) -> str:
+    if isinstance(event, yaml.SequenceStartEvent):
+        return "a list"
+    if isinstance(event, yaml.ScalarEvent):
+        tag = _scalar_tag(event)
+        if tag == _CORE + "null":
+            return "nothing" if not event.value else "null"
+        return _NOT_STRING.get(tag, "a string")
+    return "an alias"
+
+
+def _events_faults(
+    events: Iterator[yaml.Event], where: str, root: str = "", *, configfile: bool = False
+) -> list[str]:
     """Faults of a YAML event stream, in order; stops at the first size or depth fault. Keys
-    are named under `root` (a --config entry's key)."""
+    are named under `root` (a --config entry's key). `configfile`: the stream is a whole
+    config file, loaded with YAML's types: one document holding a mapping, string keys."""
     stack: list[_Node] = []
     anchors: dict[str, tuple[int, int]] = {}  # anchor -> (values, height)
+    scalars: dict[str, yaml.ScalarEvent] = {}  # anchor -> its scalar (an alias used as a key)
     faults: list[str] = []
+    documents = 0
 
     def at(event: yaml.Event) -> str:
         return f"{where}, line {event.start_mark.line + 1}: {_path(stack, root)}"
+
+    def key_at(event: yaml.Event, key: str) -> str:
+        parent = _path(stack, root)
+        return f"{where}, line {event.start_mark.line + 1}: " + (
+            key if parent == "(top level)" else f"{parent}.{key}"
+        )
+
+    def check_key(event: yaml.Event) -> None:
+        """A key must be a string (in a config file), and is given once per mapping."""
+        scalar = scalars.get(event.anchor) if isinstance(event, yaml.AliasEvent) else event
+        if not isinstance(scalar, yaml.ScalarEvent):  # a mapping or a list as a key
+            if configfile:
+                faults.append(f"{key_at(event, '?')}: a key must be a string, not a collection")
+            return
+        tag = _scalar_tag(scalar)
+        if tag in _NOT_STRING:
+            if configfile:
+                why = _key_type_fault(scalar.value, tag)
+                faults.append(f"{key_at(event, scalar.value)}: {why}")
+            return
+        if tag != _CORE + "str":
+            return  # `<<` (a merge) and the like: the loader's to read
+        line, lines = event.start_mark.line + 1, stack[-1].lines
+        if scalar.value in lines:
+            faults.append(
+                f"{key_at(event, scalar.value)}: repeated (first at line {lines[scalar.value]}); "
+                "give each key once in a mapping (YAML keeps the last and drops the first)"
+            )
+        else:
+            lines[scalar.value] = line
 
     def too_many(event: yaml.Event) -> str:
         return (
@@ -126,6 +210,19 @@ def _events_faults(events: Iterator[yaml.Event], where: str, root: str = "") -> 
             faults.append(
                 f"{at(event)}: tag {_tag(tag)} builds a Python object or a custom type; {_DATA}"
             )
+        if isinstance(event, yaml.DocumentStartEvent):
+            documents += 1
+            if configfile and documents == 2:
+                faults.append(
+                    f"{where}, line {event.start_mark.line + 1}: a second YAML document (---); "
+                    "a config file holds one"
+                )
+        node = isinstance(event, yaml.NodeEvent)  # a scalar, an alias, a mapping or a list
+        if node and configfile and not stack and documents == 1:
+            if not isinstance(event, yaml.MappingStartEvent):
+                faults.append(f"{where}: {_TOP}; this file holds {_root_kind(event)}")
+        if node and stack and stack[-1].mapping and stack[-1].items % 2 == 0:
+            check_key(event)
         if isinstance(event, yaml.ScalarEvent):
             key_of_top = len(stack) == 1 and stack[0].mapping and stack[0].items % 2 == 0
             if key_of_top and event.value == _YTE:
@@ -136,16 +233,18 @@ def _events_faults(events: Iterator[yaml.Event], where: str, root: str = "") -> 
                 )
             if event.anchor:
                 anchors[event.anchor] = (1, 0)
+                scalars[event.anchor] = event
             done(1, 0, event.value)
         elif isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             stack.append(_Node(isinstance(event, yaml.MappingStartEvent), event.anchor))
             if len(stack) > MAX_DEPTH:
                 return faults + [f"{at(event)}: nested deeper than {MAX_DEPTH} levels; {_DATA}"]
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            node = stack.pop()
-            if node.anchor:
-                anchors[node.anchor] = (node.values, node.height)
-            done(node.values, node.height)
+            closed = stack.pop()
+            if closed.anchor:
+                anchors[closed.anchor] = (closed.values, closed.height)
+                scalars.pop(closed.anchor, None)
+            done(closed.values, closed.height)
         elif isinstance(event, yaml.AliasEvent):
             if event.anchor not in anchors:  # open: the value would contain itself
                 return faults + [f"{at(event)}: alias *{event.anchor} refers to itself; {_DATA}"]
@@ -159,6 +258,8 @@ def _events_faults(events: Iterator[yaml.Event], where: str, root: str = "") -> 
             done(values, height, "*" + event.anchor)
         if sum(n.values for n in stack) > MAX_VALUES:
             return faults + [too_many(event)]
+    if configfile and not documents:
+        faults.append(f"{where}: {_TOP}; this file is empty")
     return faults
 
 
@@ -167,25 +268,63 @@ def _line_of(err: yaml.YAMLError) -> str:
     return f", line {mark.line + 1}" if mark is not None else ""
 
 
+def _json_faults(text: str, where: str) -> list[str] | None:
+    """Faults of a config file that is JSON (as Snakemake reads it first); None when the text
+    is no JSON."""
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict:
+        keys = [k for k, _ in items]
+        repeated.extend(k for i, k in enumerate(keys) if k in keys[:i])
+        return dict(items)
+
+    try:
+        loaded = json.loads(text, object_pairs_hook=pairs)
+    except RecursionError:
+        return [f"{where}: nested deeper than {MAX_DEPTH} levels; {_DATA}"]
+    except ValueError:
+        return None
+    faults = [f"{where}: {f}" for f in value_faults(loaded)]
+    if not isinstance(loaded, dict):
+        what = "a list" if isinstance(loaded, list) else _plain_kind(loaded)
+        faults.append(f"{where}: {_TOP}; this file holds {what}")
+    if repeated:
+        try:  # JSON is YAML: its event walk names the line and the dotted key
+            found = _events_faults(yaml.parse(text, Loader=yaml.SafeLoader), where)
+            faults += [f for f in found if ": repeated (first at line" in f]
+        except yaml.YAMLError:
+            faults += [
+                f"{where}: key {k!r} repeated in one mapping; give each key once (JSON keeps "
+                "the last and drops the first)"
+                for k in dict.fromkeys(repeated)
+            ]
+    return faults
+
+
+def _plain_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
+        type(value), f"a Python {type(value).__name__}"
+    )
+
+
 def configfile_faults(path: str | os.PathLike) -> list[str]:
     """Faults of the config file at `path` as plain data (see the module docstring); [] when it
-    is fine or does not exist (Snakemake says so)."""
+    is fine."""
     path = Path(path)
     where = str(path)
     try:
         text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return []
+    except FileNotFoundError:  # Snakemake's own message is a traceback naming no option
+        return [f"{where}: no such config file (--configfile)"]
     except (OSError, UnicodeDecodeError) as err:
         return [f"{where}: cannot be read as UTF-8 text ({err})"]
-    try:  # Snakemake reads JSON first, without YTE
-        return [f"{where}: {f}" for f in value_faults(json.loads(text))]
-    except RecursionError:
-        return [f"{where}: nested deeper than {MAX_DEPTH} levels; {_DATA}"]
-    except ValueError:
-        pass
+    faults = _json_faults(text, where)  # Snakemake reads JSON first, without YTE
+    if faults is not None:
+        return faults
     try:
-        return _events_faults(yaml.parse(text, Loader=yaml.SafeLoader), where)
+        return _events_faults(yaml.parse(text, Loader=yaml.SafeLoader), where, configfile=True)
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         return [f"{where}{_line_of(err)}: not valid YAML: {problem}"]
@@ -254,32 +393,54 @@ def refuse_unsafe_configfiles(argv: Sequence[str] | None = None) -> None:
         sys.exit(str(err))
 
 
+def _loaded_key_fault(key: Any) -> str:
+    """Why a key of a loaded config that is no string is refused (the file's own spelling is
+    gone by now; configfile_faults names it where a file is read)."""
+    if isinstance(key, bool):
+        what = f"the boolean {str(key).lower()}"
+        how = "yes, no, on, off, true and false as booleans"
+    elif isinstance(key, int | float):
+        what, how = f"the number {key}", "numbers as numbers"
+    elif key is None:
+        what, how = "null", "~, null and an empty key as null"
+    else:
+        what, how = f"a Python {type(key).__name__}", "dates as dates"
+    return f"a key must be a string, and this one is {what} (YAML reads unquoted {how}); quote it"
+
+
 def value_faults(value: Any) -> list[str]:
-    """'dotted.key: what' faults of a loaded config: a value of another type than plain data
-    (a Python object from a tag), a number that is not finite (YAML's .nan and .inf pass every
-    minimum and maximum, since NaN compares false: `align.min_cosine: .nan` passed any layer),
-    nesting deeper than MAX_DEPTH, more than MAX_VALUES values (shared or cyclic references
-    counted each time they are reached, as every walk of the config reaches them). Stops at
-    the first."""
+    """'dotted.key: what' faults of a loaded config: a key that is no string (each one: YAML
+    reads `no:` as false, and names are joined and matched as strings), a value of another type
+    than plain data (a Python object from a tag), a number that is not finite (YAML's .nan and
+    .inf pass every minimum and maximum, since NaN compares false: `align.min_cosine: .nan`
+    passed any layer), nesting deeper than MAX_DEPTH, more than MAX_VALUES values (shared or
+    cyclic references counted each time they are reached, as every walk of the config reaches
+    them). Stops at the first fault but a key's."""
     count = 0
+    keys: list[str] = []
     stack: list[tuple[str, Any, int]] = [("", value, 1)]
     while stack:
         key, item, depth = stack.pop()
         count += 1
         shown = key or "(top level)"
         if count > MAX_VALUES:
-            return [f"{shown}: more than {MAX_VALUES:,} values (an alias bomb?); {_DATA}"]
+            return keys + [f"{shown}: more than {MAX_VALUES:,} values (an alias bomb?); {_DATA}"]
         if isinstance(item, Mapping):
             children = [(f"{key}.{k}" if key else str(k), v) for k, v in item.items()]
+            keys += [
+                f"{name}: {_loaded_key_fault(k)}"
+                for k, (name, _) in zip(item, children, strict=True)
+                if not isinstance(k, str)
+            ]
         elif isinstance(item, list | tuple):
             children = [(f"{key}[{i}]", v) for i, v in enumerate(item)]
         elif isinstance(item, float) and not math.isfinite(item):
-            return [f"{shown}: {item} is not a finite number"]
+            return keys + [f"{shown}: {item} is not a finite number"]
         elif isinstance(item, _PLAIN_TYPES):
             continue
         else:
-            return [f"{shown}: a Python {type(item).__name__}, not a value; {_DATA}"]
+            return keys + [f"{shown}: a Python {type(item).__name__}, not a value; {_DATA}"]
         if children and depth >= MAX_DEPTH:
-            return [f"{shown}: nested deeper than {MAX_DEPTH} levels; {_DATA}"]
+            return keys + [f"{shown}: nested deeper than {MAX_DEPTH} levels; {_DATA}"]
         stack.extend((k, v, depth + 1) for k, v in reversed(children))
-    return []
+    return keys

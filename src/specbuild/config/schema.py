@@ -102,9 +102,10 @@ def mapping(value: Any) -> Mapping:
     return value if isinstance(value, Mapping) else {}
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
+def did_you_mean(word: Any, choices: Iterable[Any]) -> str:
     """'; did you mean 'x'?' for the closest of `choices`, or '' when none is close."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    # str(): a key YAML read as a number or a boolean is still compared by its spelling
+    close = difflib.get_close_matches(str(word), list(map(str, choices)), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
@@ -257,7 +258,7 @@ def _describe(error: ValidationError) -> Iterator[str]:
     elif kind == "additionalProperties" and error.validator_value is False:
         known = schema.get("properties", {})
         patterns = schema.get("patternProperties", {})
-        for extra in value:
+        for extra in map(str, value):
             if extra not in known and not any(re.search(p, extra) for p in patterns):
                 yield f"{_child(path, extra)}: unknown key{did_you_mean(extra, known)}"
     elif kind == "required":

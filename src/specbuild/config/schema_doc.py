@@ -37,7 +37,8 @@ GPU examples are in `config/examples/`. `make run CONFIG=my.yaml` (or
 it; `--config` alone changes keys of the default (`snakemake --config 'train={{lr: 5e-4}}'`).
 Unknown keys, wrong types and values out of range stop the build before any job starts, one
 line per fault naming the dotted key. Keys of earlier releases stop it with a line naming
-their new place.
+their new place. So do a key given twice in one mapping of a file (YAML would keep the last),
+and a key YAML reads as no string: `no:` is false, `2024:` an integer; quote it (`'no':`).
 
 Every value a job depends on reaches it through `params:`, so changing a key reruns exactly
 the jobs that use it. The `max_rejected_fraction` limits are checks, not inputs: changing one

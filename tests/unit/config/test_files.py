@@ -1,6 +1,8 @@
 """Config files are read as plain data before Snakemake loads them (specbuild.config.files):
-YTE switches, Python tags and alias bombs are faults naming file, line and key, and a loaded
-config holding a Python object, or too many or too deep values, is refused by check_config."""
+YTE switches, Python tags, alias bombs, repeated keys and keys YAML reads as no string are faults
+naming file, line and key; a file that is no mapping of sections, or missing, is named alone; a
+loaded config holding a Python object, a key that is no string, or too many or too deep values,
+is refused by check_config before any other check."""
 
 from __future__ import annotations
 
@@ -99,7 +101,7 @@ def test_the_command_line_files_are_found_in_every_spelling():
 def test_refusing_exits_with_every_fault_and_passes_clean_files(tmp_path):
     good = write(tmp_path, "train: {lr: 0.001}\n", "good.yaml")
     bad = write(tmp_path, "__use_yte__: true\nx: !!python/name:os.system\n", "bad.yaml")
-    refuse_unsafe_configfiles(["--configfile", str(good), str(tmp_path / "missing.yaml")])
+    refuse_unsafe_configfiles(["--configfile", str(good)])
     with pytest.raises(SystemExit) as exit_:
         refuse_unsafe_configfiles(["--configfile", str(good), str(bad)])
     message = str(exit_.value.code)
@@ -166,3 +168,154 @@ def test_config_values_on_the_command_line_are_bounded_like_files():
     (fault,) = config_value_faults(f"sglang={{server_args: {{{levels}}}}}")
     assert fault.startswith("--config, line 1: sglang.server_args.m5.k")
     assert f"more than {MAX_VALUES:,} values" in fault
+
+
+@pytest.mark.parametrize(
+    ("text", "fault"),
+    [
+        (
+            "datasets:\n  no: {path: a.jsonl}\n",
+            "line 2: datasets.no: a key must be a string, and YAML reads `no` as false "
+            "(a boolean); quote it: 'no'",
+        ),
+        (
+            "datasets:\n  On: {path: a.jsonl}\n",
+            "line 2: datasets.On: a key must be a string, and YAML reads `On` as true "
+            "(a boolean); quote it: 'On'",
+        ),
+        (
+            "datasets:\n  2024: {path: a.jsonl}\n",
+            "line 2: datasets.2024: a key must be a string, and YAML reads `2024` as an "
+            "integer; quote it: '2024'",
+        ),
+        (
+            "datasets:\n  ~: {path: a.jsonl}\n",
+            "line 2: datasets.~: a key must be a string, and YAML reads `~` as null; quote it: '~'",
+        ),
+        (
+            "train:\n  lr: 0.001\n  variants:\n    7: {epochs: 2}\n",
+            "line 4: train.variants.7: a key must be a string, and YAML reads `7` as an "
+            "integer; quote it: '7'",
+        ),
+        (
+            "5: x\n",
+            "line 1: 5: a key must be a string, and YAML reads `5` as an integer; quote it: '5'",
+        ),
+        (
+            "datasets:\n  2024-01-31: {path: a.jsonl}\n",
+            "line 2: datasets.2024-01-31: a key must be a string, and YAML reads `2024-01-31` "
+            "as a date; quote it: '2024-01-31'",
+        ),
+        (
+            "datasets:\n  ? [a, b]\n  : {path: a.jsonl}\n",
+            "line 2: datasets.?: a key must be a string, not a collection",
+        ),
+    ],
+    ids=["no", "On", "year", "tilde", "variant-7", "top-level-5", "date", "list-key"],
+)
+def test_a_key_yaml_reads_as_no_string_is_named_as_written(tmp_path, text, fault):
+    path = write(tmp_path, text)
+    assert configfile_faults(path) == [f"{path}, {fault}"]
+
+
+def test_a_quoted_key_that_looks_like_a_boolean_or_a_number_is_a_string(tmp_path):
+    path = write(tmp_path, "datasets:\n  'no': {path: a.jsonl}\n  \"2024\": {path: b.jsonl}\n")
+    assert configfile_faults(path) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "fault"),
+    [
+        (
+            "train:\n  lr: 0.0001\n  epochs: 2\n  lr: 0.5\n",
+            "line 4: train.lr: repeated (first at line 2)",
+        ),
+        (
+            "target:\n  name: t\n  source: s\ntrain: {lr: 0.1}\ntarget:\n  name: other\n",
+            "line 5: target: repeated (first at line 1)",
+        ),
+        (
+            "sglang:\n  env: {A: 1, B: 2, A: 3}\n",
+            "line 2: sglang.env.A: repeated (first at line 2)",
+        ),
+        ("train:\n  lr: 0.1\n  'lr': 0.2\n", "line 3: train.lr: repeated (first at line 2)"),
+    ],
+    ids=["leaf", "section", "flow-mapping", "quoted-twin"],
+)
+def test_a_repeated_key_is_named_with_both_lines(tmp_path, text, fault):
+    path = write(tmp_path, text)
+    assert configfile_faults(path) == [
+        f"{path}, {fault}; give each key once in a mapping (YAML keeps the last and drops the "
+        "first)"
+    ]
+
+
+def test_the_same_key_in_two_mappings_and_a_merge_override_are_not_repeats(tmp_path):
+    text = "base: &b {lr: 0.1, epochs: 2}\ntrain:\n  <<: *b\n  lr: 0.2\nalign: {lr: 0.1}\n"
+    assert configfile_faults(write(tmp_path, text)) == []
+
+
+def test_a_repeated_key_in_a_json_config_is_named_with_its_line(tmp_path):
+    path = write(tmp_path, '{"train": {"lr": 0.1,\n  "lr": 0.2}}', "dup.json")
+    assert configfile_faults(path) == [
+        f"{path}, line 2: train.lr: repeated (first at line 1); give each key once in a "
+        "mapping (YAML keeps the last and drops the first)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "holds"),
+    [
+        ("empty.yaml", "", "this file is empty"),
+        ("comments.yaml", "# train:\n#   lr: 0.1\n", "this file is empty"),
+        ("dash.yaml", "---\n", "this file holds nothing"),
+        ("list.yaml", "- train\n- datasets\n", "this file holds a list"),
+        ("word.yaml", "train\n", "this file holds a string"),
+        ("number.yaml", "42\n", "this file holds an integer"),
+        ("list.json", "[1, 2]", "this file holds a list"),
+        ("null.json", "null", "this file holds null"),
+    ],
+)
+def test_a_file_that_is_no_mapping_of_sections_is_named(tmp_path, name, text, holds):
+    path = write(tmp_path, text, name)
+    assert configfile_faults(path) == [
+        f"{path}: a config is a mapping of sections at top level (target:, datasets:, ...); {holds}"
+    ]
+
+
+def test_a_second_yaml_document_is_named_at_its_line(tmp_path):
+    path = write(tmp_path, "train: {lr: 0.1}\n---\ntrain: {lr: 0.2}\n")
+    assert configfile_faults(path) == [
+        f"{path}, line 2: a second YAML document (---); a config file holds one"
+    ]
+
+
+def test_a_missing_config_file_is_one_line_naming_it(tmp_path):
+    missing = tmp_path / "missing.yaml"
+    assert configfile_faults(missing) == [f"{missing}: no such config file (--configfile)"]
+    with pytest.raises(SystemExit) as exit_:
+        refuse_unsafe_configfiles(["-n", "--configfile", str(missing)])
+    lines = str(exit_.value.code).splitlines()
+    assert lines[1:] == [f"  {missing}: no such config file (--configfile)"]
+    assert "Traceback" not in str(exit_.value.code)
+
+
+def test_a_loaded_key_that_is_no_string_is_refused_before_any_other_check(tmp_path):
+    """The config as Snakemake loads it (PyYAML's types): the schema and the rules never see
+    a key they would join or match as a string."""
+    text = (REPO / "config" / "config.yaml").read_text(encoding="utf-8")
+    config = yaml.safe_load(text.replace("\n  gsm8k:\n", "\n  no:\n", 1))
+    config["sglang"]["env"] = yaml.safe_load("{7: x}")
+    config["train"]["variants"] = yaml.safe_load("{2024: {epochs: 2}, ~: {epochs: 3}}")
+    with pytest.raises(ConfigError) as err:
+        check_config(config, schema=SCHEMA, source="my.yaml", workdir=tmp_path)
+    assert err.value.faults == [  # in the config's order: datasets, sglang, train
+        "datasets.False: a key must be a string, and this one is the boolean false (YAML reads "
+        "unquoted yes, no, on, off, true and false as booleans); quote it",
+        "sglang.env.7: a key must be a string, and this one is the number 7 (YAML reads "
+        "unquoted numbers as numbers); quote it",
+        "train.variants.2024: a key must be a string, and this one is the number 2024 (YAML "
+        "reads unquoted numbers as numbers); quote it",
+        "train.variants.None: a key must be a string, and this one is null (YAML reads "
+        "unquoted ~, null and an empty key as null); quote it",
+    ]
