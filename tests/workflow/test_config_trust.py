@@ -2,7 +2,8 @@
 `make` alike (profiles/default reads every --configfile as plain data first); without that
 profile the Snakefile refuses it too, after Snakemake's own loader has run it (docs/security.md
 says which route covers what). A file a loader would misread (a repeated key, a key YAML reads
-as no string) or that is missing is one line naming it, never a traceback."""
+as no string) or that is missing is one line naming it, never a traceback; a key pasted where
+its variable's name belongs is refused without being written anywhere."""
 
 from __future__ import annotations
 
@@ -161,3 +162,15 @@ def test_a_missing_config_file_is_one_line_naming_it(tmp_path):
     proc = snakemake(workdir, "-n", "--configfile", "nope.yaml", check=False, timeout=120)
     one_line_refusal(proc, "nope.yaml: no such config file (--configfile)")
     assert "FileNotFoundError" not in proc.stderr
+
+
+def test_a_key_pasted_as_its_variables_name_is_refused_and_written_nowhere(tmp_path):
+    workdir = copy_workflow(tmp_path / "wf")
+    secret = "hf_" + "Zq8" * 12
+    edited_config(workdir, "generate:\n", f"sglang:\n  api_key_env: {secret}\ngenerate:\n")
+    proc = snakemake(workdir, "-n", "--configfile", "mine.yaml", check=False, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "  sglang.api_key_env: holds what looks like a key itself" in proc.stderr
+    assert secret not in proc.stdout + proc.stderr
+    written = [p for p in workdir.rglob("*") if p.is_file() and p.name != "mine.yaml"]
+    assert [p for p in written if secret.encode() in p.read_bytes()] == []

@@ -6,6 +6,8 @@ its dotted key; then read through a few shared views.
     files.py       config files as plain data (no YTE, no Python tags, bounded size), before
                    Snakemake loads them; the same bounds on a loaded config
     moved.py       keys of earlier releases, each naming its successor
+    credentials.py secrets in the config, named by key and never shown (credential_patterns.py:
+                   what a credential's name and value look like)
     checks.py      what the schema cannot say: faults across keys and on disk
     views.py       train_variants, train_datasets, bench_drafter_names, sglang_server_args
     schema_doc.py  docs/configuration.md, rendered from the schema
@@ -22,6 +24,7 @@ import os
 from pathlib import Path
 
 from specbuild.config.checks import rule_faults
+from specbuild.config.credentials import credential_faults
 from specbuild.config.files import value_faults
 from specbuild.config.moved import is_moved, moved_faults
 from specbuild.config.schema import (
@@ -68,6 +71,10 @@ def check_config(
     coerce_scalars(config, loaded)
     moved = moved_faults(config)
     faults = [f for f in schema_faults(config, loaded) if not is_moved(f, moved)] + moved
+    # a secret's own line replaces the schema's on its key: it says where the key goes instead
+    secrets = credential_faults(config)
+    secret_keys = {fault_key(f) for f in secrets}
+    faults = [f for f in faults if fault_key(f) not in secret_keys] + secrets
     faulty = {fault_key(f) for f in faults}  # one fault per key is enough
     faults += [f for f in rule_faults(config, Path(workdir)) if fault_key(f) not in faulty]
     if faults:

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from specbuild.config.credentials import credential_faults
 from specbuild.config.schema import did_you_mean, mapping
 from specbuild.config.views import BASE_VARIANT
 from specbuild.eagle.chain import BASELINE, NO_DRAFTER, Chain
@@ -320,5 +319,4 @@ def rule_faults(config: Mapping, workdir: Path) -> list[str]:
         + _variant_faults(config)
         + _bench_faults(config, workdir)
         + _sglang_faults(config)
-        + credential_faults(config)
     )

@@ -4,79 +4,42 @@ prints them) and results/serve.sh.
 
 Contract: `credential_faults` returns one 'dotted.key: what' line for each value under the
 free-form server keys (`sglang.env`, `sglang.server_args`, and each tuning point's) whose name
-says it is a credential (HF_TOKEN, OPENAI_API_KEY, api_key, a password) or whose value looks
-like one (hf_..., sk-..., a GitHub or Slack token, an AWS key id, a JWT), each word of
-`sglang.launcher` that is a credential flag or looks like one, and each endpoint URL holding a
-user, a password, a token or a credential-named query parameter (`sglang.endpoint`,
-`bench.openai.endpoint`). A line names the key,
-never the value, and says where a key goes instead: the environment, named by
-`sglang.api_key_env` (an endpoint's key) or `sglang.serve_api_key_env` (the key `make serve`'s
-server requires). Servers specbuild starts inherit the environment (HF_TOKEN included) and get
-a fresh API key of their own.
+says it is a credential (HF_TOKEN, OPENAI_API_KEY, api_key, a password, AUTHORIZATION) or
+whose value looks like one (hf_..., sk-..., a GitHub or Slack token, an AWS key id, a JWT,
+`Bearer ...`), each word of `sglang.launcher` that is a credential flag or looks like one, each
+endpoint URL holding a user, a password, a token or a credential-named query parameter
+(`sglang.endpoint`, `bench.openai.endpoint`), and each key meant to name an environment
+variable (KEY_NAME_KEYS) that holds a key itself. A line names the key, never the value, and
+says where a key goes instead: the environment, named by `sglang.api_key_env` (an endpoint's
+key) or `sglang.serve_api_key_env` (the key `make serve`'s server requires). Servers specbuild
+starts inherit the environment (HF_TOKEN included) and get a fresh API key of their own.
+What a credential's name and value look like is credential_patterns.py's.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from specbuild.config.credential_patterns import (
+    holds_a_key_not_a_name,
+    is_credential_name,
+    looks_like_credential,
+)
 from specbuild.config.schema import mapping
 
-__all__ = ["credential_faults", "is_credential_name", "looks_like_credential"]
+__all__ = ["KEY_NAME_KEYS", "credential_faults", "is_credential_name", "looks_like_credential"]
 
-# words of a name that make it a credential wherever they stand (split at _, - and .):
-# AWS_SECRET_ACCESS_KEY, ssl_keyfile_password, DB_PASS
-_SECRET_WORDS = {
-    "secret",
-    "password",
-    "passwd",
-    "pass",
-    "pwd",
-    "credential",
-    "credentials",
-    "apikey",
-}
-# ...or that name one unless a word saying what about it follows: HF_TOKEN, api_key,
-# OPENAI_API_KEY_2, HF_TOKEN_RO, private_key; not SGLang's speculative_token_map (nor
-# max_total_tokens or tokenizer_path, other words)
-_KEY_WORDS = {"token", "key", "keys"}
-_ABOUT_WORDS = {"map", "id", "ids", "len", "length", "size", "num", "count", "type", "path"}
-_ABOUT_WORDS |= {"file", "dir", "mode", "limit", "budget"}
-# token formats with a recognisable prefix and enough random characters to be one
-_CREDENTIAL = re.compile(
-    r"(?<![A-Za-z0-9])("
-    r"hf_[A-Za-z0-9]{30,}"  # Hugging Face
-    r"|sk-[A-Za-z0-9_-]{20,}"  # OpenAI and others
-    r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{20,}"  # GitHub
-    r"|xox[abprs]-[A-Za-z0-9-]{10,}"  # Slack
-    r"|AKIA[0-9A-Z]{16}"  # an AWS access key id
-    r"|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"  # a JWT
-    r")"
-)
+# The keys that name the environment variable holding a key: where a key itself gets pasted.
+KEY_NAME_KEYS = ("sglang.api_key_env", "sglang.serve_api_key_env", "bench.openai.api_key_env")
+
 _INSTEAD = (
     "a config travels, and this value would reach params, Snakemake's metadata and logs and "
     "results/serve.sh. Export it in the environment instead (every server specbuild starts "
     "inherits it, HF_TOKEN included); an endpoint's API key: name its variable in "
     "sglang.api_key_env; the key `make serve`'s server requires: sglang.serve_api_key_env"
 )
-
-
-def is_credential_name(name: str) -> bool:
-    """Whether a variable or flag name says its value is a credential."""
-    words = [w for w in re.split(r"[_\-.]+", name.lower()) if w]
-    if _SECRET_WORDS & set(words):
-        return True
-    return any(
-        w in _KEY_WORDS and (i + 1 == len(words) or words[i + 1] not in _ABOUT_WORDS)
-        for i, w in enumerate(words)
-    )
-
-
-def looks_like_credential(value: Any) -> bool:
-    """Whether a value holds a token of a known credential format."""
-    return isinstance(value, str) and bool(_CREDENTIAL.search(value))
 
 
 def _values(key: str, value: Any) -> Iterator[tuple[str, Any]]:
@@ -125,10 +88,28 @@ def _endpoint_faults(config: Mapping) -> list[str]:
     return faults
 
 
+def _key_name_faults(config: Mapping) -> list[str]:
+    """A key pasted where the name of its environment variable belongs: it would travel as a
+    param into Snakemake's metadata and logs, and the error for an unset variable shows it."""
+    faults = []
+    for key in KEY_NAME_KEYS:
+        *sections, name = key.split(".")
+        section = config
+        for part in sections:
+            section = mapping(section.get(part))
+        if holds_a_key_not_a_name(section.get(name)):
+            faults.append(
+                f"{key}: holds what looks like a key itself; name the environment variable that "
+                f"holds it (export MY_KEY=...; {name}: MY_KEY): a config travels, and this value "
+                "would reach params, Snakemake's metadata and logs"
+            )
+    return faults
+
+
 def credential_faults(config: Mapping) -> list[str]:
-    """One line per credential-looking name or value under the free-form server keys, and per
-    endpoint URL that holds one."""
-    faults = _endpoint_faults(config)
+    """One line per credential-looking name or value under the free-form server keys, per
+    endpoint URL that holds one, and per key-name key that holds a key."""
+    faults = _endpoint_faults(config) + _key_name_faults(config)
     launcher = mapping(config.get("sglang")).get("launcher")
     for i, word in enumerate(launcher if isinstance(launcher, list) else []):
         flag = isinstance(word, str) and word.startswith("-") and is_credential_name(word)

@@ -30,7 +30,10 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 
+from specbuild.config.credential_patterns import names_a_secret
+
 __all__ = [
+    "HIDDEN",
     "MAX_LISTED",
     "VARIANT_FIXED",
     "ConfigError",
@@ -58,6 +61,10 @@ _TYPE_NAMES = {
     "array": "a list",
     "null": "null",
 }
+
+# What a fault shows instead of a value whose key marks a secret (`sglang.api_key_env`,
+# `sglang.env.HF_TOKEN`): the console and CI logs are no place for a key pasted there.
+HIDDEN = "(value not shown: the key's name marks a secret)"
 
 _short = reprlib.Repr()
 _short.maxstring = 60
@@ -250,9 +257,13 @@ def _type_name(value: Any) -> str:
 def _describe(error: ValidationError) -> Iterator[str]:
     path, value, kind, expected = error.absolute_path, error.instance, error.validator, None
     schema = error.schema
+    secret = names_a_secret(path)
+    shown = HIDDEN if secret else _short.repr(value)
     if "propertyNames" in error.absolute_schema_path:
         hint = _name_hint(value)
         yield f"{_key(path)}: name {value!r} must match {error.validator_value!r}{hint}"
+    elif kind == "pattern" and secret:
+        yield f"{_key(path)}: must match {error.validator_value!r} {HIDDEN}"
     elif kind == "pattern" and _name_hint(value):
         yield f"{_key(path)}: {value!r} must match {error.validator_value!r}{_name_hint(value)}"
     elif kind == "additionalProperties" and error.validator_value is False:
@@ -269,17 +280,21 @@ def _describe(error: ValidationError) -> Iterator[str]:
         want = error.validator_value
         types = [want] if isinstance(want, str) else list(want)
         expected = " or ".join(_TYPE_NAMES.get(t, t) for t in types)
-        yield f"{_key(path)}: expected {expected}, got {_type_name(value)} {_short.repr(value)}"
+        yield f"{_key(path)}: expected {expected}, got {_type_name(value)} {shown}"
     elif kind == "enum":
         allowed = ", ".join(map(repr, error.validator_value))
         hint = (
-            did_you_mean(value, map(str, error.validator_value)) if isinstance(value, str) else ""
+            did_you_mean(value, map(str, error.validator_value))
+            if isinstance(value, str) and not secret
+            else ""
         )
-        yield f"{_key(path)}: {_short.repr(value)} is not one of {allowed}{hint}"
+        yield f"{_key(path)}: {shown} is not one of {allowed}{hint}"
     elif kind in ("oneOf", "anyOf"):
-        yield f"{_key(path)}: {_alternatives(value, error.validator_value)}"
+        yield f"{_key(path)}: {_alternatives(value, error.validator_value, shown)}"
+    elif secret:  # jsonschema's own message quotes the value
+        yield f"{_key(path)}: fails the schema's {kind} {error.validator_value!r} {HIDDEN}"
     else:
-        message = error.message.replace(repr(value), _short.repr(value))
+        message = error.message.replace(repr(value), shown)
         yield f"{_key(path)}: {message}"
 
 
@@ -296,7 +311,7 @@ def _name_hint(value: Any) -> str:
     return ""
 
 
-def _alternatives(value: Any, branches: list[Mapping]) -> str:
+def _alternatives(value: Any, branches: list[Mapping], shown: str) -> str:
     """oneOf/anyOf: a dataset's `path` or `synthesize`; else the forms, compactly."""
     if all(set(b) == {"required"} for b in branches) and isinstance(value, dict):
         names = [n for b in branches for n in b["required"]]
@@ -304,7 +319,7 @@ def _alternatives(value: Any, branches: list[Mapping]) -> str:
         which = " and ".join(given) if given else "neither"
         return f"give exactly one of {' or '.join(names)} (found {which})"
     forms = " or ".join(_form(b) for b in branches)
-    return f"{_short.repr(value)} is none of the allowed forms: {forms}"
+    return f"{shown} is none of the allowed forms: {forms}"
 
 
 def _form(branch: Mapping) -> str:

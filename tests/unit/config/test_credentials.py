@@ -1,15 +1,28 @@
 """Secrets stay out of configs (specbuild.config.credentials): a credential's name or value
-under sglang.env / sglang.server_args is a config fault naming the key, never the value, and
-pointing to the environment and api_key_env; a server bound beyond loopback needs
-sglang.serve_api_key_env."""
+under sglang.env / sglang.server_args, or a key pasted where an `*api_key_env` names its
+variable, is a config fault naming the key, never the value, and pointing to the environment
+and api_key_env; no schema fault shows a value under a key whose name marks a secret; a server
+bound beyond loopback needs sglang.serve_api_key_env."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
-from config_cases import default_config, faults, passes
+import yaml
+from config_cases import SCHEMA, default_config, faults, passes
 
-from specbuild.config.credentials import is_credential_name, looks_like_credential
+from specbuild.config import ConfigError, check_config
+from specbuild.config.credentials import (
+    KEY_NAME_KEYS,
+    is_credential_name,
+    looks_like_credential,
+)
+from specbuild.config.schema import HIDDEN
 
+REPO = Path(__file__).resolve().parents[3]
+DEFAULT = (REPO / "config" / "config.yaml").read_text(encoding="utf-8")
 HF = "hf_" + "aB3" * 12
 SK = "sk-proj-" + "x9Y" * 10
 
@@ -26,6 +39,8 @@ SK = "sk-proj-" + "x9Y" * 10
         "HF_TOKEN_RO",
         "API_KEY_PROD",
         "DB_PASS",
+        "AUTHORIZATION",
+        "PROXY_AUTHORIZATION",
     ],
 )
 def test_credential_names_are_recognised(name):
@@ -120,3 +135,126 @@ def test_a_credential_on_the_launcher_command_line_is_refused_naming_its_place()
     assert fault.startswith("sglang.launcher[1]: a credential") and HF not in fault
     cfg["sglang"] = {"launcher": ["python", "-m", "sglang.launch_server"]}
     passes(cfg)
+
+
+def _refused(tmp_path: Path, text: str) -> str:
+    """The whole message `check_config` refuses a config file's text with, loaded as Snakemake
+    loads it (PyYAML's types)."""
+    path = tmp_path / "my.yaml"
+    path.write_text(text, encoding="utf-8")
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    with pytest.raises(ConfigError) as err:
+        check_config(config, schema=SCHEMA, source=str(path), workdir=REPO)
+    return str(err.value)
+
+
+PASTED = [
+    "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",  # matches the name pattern: was accepted
+    "skAbCdEfGh0123456789XyZ",  # a bare alphanumeric key, no known prefix
+    "3f9a1c0e7b2d4f6a8c0e1b3d5f7a9c2e",  # 32 hex: no name either
+    "sk-proj-AbCdEf0123456789SECRETVALUE",  # no name: the schema's fault used to show it
+]
+
+
+def _with(key: str, value: Any) -> str:
+    """The text of config/config.yaml with `key` (dotted) set to `value`."""
+    config = yaml.safe_load(DEFAULT)
+    *sections, name = key.split(".")
+    section = config
+    for part in sections:
+        section = section.setdefault(part, {})
+    section[name] = value
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def test_the_key_name_keys_are_every_api_key_env_of_the_schema():
+    schema = yaml.safe_load(SCHEMA.read_text(encoding="utf-8"))
+
+    def walk(node: dict, path: str):
+        for name, sub in node.get("properties", {}).items():
+            key = f"{path}.{name}" if path else name
+            if name.endswith("api_key_env"):
+                yield key
+            yield from walk(sub, key)
+
+    assert sorted(walk(schema, "")) == sorted(KEY_NAME_KEYS)
+
+
+@pytest.mark.parametrize("secret", PASTED, ids=["hf", "alnum", "hex", "sk-proj"])
+@pytest.mark.parametrize("key", KEY_NAME_KEYS)
+def test_a_key_pasted_where_its_variable_is_named_is_refused_never_shown(tmp_path, key, secret):
+    message = _refused(tmp_path, _with(key, secret))
+    name = key.rsplit(".", 1)[1]
+    (line,) = [line for line in message.splitlines() if line.startswith(f"  {key}:")]
+    assert line == (
+        f"  {key}: holds what looks like a key itself; name the environment variable that holds "
+        f"it (export MY_KEY=...; {name}: MY_KEY): a config travels, and this value would reach "
+        "params, Snakemake's metadata and logs"
+    )
+    assert secret not in message
+    assert secret[:12] not in message  # not even shortened
+
+
+@pytest.mark.parametrize(
+    "name", ["OPENAI_API_KEY", "MY_ENDPOINT_KEY", "SGLANG_KEY", "my_key", "AZURE_OPENAI_API_KEY_2"]
+)
+@pytest.mark.parametrize("key", KEY_NAME_KEYS)
+def test_a_variable_name_is_accepted_in_every_key_name_key(key, name):
+    config = yaml.safe_load(_with(key, name))
+    if key == "sglang.serve_api_key_env":
+        config["sglang"]["host"] = "0.0.0.0"
+    *sections, last = key.split(".")
+    section = passes(config)
+    for part in sections:
+        section = section[part]
+    assert section[last] == name
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fault"),
+    [
+        (
+            "sglang.api_key_env",
+            "hunter2-password!",
+            "must match '^[A-Za-z_][A-Za-z0-9_]*$' " + HIDDEN,
+        ),
+        (
+            "bench.openai.api_key_env",
+            987654321987,
+            "expected a string or null, got integer " + HIDDEN,
+        ),
+        (
+            "sglang.serve_api_key_env",
+            ["s3cr3t-in-a-list"],
+            "expected a string or null, got list " + HIDDEN,
+        ),
+    ],
+)
+def test_a_schema_fault_under_a_secrets_key_never_shows_the_value(tmp_path, key, value, fault):
+    message = _refused(tmp_path, _with(key, value))
+    assert f"\n  {key}: {fault}" in message
+    assert str(value).strip("[]'") not in message
+
+
+def test_a_credential_named_env_value_of_the_wrong_type_gets_the_credential_line(tmp_path):
+    """The schema's type fault on that key would show the value; the credential line, which
+    says where the key goes, replaces it."""
+    message = _refused(tmp_path, _with("sglang.env", {"HF_TOKEN": [123456789]}))
+    (line,) = [line for line in message.splitlines() if line.startswith("  sglang.env.")]
+    assert line.startswith("  sglang.env.HF_TOKEN: the name says it is a credential; ")
+    assert "123456789" not in message
+
+
+def test_an_authorization_header_is_refused_by_its_name_and_by_its_value(tmp_path):
+    bearer = "Bearer s3cr3tTokenValue42"
+    env = {"AUTHORIZATION": bearer, "EXTRA_HEADER": bearer, "NCCL_DEBUG": "INFO"}
+    message = _refused(tmp_path, _with("sglang.env", env))
+    assert "  sglang.env.AUTHORIZATION: the name says it is a credential; " in message
+    assert "  sglang.env.EXTRA_HEADER: the value looks like a credential; " in message
+    assert "NCCL_DEBUG" not in message and "s3cr3t" not in message
+
+
+def test_a_key_naming_a_records_field_is_no_secret_and_its_fault_shows_the_value(tmp_path):
+    message = _refused(tmp_path, _with("datasets.gsm8k.id_key", 12345))
+    assert "\n  datasets.gsm8k.id_key: expected a string or null, got integer 12345" in message
+    assert HIDDEN not in message
