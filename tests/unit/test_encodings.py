@@ -4,6 +4,7 @@ line a text editor shows it on."""
 import codecs
 import gzip
 import json
+import re
 
 import pytest
 
@@ -85,6 +86,40 @@ def test_a_gz_name_on_a_file_that_is_not_gzip_fails_naming_it(tmp_path):
         record_digests(raw, shard_size=2)
 
 
+def corrupt_gzip(data: bytes) -> bytes:
+    """`data` gzipped, then bytes 200-260 flipped: the gzip header stays valid, its deflate
+    stream does not (zlib, not gzip, raises on it)."""
+    packed = bytearray(gzip.compress(data))
+    packed[200:260] = bytes(b ^ 0xFF for b in packed[200:260])
+    return bytes(packed)
+
+
+RECORDS = [{"id": f"q{i}", "prompt": "x"} for i in range(2000)]
+CORRUPT = {
+    "raw.jsonl.gz": b"".join(json.dumps(r).encode() + b"\n" for r in RECORDS),
+    "raw.json.gz": json.dumps(RECORDS).encode(),
+}
+
+
+@pytest.mark.parametrize("name", CORRUPT)
+def test_a_corrupt_gzip_fails_naming_the_file_like_a_truncated_one(tmp_path, name):
+    raw = tmp_path / name
+    raw.write_bytes(corrupt_gzip(CORRUPT[name]))
+    readable = re.escape(f"{raw}: not a readable gzip file (Error -3 while decompressing")
+    with pytest.raises(ValueError, match=readable):
+        record_digests(raw, shard_size=4)
+    raw.write_bytes(gzip.compress(CORRUPT[name])[:300])  # cut short: the same message
+    with pytest.raises(ValueError, match=re.escape(f"{raw}: not a readable gzip file (")):
+        record_digests(raw, shard_size=4)
+
+
+def test_a_corrupt_gzipped_bench_set_fails_naming_the_file(tmp_path):
+    path = tmp_path / "set.jsonl.gz"
+    path.write_bytes(corrupt_gzip(CORRUPT["raw.jsonl.gz"]))
+    with pytest.raises(ValueError, match=r"set\.jsonl\.gz: not a readable gzip file \(Error -3"):
+        read_bench_prompts(path, format="prompt")
+
+
 def test_an_unknown_name_suggests_gz_after_the_format(tmp_path):
     raw = tmp_path / "raw.txt.gz"
     raw.write_bytes(gzip.compress(b'{"prompt": "a"}\n'))
@@ -114,6 +149,9 @@ def test_read_text_any_names_the_encoding_a_bad_byte_breaks(tmp_path):
         read_text_any(path)
 
 
+CJK = '{"prompt": "' + "你好世界" * 40 + '"}'
+
+
 @pytest.mark.parametrize(
     ("head", "encoding"),
     [
@@ -124,10 +162,32 @@ def test_read_text_any_names_the_encoding_a_bad_byte_breaks(tmp_path):
         (b"\x00{", ("utf-16-be", 0)),
         (b"{}", ("utf-8", 0)),
         (b"", ("utf-8", 0)),
+        # NULs where UTF-16 would have them, then UTF-8 text: a stray NUL, not UTF-16
+        (b'{\x00"id": "x"}\n{"id": "q0", "prompt": "What is 0+0?"}\n', ("utf-8", 0)),
+        (b'{\x00\x00\x00"id": "x"}\n{"id": "q0", "prompt": "What is 0+0?"}\n', ("utf-8", 0)),
+        # text in another script, UTF-16 without a BOM: JSON's own characters interleave it
+        (CJK.encode("utf-16-le")[:256], ("utf-16-le", 0)),
+        (CJK.encode("utf-16-be")[:256], ("utf-16-be", 0)),
+        (CJK.encode("utf-32-le")[:256], ("utf-32-le", 0)),
     ],
 )
 def test_detect_encoding_reads_boms_and_nul_patterns(head, encoding):
     assert detect_encoding(head) == encoding
+
+
+@pytest.mark.parametrize("pad", [False, True], ids=["odd", "even"])
+def test_a_nul_in_a_utf8_files_first_line_rejects_that_line_alone(tmp_path, pad):
+    good = [json.dumps({"id": f"q{i}", "prompt": f"What is {i}+{i}?"}) for i in range(50)]
+    data = b'{\x00"id":"x"}\n' + "\n".join(good).encode() + b"\n"
+    data += b" " * (pad and len(data) % 2)  # an even length decodes as UTF-16 without error
+    raw = tmp_path / "raw.jsonl"
+    raw.write_bytes(data)
+    assert len(record_digests(raw, shard_size=16)) == 4  # 51 records
+    rows, bad, counts = _shard(tmp_path, raw)
+    assert (counts["in"], counts["kept"], counts["rejected"]) == (51, 50, 1)
+    assert [r["messages"][0]["content"] for r in rows] == [f"What is {i}+{i}?" for i in range(50)]
+    assert [(b["line"], b["raw"]) for b in bad] == [(1, '{\x00"id":"x"}')]
+    assert bad[0]["reason"].startswith("malformed JSON")
 
 
 @pytest.mark.parametrize("name", ["utf-8-bom", "utf-16"])

@@ -2,8 +2,8 @@
 
 Writes: a killed job never leaves a file that looks finished. Reads (`iter_utf8_lines`,
 `read_text_any`): the files users really have, a UTF-8 BOM from a spreadsheet export, UTF-16 or
-UTF-32 from a Windows editor (told by their BOM, or by the NUL bytes around the first ASCII
-character, as `json.detect_encoding` does), or gzip by the name's `.gz`, streamed.
+UTF-32 from a Windows editor (told by their BOM, or by NUL bytes interleaving the text's first
+bytes), or gzip by the name's `.gz`, streamed.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import secrets
 import socket
 import stat
 import sys
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -213,24 +214,48 @@ _BOMS = (
 )
 
 
+# The bytes `detect_encoding` is given: enough for a JSON text's punctuation to show its layout.
+HEAD_BYTES = 256
+
+# Without a BOM, (encoding, unit size, the bytes of a unit that a JSON text's punctuation, and
+# for UTF-32 every character of the Basic Multilingual Plane, leaves 0), told by the NULs of the
+# first 4 bytes, longest unit first.
+_NUL_LAYOUTS = (
+    ((False, True, True, True), "utf-32-le", 4, slice(2, 4)),
+    ((True, True, True, False), "utf-32-be", 4, slice(0, 2)),
+    ((False, True), "utf-16-le", 2, slice(1, 2)),
+    ((True, False), "utf-16-be", 2, slice(0, 1)),
+)
+# Punctuation characters a JSON text's head holds at the least: `{"` and the `":` after a key.
+_MIN_PUNCTUATION = 4
+
+
+def _nul_interleaved(head: bytes, size: int, zeros: slice) -> bool:
+    """Whether `head` reads as text in units of `size` bytes that are 0 where `zeros` says:
+    its first two units (JSON starts `{"`, `[{` or with white space, all ASCII) and at least
+    _MIN_PUNCTUATION of them (all, in a shorter head). A unit of NULs alone counts for none:
+    JSON text holds no U+0000."""
+    units = [head[i : i + size] for i in range(0, len(head) - size + 1, size)]
+    text = [not any(u[zeros]) and any(u) for u in units]
+    return all(text[:2]) and sum(text) >= min(_MIN_PUNCTUATION, len(text))
+
+
 def detect_encoding(head: bytes) -> tuple[str, int]:
-    """(encoding, BOM length) of a text file that starts with `head` (its first 4 bytes or
-    more). Without a BOM, a JSON text starts with an ASCII character, so NUL bytes beside it
-    tell UTF-16/32 and their byte order; anything else is read as UTF-8."""
+    """(encoding, BOM length) of a text file that starts with `head` (its first HEAD_BYTES
+    bytes, or all of a shorter file).
+
+    Without a BOM, a JSON text starts with ASCII characters, so NULs beside the first one
+    suggest UTF-16/32 and their byte order; the head must bear it out (`_nul_interleaved`).
+    Anything else is UTF-8: a UTF-8 file whose first line holds a stray NUL loses that line
+    alone (a reject), not every line to the wrong codec.
+    """
     for bom, encoding in _BOMS:
         if head.startswith(bom):
             return encoding, len(bom)
     nuls = tuple(b == 0 for b in head[:4])
-    if len(nuls) == 4:
-        if nuls == (False, True, True, True):
-            return "utf-32-le", 0
-        if nuls == (True, True, True, False):
-            return "utf-32-be", 0
-    if len(nuls) >= 2:
-        if nuls[:2] == (False, True):
-            return "utf-16-le", 0
-        if nuls[:2] == (True, False):
-            return "utf-16-be", 0
+    for pattern, encoding, size, zeros in _NUL_LAYOUTS:
+        if nuls[: len(pattern)] == pattern:
+            return (encoding, 0) if _nul_interleaved(head, size, zeros) else ("utf-8", 0)
     return "utf-8", 0
 
 
@@ -245,10 +270,15 @@ def _open_binary(path: Path) -> Iterator[IO[bytes]]:
             yield fh
 
 
+# A gzip file cut short (EOFError), not gzip at all (BadGzipFile), or with a corrupt deflate
+# stream under a valid header (zlib.error, which is neither an OSError nor a ValueError).
+_GZIP_FAULTS = (gzip.BadGzipFile, EOFError, zlib.error)
+
+
 def _not_gzip(path: Path, err: Exception) -> ValueError:
     return ValueError(
         f"{path}: not a readable gzip file ({err}); the name ends in .gz: compress it with "
-        "gzip, or drop the .gz from the name"
+        "gzip (again, where a copy cut it short or damaged it), or drop the .gz from the name"
     )
 
 
@@ -263,7 +293,7 @@ def iter_utf8_lines(path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
     path = Path(path)
     try:
         with _open_binary(path) as fh:
-            head = fh.peek(4)[:4] if hasattr(fh, "peek") else b""
+            head = fh.peek(HEAD_BYTES)[:HEAD_BYTES] if hasattr(fh, "peek") else b""
             encoding, bom = detect_encoding(head)
             fh.read(bom)
             if encoding == "utf-8":
@@ -283,7 +313,7 @@ def iter_utf8_lines(path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
                 ) from None
             finally:
                 text.detach()
-    except (gzip.BadGzipFile, EOFError) as err:
+    except _GZIP_FAULTS as err:
         raise _not_gzip(path, err) from None
 
 
@@ -294,9 +324,9 @@ def read_text_any(path: str | os.PathLike) -> str:
     try:
         with _open_binary(path) as fh:
             data = fh.read()
-    except (gzip.BadGzipFile, EOFError) as err:
+    except _GZIP_FAULTS as err:
         raise _not_gzip(path, err) from None
-    encoding, bom = detect_encoding(data[:4])
+    encoding, bom = detect_encoding(data[:HEAD_BYTES])
     try:
         return data[bom:].decode(encoding)
     except UnicodeDecodeError as err:

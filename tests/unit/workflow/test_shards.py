@@ -3,6 +3,7 @@ import json
 import pytest
 
 from specbuild.workflow.shards import DatasetFaults, ShardIndex
+from tests.unit.test_encodings import CORRUPT, corrupt_gzip
 
 
 def _file_config(path, shard_size=2, limit=None):
@@ -45,3 +46,14 @@ def test_a_missing_or_empty_file_is_a_fault_naming_its_dataset_key(tmp_path):
         ShardIndex.read(cfg)
     assert [f.split(":")[0] for f in err.value.faults] == ["datasets.d.path", "datasets.e.path"]
     assert err.value.faults[1].endswith("holds no records")
+
+
+def test_a_corrupt_gzip_dataset_is_a_fault_naming_its_key_and_file(tmp_path):
+    raw = tmp_path / "raw.jsonl.gz"
+    raw.write_bytes(corrupt_gzip(CORRUPT["raw.jsonl.gz"]))
+    with pytest.raises(DatasetFaults) as err:
+        ShardIndex.read(_file_config(raw))
+    (fault,) = err.value.faults
+    # zlib's own words after "Error -3" (a corrupt stream) vary with its version
+    assert fault.startswith(f"datasets.d.path: {raw}: not a readable gzip file (Error -3 ")
+    assert fault.endswith("or drop the .gz from the name")
