@@ -62,13 +62,14 @@ from specbuild.infra.disk import ensure_free_space, generate_need
 from specbuild.infra.io import read_jsonl
 from specbuild.infra.near_dup import find_near_duplicates
 from specbuild.rejects import ShardFiles, error_text, publish_shard
-from specbuild.samples import split_prompt
+from specbuild.samples import ANSWER_SEPARATOR, split_prompt
 from specbuild.target import load_tokenizer, read_target_info
 
 __all__ = [
     "AnswerRounds",
     "answer_copies",
     "answer_ids",
+    "output_ids",
     "GenerateSettings",
     "GenerationPlan",
     "generate_shard",
@@ -343,7 +344,28 @@ def plan_generation(
 
 def answer_ids(sample_id: str, n: int) -> list[str]:
     """The ids of a sample's `n` answers: its own, then `<id>~1` .. `<id>~<n-1>`."""
-    return [sample_id] + [f"{sample_id}~{k}" for k in range(1, n)]
+    return [sample_id] + [f"{sample_id}{ANSWER_SEPARATOR}{k}" for k in range(1, n)]
+
+
+def output_ids(samples: str | os.PathLike, rows: Sequence[dict], n: int) -> list[str]:
+    """The id of every row the shard `samples` (its `rows`, `n` answers each) can publish, in
+    order. Raises naming the shard and the ids where two rows would share one: answers are
+    made and kept by id, so one would silently replace the other. Only a shard `samples` did
+    not write as it does now can hold such ids (a repeated id, or one holding
+    ANSWER_SEPARATOR: `q~1` beside `q`, which has an answer `q~1`)."""
+    ids = [(cid, row["id"], k) for row in rows for k, cid in enumerate(answer_ids(row["id"], n))]
+    owners: dict[str, list[str]] = {}
+    for cid, sid, k in ids:
+        owners.setdefault(cid, []).append(f"answer {k} of {sid!r}" if k else f"sample {sid!r}")
+    shared = {cid: who for cid, who in owners.items() if len(who) > 1}
+    if shared:
+        named = "; ".join(f"{cid!r}: {' and '.join(who)}" for cid, who in list(shared.items())[:5])
+        raise ValueError(
+            f"{samples}: {len(shared)} id(s) would each name two rows ({named}); sample ids "
+            f"must be unique and hold no {ANSWER_SEPARATOR!r}: delete this samples shard and "
+            "rerun, so that samples rejects the record with the reason"
+        )
+    return [cid for cid, _, _ in ids]
 
 
 def answer_copies(plan: GenerationPlan, n: int, seed: int) -> GenerationPlan:
@@ -479,12 +501,14 @@ def generate_shard(
     `settings.answers` > 1 answers each sample that many times (`answer_copies`: ids `<id>`,
     `<id>~1`, ..., each seeded apart), after the near-duplicate check, so a prompt's answers
     are never rejected as each other's duplicates. Rows keep input order, a sample's answers
-    together; each answer counts as a sample (in = rows x answers = kept + rejected).
+    together; each answer counts as a sample (in = rows x answers = kept + rejected). A shard
+    where two rows would share an id fails before any answer is made (`output_ids`).
     """
     s = settings
     _check_settings(s)
     target = read_target_info(fingerprint)
     rows = list(read_jsonl(samples))
+    ids = output_ids(samples, rows, s.answers)  # before any answer is paid for
     ensure_free_space(
         files.out,
         generate_need(
@@ -559,7 +583,7 @@ def generate_shard(
         )
 
     def rows_out():
-        for cid in (c for row in rows for c in answer_ids(row["id"], s.answers)):
+        for cid in ids:
             res = plan.kept.get(cid) or made.get(cid)
             if res is None:
                 continue

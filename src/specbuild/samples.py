@@ -7,10 +7,11 @@ the workflow passes as a param, so a shard reruns exactly when its own records c
 `id_key`, the ids before it, which decide what counts as a duplicate).
 Bad records are never dropped silently: each goes to the rejected file with file, line and
 reason (malformed, or JSON that `specbuild.infra.records` refuses: nested too deep, a key twice,
-NaN, a lone surrogate; empty, unknown role, duplicate id, a conversation the target's chat template
-cannot render, one of the target's special tokens typed as text (`specbuild.eagle.special_text`), a
-prompt longer than `max_prompt_tokens` of the target's tokenizer), and the counts always add
-up (in = kept + rejected). A `.json` list is cut into items before any is parsed, so the same
+NaN, a lone surrogate; empty, unknown role, duplicate id, an id holding `~` (which numbers
+generate's answers), a conversation the target's chat template cannot render, one of the
+target's special tokens typed as text (`specbuild.eagle.special_text`), a prompt longer than
+`max_prompt_tokens` of the target's tokenizer), and the counts always add up (in = kept +
+rejected). A `.json` list is cut into items before any is parsed, so the same
 faults reject one item; only a list whose own syntax is broken fails as a whole.
 
 One repair, never silent: assistant turns before the first user turn (ShareGPT dumps that open
@@ -36,6 +37,7 @@ from specbuild.infra.records import RecordError, parse_record
 from specbuild.rejects import ShardFiles, publish_shard
 
 __all__ = [
+    "ANSWER_SEPARATOR",
     "RawRecord",
     "SampleError",
     "SampleSettings",
@@ -49,6 +51,8 @@ __all__ = [
 ]
 
 FORMATS = ("auto", "prompt", "messages", "sharegpt")
+# Between a sample's id and the number of its answer (generate.answer_ids): no record id holds it.
+ANSWER_SEPARATOR = "~"
 # `tool` turns (a function's result) pass through to the target's chat template like any other
 # non-assistant turn: part of the prompt, never of the loss.
 ROLES = ("system", "user", "assistant", "tool")
@@ -222,7 +226,8 @@ def record_digests(
 
 
 def record_id(obj, *, dataset: str, index: int, id_key: str | None) -> str:
-    """`<dataset>-<id_key value>` with `id_key`, else `<dataset>-<record index>` (7 digits)."""
+    """`<dataset>-<id_key value>` with `id_key`, else `<dataset>-<record index>` (7 digits).
+    A value holding ANSWER_SEPARATOR is refused: generate's answer ids would collide with it."""
     if id_key is None:
         return f"{dataset}-{index:07d}"
     if not isinstance(obj, dict):
@@ -236,6 +241,12 @@ def record_id(obj, *, dataset: str, index: int, id_key: str | None) -> str:
         )
     if isinstance(value, str) and not value.strip():
         raise SampleError(f"id field `{id_key}` is empty")
+    if isinstance(value, str) and ANSWER_SEPARATOR in value:
+        # id `q~1` would be the second answer of sample `q` (answers > 1): one row, two ids
+        raise SampleError(
+            f"id {value!r} holds {ANSWER_SEPARATOR!r}, which generate uses to number a "
+            f"prompt's answers (<id>{ANSWER_SEPARATOR}1, <id>{ANSWER_SEPARATOR}2, ...)"
+        )
     return f"{dataset}-{value}"
 
 

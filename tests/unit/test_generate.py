@@ -14,7 +14,13 @@ from specbuild.backends.base import Generation, GenerationRequest
 from specbuild.backends.hf import split_reasoning
 from specbuild.backends.user_turn import follow_up_seed, open_user_turn
 from specbuild.engines.http import EngineUnavailable
-from specbuild.generate import GenerateSettings, answer_copies, generate_shard, plan_generation
+from specbuild.generate import (
+    GenerateSettings,
+    answer_copies,
+    generate_shard,
+    output_ids,
+    plan_generation,
+)
 from specbuild.infra.io import read_json, read_jsonl
 from specbuild.rejects import ShardFiles
 from specbuild.tokenization import tokenize_conversation
@@ -729,6 +735,35 @@ def test_follow_up_turns_of_each_answer_are_written_and_answered_apart(tmp_path,
         ("c", follow_up_seed(5, "c", 2)),
         ("c~1", follow_up_seed(5, "c~1", 2)),
     ]
+
+
+@pytest.mark.parametrize(
+    ("ids", "answers", "shared"),
+    [
+        (["d-q", "d-q~1"], 2, "'d-q~1': answer 1 of 'd-q' and sample 'd-q~1'"),
+        (["d-q", "d-q"], 1, "'d-q': sample 'd-q' and sample 'd-q'"),
+    ],
+    ids=["answer-id-taken", "repeated-id"],
+)
+def test_a_shard_where_two_rows_would_share_an_id_fails_before_any_answer(
+    tmp_path, target_dir, ids, answers, shared
+):
+    # an older samples shard, or one edited by hand: samples itself rejects both records
+    rows = [{"id": i, "messages": ASK} for i in ids]
+
+    def no_model():
+        raise AssertionError("the ids are checked before any answer is asked for")
+
+    with pytest.raises(ValueError) as err:
+        _generate(tmp_path, target_dir, rows, backend=no_model, sampling=SAMPLED, answers=answers)
+    assert str(err.value).startswith(f"{tmp_path / 's.jsonl'}: 1 id(s) would each name two rows")
+    assert shared in str(err.value)
+    assert not (tmp_path / "g.jsonl").exists() and not (tmp_path / "c.json").exists()
+
+
+def test_output_ids_are_each_answer_of_each_sample_in_order():
+    rows = [{"id": "d-a"}, {"id": "d-b"}]
+    assert output_ids("s.jsonl", rows, 2) == ["d-a", "d-a~1", "d-b", "d-b~1"]
 
 
 @pytest.mark.parametrize(

@@ -223,6 +223,27 @@ def test_ids_come_from_id_key_and_a_repeated_id_is_rejected_naming_the_first(tmp
     assert second == [] and bad[0]["reason"] == "duplicate id 'd-x' (first at line 2)"
 
 
+def test_an_id_holding_the_answer_separator_is_rejected_so_answer_ids_cannot_collide(tmp_path):
+    # with `answers: 2`, generate names the second answer of `q` `q~1`: the record `q~1`
+    # would share that id, one answer lost and the other row written twice
+    raw = _write_jsonl(
+        tmp_path / "raw.jsonl",
+        [
+            {"id": "q", "prompt": "What is 2+2?"},
+            {"id": "q~1", "prompt": "What is 3+3?"},
+            {"id": 7, "prompt": "What is 4+4?"},
+        ],
+    )
+    rows, bad, counts = _shard(tmp_path, raw, id_key="id")
+    assert [r["id"] for r in rows] == ["d-q", "d-7"]
+    assert [(b["line"], b["reason"]) for b in bad] == [
+        (2, "id 'q~1' holds '~', which generate uses to number a prompt's answers "
+         "(<id>~1, <id>~2, ...)"),
+    ]  # fmt: skip
+    assert (counts["in"], counts["kept"], counts["rejected"]) == (3, 2, 1)
+    assert json.loads(bad[0]["raw"])["id"] == "q~1"  # the record, in the shard's rejected file
+
+
 def test_with_id_key_a_shard_digest_covers_the_ids_before_it_but_not_after(tmp_path):
     rows = [{"qid": i, "prompt": f"q{i}"} for i in range(4)]
     raw = _write_jsonl(tmp_path / "raw.jsonl", rows)
