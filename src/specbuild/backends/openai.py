@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
+from specbuild.config.credential_patterns import holds_a_key_not_a_name
 from specbuild.engines.http import EngineUnavailable, HTTPError, get_json, post_json
 
 __all__ = ["OpenAIBackend", "api_key_from_env"]
@@ -33,15 +34,17 @@ RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 RETRY_BACKOFF_S = (1.0, 4.0, 16.0)  # three retries cover a server restart or a short overload
 
 
-def api_key_from_env(env_name: str | None) -> str | None:
-    """The API key from the variable named in config; a named but unset variable is an error."""
+def api_key_from_env(env_name: str | None, *, config_key: str = "sglang.api_key_env") -> str | None:
+    """The API key from the variable that `config_key` names; a named but unset variable is an
+    error, which names the variable unless what was given looks like a key itself."""
     if not env_name:
         return None
     key = os.environ.get(env_name)
     if not key:
+        named = "a variable" if holds_a_key_not_a_name(env_name) else repr(env_name)
         raise OSError(
-            f"sglang.api_key_env names {env_name!r} but that environment variable is unset or "
-            f"empty; export it before running snakemake (the key itself never goes into config)"
+            f"{config_key} names {named} but that environment variable is unset or empty; "
+            f"export it before running snakemake (the key itself never goes into config)"
         )
     return key
 

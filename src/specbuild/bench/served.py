@@ -202,7 +202,7 @@ def open_openai(
     """The endpoint of config `bench.openai`: its URL, the name of the variable holding its key,
     its served model (None: the only one it lists), its name in the tables, the timeout."""
     base_url = options["endpoint"].rstrip("/").removesuffix("/v1")
-    key = api_key_from_env(options["api_key_env"])
+    key = api_key_from_env(options["api_key_env"], config_key="bench.openai.api_key_env")
     model = options["served_model"]
     if not model:
         listed = [m.get("id") for m in get_json(base_url + "/v1/models", api_key=key)["data"]]

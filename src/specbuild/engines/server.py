@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specbuild.config.credential_patterns import is_credential_name
 from specbuild.engines import keepers
 from specbuild.engines.gpus import startup_lock
 from specbuild.engines.http import MASK, EngineUnavailable, HTTPError, get_json, open_url
@@ -135,8 +136,10 @@ def new_api_key() -> str:
 
 
 def is_secret_name(name: str) -> bool:
-    """Whether an environment variable's name says its value is a credential."""
-    return bool(SECRET_NAME.search(name))
+    """Whether an environment variable's name says its value is a credential: any name the
+    config check refuses as one (AUTHORIZATION, DB_PASS), and, since masking too much only
+    garbles a log line, any that merely contains KEY, TOKEN, SECRET or PASSWORD."""
+    return bool(SECRET_NAME.search(name)) or is_credential_name(name)
 
 
 def mask_env(env: Mapping[str, Any]) -> dict[str, str]:

@@ -12,7 +12,7 @@ import pytest
 
 from specbuild.backends import make_backend
 from specbuild.backends.base import GenerationRequest, SamplingParams
-from specbuild.backends.openai import OpenAIBackend, parse_chat_completion
+from specbuild.backends.openai import OpenAIBackend, api_key_from_env, parse_chat_completion
 from specbuild.engines.server import SGLangServer
 from tests.unit.engines.test_server import LAUNCHER, _status, spec_for, stub_model
 
@@ -102,8 +102,16 @@ def test_the_sglang_generate_backend_keys_its_server_and_sends_the_key(model_dir
 
 def test_openai_backend_refuses_a_named_but_unset_key_variable(monkeypatch):
     monkeypatch.delenv("SPECBUILD_NO_SUCH_KEY", raising=False)
-    with pytest.raises(OSError, match="SPECBUILD_NO_SUCH_KEY"):
+    with pytest.raises(OSError, match="sglang.api_key_env names 'SPECBUILD_NO_SUCH_KEY' but"):
         OpenAIBackend(base_url="http://127.0.0.1:9", api_key_env="SPECBUILD_NO_SUCH_KEY")
+
+
+def test_an_unset_key_variable_is_named_by_its_config_key_and_a_pasted_key_never_shown():
+    pasted = "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"  # a key where its variable's name goes
+    with pytest.raises(OSError) as err:
+        api_key_from_env(pasted, config_key="bench.openai.api_key_env")
+    assert str(err.value).startswith("bench.openai.api_key_env names a variable but")
+    assert pasted not in str(err.value) and pasted[:12] not in str(err.value)
 
 
 def test_openai_backend_returns_error_rows_when_the_key_is_wrong(model_dir, monkeypatch):

@@ -317,6 +317,7 @@ def test_the_key_and_secret_looking_env_values_are_masked_in_the_log(
 
 def test_mask_env_hides_values_of_names_that_say_secret():
     env = {"OPENAI_API_KEY": "k", "hf_token": "t", "DB_PASSWORD": "p", "X_SECRET": "s"}
+    env |= {"AUTHORIZATION": "Bearer b", "DB_PASS": "q"}  # the config check's names too
     assert set(mask_env(env).values()) == {"***"}
     assert mask_env({"NCCL_ALGO": "Ring", "PORT": 5}) == {"NCCL_ALGO": "Ring", "PORT": "5"}
 
