@@ -100,8 +100,12 @@ def parse_record(raw: bytes | str) -> Any:
     except RecordError:
         raise
     except json.JSONDecodeError as err:
+        hint = ""
+        if err.msg == "Extra data" and "\r" in raw[: err.pos]:
+            # old Mac line ends: the whole file reads as one line of many records
+            hint = " (records end at \\r here; lines end at \\n only: save the file with \\n ends)"
         # after a comma: some messages end in "at" themselves ("Invalid control character at")
-        raise RecordError(f"malformed JSON: {err.msg}, column {err.colno}") from None
+        raise RecordError(f"malformed JSON: {err.msg}, column {err.colno}{hint}") from None
     except RecursionError:
         raise RecordError(f"nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as err:  # an integer past Python's digit limit

@@ -28,6 +28,17 @@ HOSTILE = [
 ]
 
 
+def test_records_ending_at_a_carriage_return_are_told_so_and_other_extra_data_is_not():
+    with pytest.raises(RecordError) as err:
+        parse_record(b'{"prompt": "a"}\r{"prompt": "b"}\r')
+    assert str(err.value).startswith(
+        "malformed JSON: Extra data, column 17 (records end at \\r here; lines end at \\n only"
+    )
+    with pytest.raises(RecordError) as err:
+        parse_record(b'{"prompt": "a"} {"prompt": "b"}')
+    assert str(err.value) == "malformed JSON: Extra data, column 17"
+
+
 @pytest.mark.parametrize(("raw", "reason"), HOSTILE, ids=range(len(HOSTILE)))
 def test_every_decoder_failure_is_a_record_error_with_its_reason(raw, reason):
     with pytest.raises(RecordError) as err:
