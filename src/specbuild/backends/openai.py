@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
-from specbuild.config.credential_patterns import holds_a_key_not_a_name
 from specbuild.engines.http import EngineUnavailable, HTTPError, get_json, post_json
+from specbuild.infra.credential_patterns import holds_a_key_not_a_name
 
 __all__ = ["OpenAIBackend", "api_key_from_env"]
 

@@ -6,8 +6,8 @@ its dotted key; then read through a few shared views.
     files.py       config files as plain data (no YTE, no Python tags, bounded size), before
                    Snakemake loads them; the same bounds on a loaded config
     moved.py       keys of earlier releases, each naming its successor
-    credentials.py secrets in the config, named by key and never shown (credential_patterns.py:
-                   what a credential's name and value look like)
+    credentials.py secrets in the config, named by key and never shown (what a credential's
+                   name and value look like: specbuild.infra.credential_patterns)
     checks.py      what the schema cannot say: faults across keys and on disk
     views.py       train_variants, train_datasets, bench_drafter_names, sglang_server_args
     schema_doc.py  docs/configuration.md, rendered from the schema

@@ -13,7 +13,7 @@ variable (KEY_NAME_KEYS) that holds a key itself. A line names the key, never th
 says where a key goes instead: the environment, named by `sglang.api_key_env` (an endpoint's
 key) or `sglang.serve_api_key_env` (the key `make serve`'s server requires). Servers specbuild
 starts inherit the environment (HF_TOKEN included) and get a fresh API key of their own.
-What a credential's name and value look like is credential_patterns.py's.
+What a credential's name and value look like is specbuild.infra.credential_patterns's.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from specbuild.config.credential_patterns import (
+from specbuild.config.schema import mapping
+from specbuild.infra.credential_patterns import (
     holds_a_key_not_a_name,
     is_credential_name,
     looks_like_credential,
 )
-from specbuild.config.schema import mapping
 
 __all__ = ["KEY_NAME_KEYS", "credential_faults", "is_credential_name", "looks_like_credential"]
 

@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator, ValidationError, validators
 
-from specbuild.config.credential_patterns import names_a_secret
+from specbuild.infra.credential_patterns import names_a_secret
 
 __all__ = [
     "HIDDEN",

@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specbuild.config.credential_patterns import is_credential_name
 from specbuild.engines import keepers
 from specbuild.engines.gpus import startup_lock
 from specbuild.engines.http import MASK, EngineUnavailable, HTTPError, get_json, open_url
+from specbuild.infra.credential_patterns import is_credential_name
 
 __all__ = [
     "ServerOptions",

@@ -20,7 +20,7 @@ SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 MAX_ERROR_LINES = 15  # all of what snakemake prints for a faulty config
 # What checking a config may import of specbuild: the package, and the neutral modules that
 # define what it checks (a chain's name, a drafter folder's fit to the target, its file names,
-# whether a server's host is loopback, a safetensors header).
+# whether a server's host is loopback, a safetensors header, what a credential looks like).
 NEUTRAL = {
     "specbuild",
     "specbuild.eagle",
@@ -28,6 +28,7 @@ NEUTRAL = {
     "specbuild.eagle.drafter_fit",
     "specbuild.eagle.layers",
     "specbuild.infra",
+    "specbuild.infra.credential_patterns",
     "specbuild.infra.formats",
     "specbuild.infra.hosts",
     "specbuild.infra.safetensors_header",
