@@ -1,7 +1,7 @@
 """What a credential looks like, by its name and by its value: the one definition that the
-config's credential check (config/credentials.py), the schema's fault lines (config/schema.py,
-which never show a value under a secret's key) and the servers' log masking
-(engines/server.py) share. Imports nothing of the package, so each layer can use it.
+config's credential check (specbuild.config.credentials), the schema's fault lines
+(specbuild.config.schema, which never show a value under a secret's key) and the servers' log
+masking (specbuild.engines.server) share. Imports nothing of the package, so each layer can use it.
 
 Contract: `is_credential_name` says whether a variable, flag or key name marks its value a
 credential; `names_a_secret` whether any part of a dotted key does; `looks_like_credential`
