@@ -34,6 +34,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbuild.eagle.chain import BASELINE, Chain
+from specbuild.infra.io import read_json, read_jsonl
 from specbuild.report.plots import plot_variants
 from specbuild.report.tables import build_bench, read_rows, simulated_accept_length, write_table
 
@@ -46,7 +47,7 @@ VOCAB_COVERAGE = "vocab coverage"
 
 
 def _best_row(path: str | os.PathLike) -> dict:
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = list(read_jsonl(path))
     if not rows:
         raise ValueError(f"{path}: no eval rows; did training evaluate at all?")
     return max(rows, key=lambda r: r["acceptance_length"])
@@ -103,7 +104,7 @@ def variant_table(
         if datasets is not None:
             row["datasets"] = ", ".join(datasets[name])
         if vocab is not None:
-            row[VOCAB_COVERAGE] = json.loads(Path(vocab[name]).read_text())["coverage"]
+            row[VOCAB_COVERAGE] = read_json(vocab[name])["coverage"]
         row[SIMULATED] = best["acceptance_length"]
         row |= {_simulated(c): simulated_accept_length(best, Chain.parse(c).steps) for c in chains}
         row |= {f"acc {k}": acc for k, acc in enumerate(best["acc"], 1)}

@@ -29,7 +29,7 @@ from specbuild.infra.credential_patterns import (
     looks_like_credential,
 )
 
-__all__ = ["KEY_NAME_KEYS", "credential_faults", "is_credential_name", "looks_like_credential"]
+__all__ = ["KEY_NAME_KEYS", "credential_faults"]
 
 # The keys that name the environment variable holding a key: where a key itself gets pasted.
 KEY_NAME_KEYS = ("sglang.api_key_env", "sglang.serve_api_key_env", "bench.openai.api_key_env")

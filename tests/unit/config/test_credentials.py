@@ -14,12 +14,9 @@ import yaml
 from config_cases import SCHEMA, default_config, faults, passes
 
 from specbuild.config import ConfigError, check_config
-from specbuild.config.credentials import (
-    KEY_NAME_KEYS,
-    is_credential_name,
-    looks_like_credential,
-)
+from specbuild.config.credentials import KEY_NAME_KEYS
 from specbuild.config.schema import HIDDEN
+from specbuild.infra.credential_patterns import is_credential_name, looks_like_credential
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT = (REPO / "config" / "config.yaml").read_text(encoding="utf-8")
