@@ -49,6 +49,19 @@ def test_plain_snakemake_refuses_a_yte_config_before_it_runs(tmp_path):
     assert files_of(workdir) == before  # no .snakemake/, no lock, no log
 
 
+def test_a_yte_switch_a_merge_key_brings_is_refused_before_it_runs(tmp_path):
+    workdir = copy_workflow(tmp_path / "wf")
+    # no __use_yte__ among the file's own top-level keys: the merge adds it once loaded
+    evil_config(workdir, EVIL.replace("__use_yte__: true\n", "<<: {__use_yte__: true}\n"))
+    before = files_of(workdir)
+    proc = snakemake(workdir, "-n", "--configfile", "shared.yaml", check=False, timeout=120)
+    assert proc.returncode != 0
+    assert re.search(r"shared\.yaml, line \d+: <<\.__use_yte__: YTE templates", proc.stderr)
+    assert re.search(r"line \d+: generate\.max_new_tokens: the value '\?open", proc.stderr)
+    assert not (workdir / "ran.txt").exists()
+    assert files_of(workdir) == before
+
+
 def test_make_refuses_a_yte_config_before_it_runs(tmp_path):
     workdir = copy_workflow(tmp_path / "wf")
     shutil.copy2(REPO / "Makefile", workdir / "Makefile")

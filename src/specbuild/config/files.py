@@ -2,16 +2,18 @@
 loads them.
 
 Snakemake loads every `--configfile` through YTE with PyYAML's FullLoader: `__use_yte__: true`
-turns `?`-expressions and `__definitions__` into Python run at load time, `!!python/name:`
-tags become Python objects, and an alias bomb (a few lines of anchors) expands into billions of
+turns `?`-expressions and `__definitions__` into Python run at load time, `!!python/name:` tags
+become Python objects, and an alias bomb (a few lines of anchors) expands into billions of
 values when Snakemake merges the file into its config. So each file is first read here as a
-stream of YAML events (never built into objects): a top-level `__use_yte__`, a tag other than
-the plain ones, nesting deeper than MAX_DEPTH or more than MAX_VALUES values with aliases
-expanded are faults naming the file, line and dotted key. So are what a loader would take
-silently or fail on with a traceback naming no file: a key given twice in one mapping (YAML
-keeps the last), a key YAML reads as no string (`no:` is false, `2024:` an int, `~:` null:
-later code joins and matches names as strings), a file that is empty, a list or a scalar
-rather than a mapping of sections, and a path that does not exist.
+stream of YAML events (never built into objects): a YTE keyword (`__use_yte__`,
+`__definitions__`, `__variables__`) or a `?`-expression as any key or value, at any depth (a
+merge key or an alias can carry it to the top level), a tag other than the plain ones, nesting
+deeper than MAX_DEPTH or more than MAX_VALUES values with aliases expanded are faults naming
+the file, line and dotted key. So are what a loader would take silently or fail on with a
+traceback naming no file: a key given twice in one mapping (YAML keeps the last), a key YAML
+reads as no string (`no:` is false, `2024:` an int, `~:` null: later code joins and matches
+names as strings), a file that is empty, a list or a scalar rather than a mapping of sections,
+and a path that does not exist.
 
 Contract: `configfile_faults` reads one file and returns 'file, line N: key: what' lines;
 `refuse_unsafe_configfiles` checks the files on Snakemake's command line and exits with them
@@ -56,7 +58,16 @@ MAX_VALUES = 100_000
 # later in Snakemake's loader with a misleading message (custom `!tags`).
 _CORE = "tag:yaml.org,2002:"
 PLAIN_TAGS = {_CORE + t for t in ("str", "int", "float", "bool", "null", "map", "seq")} | {"!"}
-_YTE = "__use_yte__"
+# YTE's keywords: the switch that makes a file a program, and the keys whose values it runs or
+# binds. A merge key (`<<: {__use_yte__: true}`) or an alias used as a key brings any scalar
+# written anywhere in the file to the top level after a check of the top-level keys alone, so
+# every scalar is checked, wherever it stands and whatever brings it.
+_YTE_WORDS = ("__use_yte__", "__definitions__", "__variables__")
+_YTE_RUNS = (
+    "YTE templates run Python while Snakemake loads the file (`?`-expressions, "
+    "__definitions__); write the values out"
+)
+_CARRIED = " (a merge key `<<` or an alias can carry it to the top level, where YTE reads it)"
 _PLAIN_TYPES = (str, int, float, bool, type(None))
 _DATA = "a config holds strings, numbers, booleans, lists and mappings only"
 _TOP = "a config is a mapping of sections at top level (target:, datasets:, ...)"
@@ -189,6 +200,28 @@ def _events_faults(
         else:
             lines[scalar.value] = line
 
+    def yte_faults(event: yaml.ScalarEvent) -> list[str]:
+        """A YTE keyword or `?`-expression, as a key or a value at any depth (module comment
+        at _YTE_WORDS: a merge or an alias moves it where YTE looks)."""
+        text = event.value
+        if text not in _YTE_WORDS and not text.startswith("?"):
+            return []
+        is_key = bool(stack) and stack[-1].mapping and stack[-1].items % 2 == 0
+        named = key_at(event, text) if is_key else at(event)
+        if text in _YTE_WORDS and not is_key:
+            return [
+                f"{named}: the value {text} is a YTE keyword, which an alias can make a key: "
+                + _YTE_RUNS
+            ]
+        if text in _YTE_WORDS:
+            return [f"{named}: {_YTE_RUNS}{'' if len(stack) == 1 else _CARRIED}"]
+        what = "key" if is_key else "value"
+        shown = _quoted(text if len(text) <= 40 else text[:37] + "...")
+        return [
+            f"{named}: the {what} {shown} starts with `?`, a Python expression YTE runs while "
+            f"Snakemake loads the file; write the value out"
+        ]
+
     def too_many(event: yaml.Event) -> str:
         return (
             f"{at(event)}: more than {MAX_VALUES:,} values with its aliases expanded (an alias "
@@ -224,13 +257,8 @@ def _events_faults(
         if node and stack and stack[-1].mapping and stack[-1].items % 2 == 0:
             check_key(event)
         if isinstance(event, yaml.ScalarEvent):
-            key_of_top = len(stack) == 1 and stack[0].mapping and stack[0].items % 2 == 0
-            if key_of_top and event.value == _YTE:
-                faults.append(
-                    f"{where}, line {event.start_mark.line + 1}: {_YTE}: YTE templates run Python "
-                    "while Snakemake loads the file (`?`-expressions, __definitions__); write "
-                    "the values out"
-                )
+            if configfile:
+                faults += yte_faults(event)
             if event.anchor:
                 anchors[event.anchor] = (1, 0)
                 scalars[event.anchor] = event

@@ -55,6 +55,58 @@ def test_a_yte_switch_is_refused_naming_the_file_and_line(tmp_path):
     assert fault.startswith(f"{path}, line 2: __use_yte__: YTE templates run Python")
 
 
+# Each brings a YTE keyword or expression where YTE reads it, past a look at the top-level keys
+YTE_CARRIED = {
+    "merge": (
+        "target: {name: t, source: s}\n<<: {__use_yte__: true}\nx: ?open('ran', 'w')\n",
+        [
+            "line 2: <<.__use_yte__: YTE templates run Python",
+            "line 3: x: the value '?open(''ran'', ''w'')' starts with `?`",
+        ],
+    ),
+    "anchor": (
+        "defaults: &d {__use_yte__: true}\n<<: *d\n",
+        ["line 1: defaults.__use_yte__: YTE templates run Python"],
+    ),
+    "alias-key": (
+        "target: {name: &k __use_yte__, source: s}\n*k : true\n",
+        ["line 1: target.name: the value __use_yte__ is a YTE keyword"],
+    ),
+    "merged-list": (
+        "x:\n  - &a {__definitions__: ['print(1)']}\n<<: [*a]\n",
+        ["line 2: x[0].__definitions__: YTE templates run Python"],
+    ),
+    "nested": (
+        "sglang:\n  env:\n    __variables__: {a: 1}\n    '?if True': {A: 1}\n",
+        [
+            "line 3: sglang.env.__variables__: YTE templates run Python",
+            "line 4: sglang.env.?if True: the key '?if True' starts with `?`",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("text, faults", YTE_CARRIED.values(), ids=list(YTE_CARRIED))
+def test_a_yte_keyword_or_expression_is_refused_wherever_yaml_puts_it(tmp_path, text, faults):
+    path = write(tmp_path, text)
+    found = configfile_faults(path)
+    assert len(found) == len(faults), found
+    for line, fault in zip(found, faults, strict=True):
+        assert line.startswith(f"{path}, {fault}"), line
+
+
+def test_a_merge_key_switches_yte_on_for_snakemakes_loader(tmp_path):
+    """Why every scalar is checked: YTE looks for its switch in the loaded mapping, after the
+    merge, so a file whose top-level keys hold no switch still runs its expressions."""
+    import yte
+
+    ran = tmp_path / "ran.txt"
+    text = f"<<: {{__use_yte__: true}}\nx: ?open({str(ran)!r}, 'w').write('ran')\n"
+    yte.process_yaml(text, require_use_yte=True)
+    assert ran.read_text() == "ran"
+    assert "x: the value" in configfile_faults(write(tmp_path, text))[1]
+
+
 def test_a_python_tag_is_refused_with_its_key_not_as_a_tab_fault(tmp_path):
     path = write(tmp_path, "sglang:\n  env:\n    X: !!python/name:os.system\n")
     (fault,) = configfile_faults(path)
