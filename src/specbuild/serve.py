@@ -29,6 +29,7 @@ from specbuild.eagle.chain import Chain
 from specbuild.engines.server import ServerOptions, build_server_args, resolve_launcher
 from specbuild.infra.hosts import is_loopback
 from specbuild.infra.io import atomic_open, read_jsonl
+from specbuild.infra.shell import comment_line, export_line, is_env_name
 
 __all__ = [
     "DEFAULT_CHAIN",
@@ -133,14 +134,17 @@ def write_serve_script(
     warning = exposure_warning(host, api_key_env)
     if warning:
         log.warning("%s", warning)
+    if api_key_env is not None and not is_env_name(api_key_env):
+        raise ValueError(f"{API_KEY_KEY} {api_key_env!r} is no environment variable name")
+    # every config value below reaches bash: names checked, words quoted, comments one line
     exec_line = "exec " + " ".join(shlex.quote(c) for c in command)
     lines = [
         "#!/usr/bin/env bash",
         "# Serve the drafter built by specbuild with SGLang (written by `make serve`).",
-        f"# chain: {why}",
-        *([f"# WARNING: {warning}"] if warning else []),
+        comment_line(f"chain: {why}"),
+        *([comment_line(f"WARNING: {warning}")] if warning else []),
         "set -euo pipefail",
-        *(f"export {k}={shlex.quote(str(v))}" for k, v in env.items()),
+        *(export_line(k, v) for k, v in env.items()),
     ]
     if api_key_env:
         # the key goes in an owner-only file SGLang reads through --config, never on the

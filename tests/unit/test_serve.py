@@ -139,3 +139,25 @@ def test_a_loopback_server_needs_no_key_and_gets_no_warning(tmp_path, caplog):
         write_serve_script(script, command=_exposed_command("127.0.0.1"), env={}, why="t")
     assert "WARNING" not in script.read_text() and caplog.text == ""
     assert "--api-key" not in script.read_text() and "--config" not in script.read_text()
+
+
+def test_no_config_text_runs_as_a_command_in_the_script(tmp_path):
+    """Names, values and the text of comments all come from config: none may reach bash as
+    code. A name that is no variable name is refused and nothing is written; values are
+    exported as they are; a line break in a comment's text stays in the comment."""
+    echo = "import json, os; print(json.dumps([os.environ['A'], os.environ['B']]))"
+    command = _exposed_command("127.0.0.1")
+    command[command.index("-c") + 1] = echo
+    script = tmp_path / "serve.sh"
+    with pytest.raises(ValueError, match="environment variable name 'X=1; touch f; Y'"):
+        write_serve_script(script, command=command, env={"X=1; touch f; Y": "v"}, why="t")
+    assert list(tmp_path.iterdir()) == []
+    hostile = {"A": "$(touch f)", "B": "'; touch f; '"}
+    write_serve_script(script, command=command, env=hostile, why="t\ntouch f")
+    out = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [hostile["A"], hostile["B"]]
+    assert not (tmp_path / "f").exists()
+    assert "# chain: t touch f" in script.read_text()
+    with pytest.raises(ValueError, match="is no environment variable name"):
+        write_serve_script(script, command=command, env={}, why="t", api_key_env="K; touch f")

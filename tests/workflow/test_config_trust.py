@@ -187,3 +187,15 @@ def test_a_key_pasted_as_its_variables_name_is_refused_and_written_nowhere(tmp_p
     assert secret not in proc.stdout + proc.stderr
     written = [p for p in workdir.rglob("*") if p.is_file() and p.name != "mine.yaml"]
     assert [p for p in written if secret.encode() in p.read_bytes()] == []
+
+
+def test_an_env_name_that_is_shell_code_is_refused_at_parse_time(tmp_path):
+    workdir = copy_workflow(tmp_path / "wf")
+    edited_config(workdir, "generate:\n", "sglang:\n  env:\n    'X=1; touch f; Y': v\ngenerate:\n")
+    proc = snakemake(workdir, "-n", "--configfile", "mine.yaml", check=False, timeout=120)
+    one_line_refusal(
+        proc,
+        "sglang.env: name 'X=1; touch f; Y' must match '^[A-Za-z_][A-Za-z0-9_]*$' (an "
+        "environment variable's name is letters, digits and `_`, not starting with a digit)",
+    )
+    assert not (workdir / "f").exists()

@@ -260,7 +260,8 @@ def _describe(error: ValidationError) -> Iterator[str]:
     secret = names_a_secret(path)
     shown = HIDDEN if secret else _short.repr(value)
     if "propertyNames" in error.absolute_schema_path:
-        hint = _name_hint(value)
+        why = schema.get("description")
+        hint = _name_hint(value) or (f" ({why})" if why else "")
         yield f"{_key(path)}: name {value!r} must match {error.validator_value!r}{hint}"
     elif kind == "pattern" and secret:
         yield f"{_key(path)}: must match {error.validator_value!r} {HIDDEN}"

@@ -1,7 +1,8 @@
 """What a credential looks like, by its name and by its value: the one definition that the
 config's credential check (specbuild.config.credentials), the schema's fault lines
 (specbuild.config.schema, which never show a value under a secret's key) and the servers' log
-masking (specbuild.engines.server) share. Imports nothing of the package, so each layer can use it.
+masking (specbuild.engines.server) share. Imports nothing outside infra, so each layer can use
+it.
 
 Contract: `is_credential_name` says whether a variable, flag or key name marks its value a
 credential; `names_a_secret` whether any part of a dotted key does; `looks_like_credential`
@@ -14,6 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from typing import Any
+
+from specbuild.infra.shell import is_env_name
 
 __all__ = [
     "holds_a_key_not_a_name",
@@ -58,8 +61,6 @@ _CREDENTIAL = re.compile(
 # Schema keys that name a record's JSON field (datasets.<name>.id_key, bench.sets.<name>.key):
 # "key" there is a field's name, and a fault may show what was given.
 _FIELD_KEYS = {"key", "id_key", "prompt_key"}
-# An environment variable's name: letters, digits and underscores, not starting with a digit.
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def is_credential_name(name: str) -> bool:
@@ -104,6 +105,6 @@ def holds_a_key_not_a_name(value: Any) -> bool:
         return False
     if looks_like_credential(value):
         return True
-    if not _NAME.fullmatch(value):  # the schema's pattern refuses it; say why when it is a key
+    if not is_env_name(value):  # the schema's pattern refuses it; say why when it is a key
         return len(value) >= 16 and _random_word(re.sub(r"[^A-Za-z0-9]", "", value))
     return any(_random_word(word) for word in value.split("_"))

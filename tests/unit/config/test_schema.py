@@ -189,3 +189,36 @@ def test_dots_among_other_characters_still_make_a_name():
     cfg = default_config()
     cfg["target"]["name"] = "smollm2-135m.v2"
     assert passes(cfg)["target"]["name"] == "smollm2-135m.v2"
+
+
+def test_every_env_name_key_has_the_pattern_serve_sh_exports_by():
+    from specbuild.infra.shell import ENV_NAME
+
+    schema = load_yaml(SCHEMA)
+    sglang = schema["properties"]["sglang"]["properties"]
+    point = sglang["tuning"]["properties"]["points"]["additionalProperties"]["properties"]
+    openai = schema["properties"]["bench"]["properties"]["openai"]["properties"]
+    patterns = [
+        sglang["env"]["propertyNames"]["pattern"],
+        point["env"]["propertyNames"]["pattern"],
+        sglang["api_key_env"]["pattern"],
+        sglang["serve_api_key_env"]["pattern"],
+        openai["api_key_env"]["pattern"],
+    ]
+    assert patterns == [f"^{ENV_NAME.pattern}$"] * len(patterns)
+
+
+@pytest.mark.parametrize("where", ["sglang", "point"])
+def test_an_env_name_that_is_no_variable_name_is_refused_naming_it(where):
+    cfg = default_config()
+    env = {"X=1; touch f; Y": "v"}
+    if where == "sglang":
+        cfg.setdefault("sglang", {})["env"] = env
+        key = "sglang.env"
+    else:
+        cfg.setdefault("sglang", {})["tuning"] = {"points": {"p": {"env": env}}}
+        key = "sglang.tuning.points.p.env"
+    assert faults(cfg) == [
+        f"{key}: name 'X=1; touch f; Y' must match '^[A-Za-z_][A-Za-z0-9_]*$' (an environment "
+        "variable's name is letters, digits and `_`, not starting with a digit)"
+    ]
