@@ -25,6 +25,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
+from specbuild.block_export import (
+    block_faults,
+    block_hf_config,
+    block_tensors,
+    config_from_export,
+    family_of,
+)
+from specbuild.drafter.block import BLOCK_FAMILIES, BlockConfig
 from specbuild.drafter.config import DrafterConfig
 from specbuild.drafter.state import read_drafter
 from specbuild.eagle.layers import AUX_LAYERS, architecture_of, eagle_layer_ids
@@ -144,14 +152,23 @@ def export_for_sglang(
     if dtype not in DTYPES:
         raise ValueError(f"export dtype {dtype!r}: choose one of {sorted(DTYPES)}")
     tensors, meta = read_drafter(checkpoint)
-    cfg = DrafterConfig.from_dict(meta["drafter_config"])
-    config = hf_config(
-        cfg,
-        layer_ids=meta["layer_ids"],
-        target_config=meta["target_config"],
-        dtype=dtype,
-        eagle_ids=meta.get("eagle_layer_ids"),
-    )
+    if meta.get("family", "eagle3") in BLOCK_FAMILIES:
+        text = text_config(meta["target_config"])
+        config = block_hf_config(
+            BlockConfig.from_dict(meta["drafter_config"]),
+            layer_ids=meta["layer_ids"],
+            target_layers=int(text["num_hidden_layers"]),
+            dtype=dtype,
+            extra=text,
+        )
+    else:
+        config = hf_config(
+            DrafterConfig.from_dict(meta["drafter_config"]),
+            layer_ids=meta["layer_ids"],
+            target_config=meta["target_config"],
+            dtype=dtype,
+            eagle_ids=meta.get("eagle_layer_ids"),
+        )
     state = {
         k: (v.to(DTYPES[dtype]) if v.is_floating_point() else v).contiguous()
         for k, v in tensors.items()
@@ -164,16 +181,22 @@ def export_for_sglang(
         save_file(state, str(tmp), metadata={"format": "pt"})
     write_json(out_dir / "config.json", config)
     check_export(out_dir)
+    served_ids = (
+        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        if "eagle_config" in config
+        else config["dflash_config"]["target_layer_ids"]
+    )
     log.info(
-        "exported %s (step %s, accept_len %s): %d tensors, %s, aux layers %s (eagle_config %s); "
+        "exported %s %s (step %s, accept_len %s): %d tensors, %s, aux layers %s (served as %s); "
         "check passed",
+        config["architectures"][0],
         out_dir,
         meta.get("step"),
         (meta.get("metrics") or {}).get("acceptance_length"),
         len(state),
         dtype,
         meta["layer_ids"],
-        config["eagle_config"]["eagle_aux_hidden_state_layer_ids"],
+        served_ids,
     )
 
 
@@ -204,8 +227,7 @@ def _check_finite(
         )
 
 
-def _tensor_faults(folder: Path, cfg: DrafterConfig, dtype: str) -> list[str]:
-    want = expected_tensors(cfg, dtype)
+def _tensor_faults(folder: Path, want: dict[str, tuple[list[int], str]]) -> list[str]:
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         have = {k: f.get_slice(k) for k in f.keys()}  # noqa: SIM118
         faults = [f"model.safetensors: missing tensor {k!r}" for k in sorted(want.keys() - have)]
@@ -219,8 +241,9 @@ def _tensor_faults(folder: Path, cfg: DrafterConfig, dtype: str) -> list[str]:
                 faults.append(f"model.safetensors: {k} has shape {shape}, expected {want[k][0]}")
             if st_dtype != want[k][1]:
                 faults.append(f"model.safetensors: {k} has dtype {st_dtype}, expected {want[k][1]}")
-        if not faults:
+        if not faults and "d2t" in want:
             faults += _vocab_faults(f.get_tensor("d2t"), f.get_tensor("t2d"))
+        if not faults:
             bad = _nonfinite({k: f.get_tensor(k) for k in want})
             faults += [f"model.safetensors: {k} holds {n} NaN/Inf value(s)" for k, n in bad.items()]
     return faults
@@ -248,6 +271,8 @@ def export_faults(folder: str | os.PathLike) -> list[str]:
     if "config.json" not in files:
         return faults
     hf = read_json(folder / "config.json")
+    if family_of(hf):
+        return _block_export_faults(folder, hf, files)
     expect = {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -286,7 +311,22 @@ def export_faults(folder: str | os.PathLike) -> list[str]:
         faults.append(f"config.json: torch_dtype {hf.get('torch_dtype')!r} not in {sorted(DTYPES)}")
     if faults or "model.safetensors" not in files:
         return faults
-    return _tensor_faults(folder, DrafterConfig.from_export(hf), hf["torch_dtype"])
+    return _tensor_faults(
+        folder, expected_tensors(DrafterConfig.from_export(hf), hf["torch_dtype"])
+    )
+
+
+def _block_export_faults(folder: Path, hf: dict, files: set[str]) -> list[str]:
+    faults = block_faults(hf)
+    if hf.get("torch_dtype") not in DTYPES:
+        faults.append(f"config.json: torch_dtype {hf.get('torch_dtype')!r} not in {sorted(DTYPES)}")
+    if faults or "model.safetensors" not in files:
+        return faults
+    try:
+        cfg = config_from_export(hf)
+    except (KeyError, TypeError, ValueError) as err:
+        return [f"config.json: {err}"]
+    return _tensor_faults(folder, block_tensors(cfg, hf["torch_dtype"]))
 
 
 def check_export(folder: str | os.PathLike) -> None:

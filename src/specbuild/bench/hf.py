@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from specbuild.bench.rows import Completion, device_label
+from specbuild.block_export import family_of
 from specbuild.eagle.chain import BASELINE, NO_DRAFTER, Chain
 from specbuild.infra.io import read_json
 
@@ -36,7 +37,9 @@ log = logging.getLogger("specbuild")
 
 __all__ = [
     "HFBaseline",
+    "HFBlockDecoder",
     "HFSpecDecoder",
+    "load_block",
     "open_hf",
     "load_drafter",
     "eos_token_ids",
@@ -88,6 +91,31 @@ def load_drafter(
     embed = target.get_input_embeddings().weight.detach().float()
     drafter = Eagle3Drafter.from_pretrained(folder, embed_tokens_weight=embed)
     return drafter.float().to(target.device).eval(), list(layer_ids or [])
+
+
+def load_block(folder: str | os.PathLike, target, target_config: dict):
+    """A block drafter folder (DFlash, DSpark) in float32 eval mode around the target's
+    embedding and lm_head, and the layer-output ids it reads; refused, naming every fault,
+    when SGLang would load it wrongly or it does not fit the target."""
+    from specbuild.block_export import config_from_export
+    from specbuild.drafter.block import load_block_drafter
+    from specbuild.eagle.text_model import text_config
+    from specbuild.export import export_faults
+
+    folder = Path(folder)
+    hf = read_json(folder / "config.json")
+    faults = export_faults(folder)
+    text = text_config(target_config)
+    for key in ("hidden_size", "vocab_size"):
+        if hf.get(key) != text.get(key):
+            faults.append(f"{key} {hf.get(key)}, the target's is {text.get(key)}")
+    if faults:
+        raise ValueError(f"{folder} does not fit the target:\n  " + "\n  ".join(faults))
+    cfg = config_from_export(hf)
+    embed = target.get_input_embeddings().weight.detach().float()
+    head = target.get_output_embeddings().weight.detach().float()
+    drafter = load_block_drafter(folder, cfg, embed, head)
+    return drafter, [int(i) for i in hf["dflash_config"]["target_layer_ids"]]
 
 
 def crop_cache(cache, length: int) -> None:
@@ -288,6 +316,66 @@ class HFSpecDecoder:
         )
 
 
+class HFBlockDecoder(HFSpecDecoder):
+    """Block speculation (DFlash, DSpark): each draft forward proposes the whole block after
+    the last committed token, then the target verifies it as for a chain.
+
+    The drafter's context cache holds the projected target features of every committed
+    position; a verify pass appends those of the tokens it commits (the last one emitted and
+    the accepted drafts), read from that same pass, exactly as SGLang's worker does.
+    """
+
+    def __init__(self, target, drafter, *, layer_ids, eos_ids: set[int], drafter_name: str):
+        drafts = drafter.config.drafts
+        super().__init__(
+            target,
+            drafter,
+            layer_ids=layer_ids,
+            chain=Chain(drafts, 1, drafts + 1),
+            eos_ids=eos_ids,
+            drafter_name=drafter_name,
+        )
+
+    @torch.inference_mode()
+    def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
+        from transformers import DynamicCache
+
+        d = self.drafter_model
+        start = time.perf_counter()
+        t_cache, context = DynamicCache(), d.new_context()
+        preds, aux = self._target_forward(prompt_ids, t_cache, last_only=True)
+        d.extend_context(context, aux)  # every prompt position
+        out = [preds[-1]]
+        ttft = time.perf_counter() - start
+        accepted = [0] * self.steps
+        steps = 0
+        while out[-1] not in self.eos_ids and len(out) < max_new_tokens:
+            drafts = d.draft(context, out[-1])
+            base = t_cache.get_seq_length()
+            preds, aux = self._target_forward([out[-1]] + drafts, t_cache)
+            n = 0
+            while n < len(drafts) and drafts[n] == preds[n]:
+                n += 1
+            steps += 1
+            for k in range(n):
+                accepted[k] += 1
+            crop_cache(t_cache, base + n + 1)
+            d.extend_context(context, aux[:, : n + 1])  # the last token and accepted drafts
+            for token in drafts[:n] + [preds[n]]:
+                out.append(token)
+                if token in self.eos_ids or len(out) >= max_new_tokens:
+                    break
+        wall = time.perf_counter() - start
+        return Completion(
+            len(out),
+            verify_steps=steps,
+            wall_s=wall,
+            ttft_s=ttft,
+            accepted_per_position=accepted,
+            token_ids=out,
+        )
+
+
 @contextmanager
 def open_hf(
     *,
@@ -314,9 +402,20 @@ def open_hf(
         return
     if drafter_dir is None:
         raise ValueError(f"chain {chain!r} needs a drafter folder")
-    drafter, layer_ids = load_drafter(
-        drafter_dir, target, read_json(Path(target_dir) / "config.json")
-    )
+    target_config = read_json(Path(target_dir) / "config.json")
+    if family_of(read_json(Path(drafter_dir) / "config.json")):
+        drafter, layer_ids = load_block(drafter_dir, target, target_config)
+        decoder = HFBlockDecoder(
+            target, drafter, layer_ids=layer_ids, eos_ids=eos, drafter_name=drafter_name
+        )
+        if decoder.chain != chain:
+            raise ValueError(
+                f"{drafter_dir} drafts blocks of {decoder.steps}: it benches at chain "
+                f"{decoder.chain} only, not {chain!r}"
+            )
+        yield decoder
+        return
+    drafter, layer_ids = load_drafter(drafter_dir, target, target_config)
     yield HFSpecDecoder(
         target,
         drafter,

@@ -18,6 +18,9 @@ import torch
 from torch import nn
 
 from specbuild.drafter import fused_attention
+from specbuild.drafter.block import BLOCK_FAMILIES, BlockDrafter
+from specbuild.drafter.block_build import build_block_drafter, init_block_from_target
+from specbuild.drafter.block_objective import BlockObjective
 from specbuild.drafter.config import DrafterConfig, TrainConfig, cpu_bf16_supported
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import LossForm, TTTObjective
@@ -43,8 +46,10 @@ log = logging.getLogger("specbuild")
 
 def build_drafter(
     cfg: TrainConfig, target_dir: Path, vocab: str, vocab_size: int
-) -> tuple[Eagle3Drafter, Teacher]:
-    """The seeded drafter of the target in `target_dir` and the teacher of its draft vocabulary."""
+) -> tuple[Eagle3Drafter | BlockDrafter, Teacher]:
+    """The seeded drafter of `cfg.family` for the target in `target_dir` and its teacher."""
+    if cfg.family in BLOCK_FAMILIES:
+        return build_block_drafter(cfg, target_dir, vocab, vocab_size)
     d2t, t2d = read_vocab(vocab, vocab_size=vocab_size)
     weights = read_target_weights(
         target_dir, ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]
@@ -112,7 +117,10 @@ def init_weights(model: Eagle3Drafter, cfg: TrainConfig, target_dir: Path) -> No
     if cfg.init_from:
         log.info("warm start from %s: %s", cfg.init_from, warm_start(model, cfg.init_from))
     elif cfg.init == "target_last_layer":
-        copied = init_from_target_layer(model, target_dir)
+        if isinstance(model, BlockDrafter):
+            copied = init_block_from_target(model, target_dir)
+        else:
+            copied = init_from_target_layer(model, target_dir)
         log.info("init from the target's last decoder layer:\n  %s", "\n  ".join(copied))
 
 
@@ -167,8 +175,13 @@ def build_objective(
     amp: bool,
     attention: str,
     loss: str = "reference",
-) -> TTTObjective:
-    """The training-time-test loss of `cfg` (training and `evaluate_drafter` alike)."""
+) -> TTTObjective | BlockObjective:
+    """The loss of `cfg`'s family (training and `evaluate_drafter` alike): training-time test
+    for EAGLE-3, blocks drawn at random anchors for DFlash and DSpark."""
+    if isinstance(model, BlockDrafter):
+        return BlockObjective(
+            model, teacher, anchors=cfg.block_anchors, decay=cfg.loss_decay, amp=amp, seed=cfg.seed
+        )
     return TTTObjective(
         model,
         teacher,

@@ -19,6 +19,7 @@ from specbuild.infra.devices import wants_cuda
 
 __all__ = [
     "ATTENTION",
+    "FAMILIES",
     "LOSS",
     "DrafterConfig",
     "TrainConfig",
@@ -28,6 +29,9 @@ __all__ = [
 
 ROPE_TYPES = ("default", "linear", "llama3")
 INITS = ("random", "target_last_layer")  # train.init
+# train.family: eagle3, a chain drafting one token a forward (drafter/model.py); dflash and
+# dspark, a block of tokens a forward (drafter/block.py). Defined once, here.
+FAMILIES = ("eagle3", "dflash", "dspark")
 # training-time-test attention, one attention two ways (`Eagle3Drafter.unroll`): reference,
 # `ttt_attention`'s materialised scores (the CPU path); flex, one fused kernel a step
 # (`fused_attention`, the CUDA path). train.attention also takes `auto` (flex on CUDA).
@@ -216,6 +220,13 @@ class TrainConfig:
     nproc: int = 1  # processes (GPUs) for DDP through torchrun
     init_from: str = ""  # an EAGLE-3 drafter folder to warm-start from ("": random init)
     init: str = "random"  # random | target_last_layer (drafter/target_init.py)
+    family: str = "eagle3"  # FAMILIES: what the drafter is (and what SGLang serves it as)
+    # block families (dflash, dspark) only:
+    block_drafts: int = 7  # tokens a block proposes; the verify width is block_drafts + 1
+    block_layers: int = 3  # draft decoder layers
+    block_anchors: int = 64  # blocks trained per sample per step (anchors drawn at random)
+    markov_rank: int = 64  # dspark: rank of the previous-token logit bias
+    mask_token_id: int | None = None  # the block's mask token; None: picked from the tokenizer
 
     @classmethod
     def from_params(cls, params: dict, **cadence: int | str) -> TrainConfig:
@@ -254,6 +265,15 @@ class TrainConfig:
                 f"init {self.init!r} and init_from {self.init_from!r}: a warm start replaces "
                 "every weight; give one of them"
             )
+        if self.family not in FAMILIES:
+            faults.append(f"family {self.family!r}: choose {', '.join(FAMILIES)}")
+        if self.family != "eagle3" and self.init_from:
+            faults.append(
+                f"family {self.family} and init_from {self.init_from!r}: a warm start reads "
+                "EAGLE-3 drafters only"
+            )
+        if min(self.block_drafts, self.block_layers, self.block_anchors, self.markov_rank) < 1:
+            faults.append("block_drafts, block_layers, block_anchors and markov_rank must be >= 1")
         if self.precision not in ("auto", "float32", "bfloat16"):
             faults.append(f"precision {self.precision!r}: choose auto, float32 or bfloat16")
         cuda = wants_cuda(self.device)

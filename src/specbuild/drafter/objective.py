@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.profiler import record_function
 
 from specbuild.drafter.data import Batch, BatchOrder, SampleRef, ShardSet, plan_batches
-from specbuild.drafter.flops import StepWork
+from specbuild.drafter.flops import StepWork, step_flops
 from specbuild.drafter.fused_loss import linear_soft_cross_entropy
 from specbuild.drafter.metrics import StepCounts, step_counts
 from specbuild.drafter.model import Eagle3Drafter
@@ -172,6 +172,10 @@ class TTTObjective(nn.Module):
         B, L = batch.input_ids.shape
         self.work = StepWork(B, L, tuple(step_rows), t_logits.shape[0], full_rows)
         return loss
+
+    def flops(self) -> int:
+        """Useful FLOPs of the last training step (`flops.step_flops`)."""
+        return sum(step_flops(self.drafter.config, self.work).values())
 
 
 def step_loss(p: Tensor, log_q: Tensor, acceptance_weight: float = 0.0) -> Tensor:

@@ -65,7 +65,6 @@ from specbuild.drafter.data import (
     split_samples,
     steps_from,
 )
-from specbuild.drafter.flops import step_flops
 from specbuild.drafter.launch import (
     Ranks,
     data_parallel,
@@ -282,7 +281,7 @@ def train_drafter(
     attention, loss_path = attention_kind(cfg, device), loss_kind(cfg, device)
     objective = build_objective(cfg, model, teacher, amp=amp, attention=attention, loss=loss_path)
     step_fn = data_parallel(objective, ranks)
-    meta = drafter_meta(model, data, info.fingerprint, target_dir)
+    meta = drafter_meta(model, data, info.fingerprint, target_dir) | {"family": cfg.family}
     kinds = f"{attention} attention; {loss_path} loss; {'bf16 autocast' if amp else 'float32'}"
     plan = RunPlan(
         trainable=sum(p.numel() for p in params),
@@ -320,7 +319,7 @@ def train_drafter(
             finite.check(loss, grad_norm, where, batch.refs)
             optimizer.step()
         state.step, state.epoch, state.batch = state.step + 1, epoch, b + 1
-        progress.add(batch.num_tokens, sum(step_flops(model.config, objective.work).values()), loss)
+        progress.add(batch.num_tokens, objective.flops(), loss)
         end_of_epoch = b + 1 == len(plans[epoch])
         eval_due = end_of_epoch or (cfg.eval_interval and state.step % cfg.eval_interval == 0)
         save_due = state.step % cfg.save_interval == 0 or state.step == total
