@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from specbuild.infra.private_dirs import private_dir
+
 __all__ = ["gpu_slots", "pin_gpus", "startup_lock", "train_slots", "visible_gpu_ids"]
 
 log = logging.getLogger("specbuild")
@@ -86,8 +88,8 @@ def _lock_dir() -> Path:
     path = os.environ.get("SPECBUILD_GPU_LOCK_DIR") or Path(
         tempfile.gettempdir(), f"specbuild-gpus-{os.getuid()}"
     )
-    Path(path).mkdir(parents=True, exist_ok=True)
-    return Path(path)
+    # a predictable name under /tmp: someone else's folder there could hold our GPUs' locks
+    return private_dir(path, setting="SPECBUILD_GPU_LOCK_DIR")
 
 
 def _try_lock(path: Path) -> int | None:

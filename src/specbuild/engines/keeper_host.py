@@ -12,7 +12,10 @@ was started by exits, success or failure, the host asks every keeper to stop, wa
 removes the allocation's folder of keepers and exits: no engine outlives the group. SLURM
 ends the whole allocation, host and keepers included, at a time limit or a cancel.
 
-    python -m specbuild.engines.keeper_host <pid of the allocation's Snakemake>
+    python -m specbuild.engines.keeper_host <pid of the allocation's Snakemake> [<its start time>]
+
+The Snakemake is watched by pid and start time (infra.pidfile): a pid reused after it exited
+must not keep the host and its engines up.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import time
 from pathlib import Path
 
 from specbuild.engines import keepers
-from specbuild.infra.io import pid_alive
+from specbuild.infra.pidfile import ProcessId, write_pid_file
+from specbuild.infra.private_dirs import check_private_dir, private_dir
 
 __all__ = ["serve", "start_host"]
 
@@ -38,19 +42,20 @@ log = logging.getLogger("specbuild")
 def start_host() -> None:
     """Start this allocation's keeper host unless it runs: a child of this Snakemake in its own
     process group, watching this process."""
-    folder = keepers.host_folder()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = keepers.open_host_folder()
     if keepers.host_running():
         return
+    me = ProcessId.of(os.getpid())
+    watch = [str(os.getpid())] + ([str(me.start)] if me else [])
     with open(folder / "host.log", "a") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "specbuild.engines.keeper_host", str(os.getpid())],
+            [sys.executable, "-m", "specbuild.engines.keeper_host", *watch],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             process_group=0,
         )
-    keepers.write_text(folder / "host.pid", str(proc.pid))
+    write_pid_file(folder / "host.pid", proc.pid)
 
 
 def _start(request: Path, children: dict[int, subprocess.Popen]) -> None:
@@ -58,17 +63,19 @@ def _start(request: Path, children: dict[int, subprocess.Popen]) -> None:
     ask = json.loads(request.read_text())
     request.unlink()
     folder = Path(ask["folder"])
+    if folder.parent != keepers.registry():  # a keeper runs only in a folder of the registry
+        raise ValueError(f"{folder} is not a keeper folder of {keepers.registry()}")
+    check_private_dir(folder)
     proc = keepers.spawn_keeper(ask["argv"], folder, cwd=ask["cwd"], env=ask["env"])
     children[proc.pid] = proc
     log.info("started the keeper of %s (pid %d)", folder.name, proc.pid)
 
 
-def serve(parent: int) -> None:
+def serve(parent: ProcessId) -> None:
     """Start requested keepers until process `parent` exits; then stop them all and return."""
-    requests = keepers.host_folder() / "requests"
-    requests.mkdir(parents=True, exist_ok=True)
+    requests = private_dir(keepers.open_host_folder() / "requests")
     children: dict[int, subprocess.Popen] = {}
-    while pid_alive(parent):
+    while parent.running():
         for request in sorted(requests.glob("*.json")):
             try:
                 _start(request, children)
@@ -79,7 +86,7 @@ def serve(parent: int) -> None:
             if proc.poll() is not None:  # reaped: no zombie looks like a running keeper
                 del children[pid]
         time.sleep(keepers.POLL_S / 5)
-    log.info("the allocation's Snakemake (pid %d) exited: stopping its keepers", parent)
+    log.info("the allocation's Snakemake (pid %d) exited: stopping its keepers", parent.pid)
     keepers.stop_all()
     for proc in children.values():
         proc.wait()
@@ -94,9 +101,13 @@ def main() -> None:
     # SLURM ends a cancelled or timed-out allocation with SIGTERM to every process in it: the
     # keepers get theirs too; the host still removes the node's folder
     signal.signal(signal.SIGTERM, _terminated)
-    keepers.write_text(keepers.host_folder() / "host.pid", str(os.getpid()))
+    pid = int(sys.argv[1])
+    # without a start time (started by hand): the process that has the pid now
+    parent = ProcessId(pid, int(sys.argv[2])) if len(sys.argv) > 2 else ProcessId.of(pid)
+    write_pid_file(keepers.open_host_folder() / "host.pid", os.getpid())
     try:
-        serve(int(sys.argv[1]))
+        if parent is not None:
+            serve(parent)
     finally:
         # the node's folder of this allocation: its keepers have exited, their jobs too
         shutil.rmtree(keepers.registry(), ignore_errors=True)

@@ -20,6 +20,12 @@ job in a job step of its own, whose processes end with it, while the host and it
 live until the allocation's Snakemake exits. Without a host (an allocation not started by
 Snakemake) a job shares nothing (`sharing_allowed`).
 
+A keeper runs the requests it finds in its folder, as the user who started it, and a job trusts
+the pid and answers it finds there: the registry (`.specbuild/` included) and every folder in
+it is created 0700 whatever the umask, and used only while it is this user's and no one else
+can write it (specbuild.infra.private_dirs); a pid is trusted only with its process's start time
+(specbuild.infra.pidfile).
+
 Why not Snakemake's service jobs: a service runs in one group with all its consumers at once,
 so every shard of the stage would be in flight together in one cluster job, and the per-shard
 resource accounting and rerun decisions would be lost.
@@ -54,7 +60,9 @@ from pathlib import Path
 from typing import Any
 
 from specbuild.infra.io import atomic_open, pid_alive
-from specbuild.infra.run_lock import RUN_ENV, process_start, run_ended
+from specbuild.infra.pidfile import live_pid, read_pid_file, write_pid_file
+from specbuild.infra.private_dirs import UnsafeFolderError, check_private_dir, private_dir
+from specbuild.infra.run_lock import RUN_ENV, run_ended
 
 __all__ = [
     "KEEPER_LOG",
@@ -69,6 +77,7 @@ __all__ = [
     "lease",
     "lease_held",
     "log_tail",
+    "open_registry",
     "process_running",
     "registry",
     "release_idle",
@@ -105,17 +114,47 @@ def registry() -> Path:
     return Path(DEFAULT_REGISTRY).resolve()
 
 
+def open_registry() -> Path:
+    """The registry, created 0700 (with `.specbuild/` where it is the default one) or checked
+    to be this user's alone; raises UnsafeFolderError otherwise."""
+    root = registry()
+    if root == Path(DEFAULT_REGISTRY).resolve():
+        private_dir(root.parent)
+    return private_dir(root)
+
+
+def _existing_registry() -> Path | None:
+    """The registry if it exists and is this user's alone; None if absent, or unsafe (said):
+    stopping keepers must not act on files someone else could have put there."""
+    root = registry()
+    if not root.is_dir():
+        return None
+    try:
+        return check_private_dir(root)
+    except UnsafeFolderError as err:
+        log.warning("%s", err)
+        return None
+
+
 def host_folder() -> Path:
     """The allocation's keeper host's folder (engines.keeper_host)."""
     return registry() / "host"
 
 
+def open_host_folder() -> Path:
+    """The host's folder, created 0700 or checked (`open_registry`)."""
+    return private_dir(open_registry() / "host")
+
+
 def host_running() -> bool:
     """Whether this SLURM allocation has a running keeper host."""
-    try:
-        return pid_alive(int((host_folder() / "host.pid").read_text()))
-    except (OSError, ValueError):
+    root, folder = registry(), host_folder()
+    if not root.is_dir():
         return False
+    check_private_dir(root)  # a host.pid someone else wrote must not route requests there
+    if not folder.is_dir():
+        return False
+    return live_pid(check_private_dir(folder) / "host.pid") is not None
 
 
 def sharing_allowed(idle_s: float) -> bool:
@@ -145,15 +184,10 @@ def process_running(pid: int) -> bool:
 
 def keeper_pid(folder: Path) -> int | None:
     """The pid of the keeper of `folder` while that very process runs; None once it has
-    stopped or never started. keeper.pid holds the pid and the process's start time, so a
-    dead keeper's pid reused by another process is not taken for the keeper."""
-    try:
-        pid, *start = (int(f) for f in (folder / "keeper.pid").read_text().split())
-    except (OSError, ValueError):
-        return None
-    if not process_running(pid) or (start and process_start(pid) != start[0]):
-        return None
-    return pid
+    stopped or never started. keeper.pid holds the pid and the process's start time
+    (infra.pidfile): a dead keeper's pid reused by another process, or a pid recorded
+    without its start time, is not taken for the keeper."""
+    return live_pid(folder / "keeper.pid")
 
 
 def keeper_running(folder: Path) -> bool:
@@ -257,7 +291,7 @@ def spawn_keeper(
             stderr=subprocess.STDOUT,
             process_group=0,
         )
-    write_text(folder / "keeper.pid", f"{proc.pid} {process_start(proc.pid) or ''}".strip())
+    write_pid_file(folder / "keeper.pid", proc.pid)
     return proc
 
 
@@ -266,8 +300,7 @@ def _ask_host(argv: list[str], folder: Path) -> None:
     environment (its GPUs, its Python's), and wait until it has. The request is 0600 and
     removed once read: the environment may hold keys."""
     (folder / "keeper.pid").unlink(missing_ok=True)  # a dead keeper's
-    requests = host_folder() / "requests"
-    requests.mkdir(parents=True, exist_ok=True)
+    requests = private_dir(open_host_folder() / "requests")
     request = {"argv": argv, "cwd": os.getcwd(), "env": keeper_env(), "folder": str(folder)}
     _write_private_json(requests / f"{folder.name}.json", request)
     deadline = time.monotonic() + HOST_WAIT_S
@@ -299,8 +332,8 @@ def lease(
     """A lease on the keeper `key`, started as `python -m module <folder> <idle_s>` over
     `spec` (spec.json) if none runs; held until the block ends. `stale`: files of the kind's
     own that a dead keeper may have left, removed before a new one starts."""
-    folder = registry() / key
-    (folder / "leases").mkdir(parents=True, exist_ok=True)
+    folder = private_dir(open_registry() / key)
+    private_dir(folder / "leases")
     tag = f"{os.getpid()}-{secrets.token_hex(4)}"
     path = folder / "leases" / tag
     # locked before it is in leases/: a lease seen there unlocked is a dead holder's
@@ -309,7 +342,7 @@ def lease(
     os.rename(folder / f".lease-{tag}", path)
     run = os.environ.get(RUN_ENV)
     if run:  # this run uses it: another run's end leaves it running (stop_all)
-        (folder / "runs").mkdir(exist_ok=True)
+        private_dir(folder / "runs")
         (folder / "runs" / run).touch()
     try:
         with _locked(folder):
@@ -355,14 +388,14 @@ def _ask_stop(folders: list[Path], why: str) -> None:
     """Ask these keepers to stop once no lease is held, and wait until they have."""
     waiting = []
     for folder in folders:
-        pid = keeper_pid(folder)
-        if pid is not None:  # else stopped, or never started
+        found = read_pid_file(folder / "keeper.pid")
+        if found is not None and found.running():  # else stopped, or never started
             write_text(folder / "stop", why)
-            waiting.append(pid)
-    # by pid, not keeper.pid: the keeper removes that before it stops its engine and exits
+            waiting.append(found)
+    # by process, not keeper.pid: the keeper removes that before it stops its engine and exits
     deadline = time.monotonic() + STOP_WAIT_S
-    for pid in waiting:
-        while process_running(pid) and time.monotonic() < deadline:
+    for found in waiting:
+        while found.running() and time.monotonic() < deadline:
             time.sleep(POLL_S / 5)
 
 
@@ -375,8 +408,8 @@ def release_idle(gpus: str | None = None, *, keep: str | None = None) -> None:
     """Stop the keepers, of every kind, on GPUs `gpus` (CUDA_VISIBLE_DEVICES ids; None: this
     process's) that no job is using, except the one of key `keep`: another engine or a
     training is about to need their memory."""
-    root = registry()
-    if not root.is_dir():
+    root = _existing_registry()
+    if root is None:
         return
     mine = set(filter(None, (gpus or os.environ.get("CUDA_VISIBLE_DEVICES", "")).split(",")))
     idle = []
@@ -401,8 +434,8 @@ def release_idle(gpus: str | None = None, *, keep: str | None = None) -> None:
 def stop_all() -> None:
     """Stop every keeper of this working directory, of every kind (the end of a run), but
     those another live run has used, and wait until they have exited."""
-    root = registry()
-    if not root.is_dir():
+    root = _existing_registry()
+    if root is None:
         return
     stopping, kept = [], {}
     for folder in sorted(p for p in root.iterdir() if p.is_dir()):

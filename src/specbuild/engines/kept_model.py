@@ -19,7 +19,10 @@ A job holds a lease, writes its request and waits:
                                         <lease>.safetensors  a batch's features (align)
 
 An output the keeper writes for a job (a shard's part file) is the job's to publish, so only a
-job that is still running publishes one; the keeper drops the output of a job that is gone. A
+job that is still running publishes one; the keeper drops the output of a job that is gone.
+The keeper writes (and removes) only what a request of a held lease may name: a batch's
+features under requests/, a shard's part file of that lease directly inside the shard's folder,
+named by a path without a link; any other output fails the request, and nothing is written. A
 job whose keeper dies fails with the keeper's recorded cause and the last lines of keeper.log.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -43,8 +47,9 @@ from specbuild.engines.model import FeatureBackend, Features, ModelSpec
 from specbuild.engines.registry import lazy_class
 from specbuild.engines.runtime import Runtime
 from specbuild.infra.io import atomic_path, read_json, write_json
+from specbuild.infra.private_dirs import check_private_dir, private_dir
 
-__all__ = ["KeptModel", "KeptModelError", "keep"]
+__all__ = ["KeptModel", "KeptModelError", "keep", "request_out"]
 
 log = logging.getLogger("specbuild")
 
@@ -62,7 +67,7 @@ def _lease(spec: ModelSpec, runtime: Runtime, name: str) -> Iterator[keepers.Lea
         idle_s=runtime.idle_s,
         name=name,
     ) as held:
-        (held.folder / "requests").mkdir(exist_ok=True)
+        private_dir(held.folder / "requests")
         yield held
 
 
@@ -153,6 +158,25 @@ def _arrival(path: Path) -> float:
         return 0.0
 
 
+def request_out(folder: Path, tag: str, request: dict[str, Any]) -> Path:
+    """Where `request` (of lease `tag`, to the keeper of `folder`) may have the keeper write:
+    a batch's features as requests/<tag>.safetensors; a shard as its part file
+    `.<name>.<tag>.part`, directly inside the shard's folder, named by an absolute path with no
+    link in it. Raises KeptModelError for any other path."""
+    out = Path(str(request.get("out", "")))
+    if request.get("run") == "batch":
+        if out != folder / "requests" / f"{tag}.safetensors":
+            raise KeptModelError(f"a batch's features go to requests/{tag}.safetensors, not {out}")
+        return out
+    if not out.is_absolute() or os.path.normpath(out) != str(out):
+        raise KeptModelError(f"{out}: not an absolute path without '..' in it")
+    if not (out.name.startswith(".") and out.name.endswith(f".{tag}.part")):
+        raise KeptModelError(f"{out}: not the part file of this job's shard (.<name>.{tag}.part)")
+    if out.parent.resolve() != out.parent or out.is_symlink():
+        raise KeptModelError(f"{out}: reached through a symbolic link, which could lead anywhere")
+    return out
+
+
 def _serve(folder: Path, engine: FeatureBackend, spec: ModelSpec) -> None:
     """Run every waiting request, oldest first."""
     requests = folder / "requests"
@@ -166,10 +190,15 @@ def _serve(folder: Path, engine: FeatureBackend, spec: ModelSpec) -> None:
         if not keepers.lease_held(folder / "leases" / tag):
             log.info("request %s: its job is gone; skipped", tag)
             continue
+        try:
+            out = request_out(folder, tag, request)
+        except KeptModelError as err:  # refused before anything is written or removed
+            log.error("request %s refused: %s", tag, err)
+            keepers.write_text(requests / f"{tag}.error", f"refused: {err}")
+            continue
         handler = logging.FileHandler(requests / f"{tag}.log")
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         log.addHandler(handler)
-        out = Path(request["out"])
         try:
             if request["threads"]:
                 torch.set_num_threads(request["threads"])
@@ -218,10 +247,11 @@ def keep(folder: Path, idle_s: float) -> int:
     asked to stop."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    check_private_dir(folder)  # its spec and requests say what runs, as this user
     fields = json.loads((folder / "spec.json").read_text())
     fields.pop("gpus", None)
     spec = ModelSpec(**fields)  # its options hold the memory share already (loaded_as)
-    (folder / "requests").mkdir(exist_ok=True)
+    private_dir(folder / "requests")
     try:
         engine = spec.load(Runtime())
     except Exception as err:

@@ -35,6 +35,7 @@ from specbuild.engines import keepers
 from specbuild.engines.http import get_json
 from specbuild.engines.server import ServerSpec, ServerStartError, SGLangServer
 from specbuild.infra.io import write_json
+from specbuild.infra.private_dirs import check_private_dir
 
 __all__ = ["Endpoint", "failure", "keep", "kept_server"]
 
@@ -107,6 +108,7 @@ def kept_server(
 def keep(folder: Path, idle_s: float) -> int:
     """The keeper: run the server of `folder`'s spec until it is idle, asked to stop, or dies."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
+    check_private_dir(folder)  # its spec says what runs, as this user
     fields = json.loads((folder / "spec.json").read_text())
     fields.pop("gpus", None)
     spec = ServerSpec(**{**fields, "launcher": tuple(fields["launcher"])})

@@ -438,6 +438,8 @@ def run_kept_shard(
     """A kept engine's run of a hidden job's shard (engines.kept_model's `shard` request),
     written to the job's part file: its ExtractStats."""
     shard = ExtractRequest.from_json(request["shard"])
+    if str(shard.files.out) != request["out"]:  # the keeper checked request["out"] alone
+        raise ValueError(f"the shard is written to {request['out']}, not {shard.files.out}")
     log.info("request %s: %s -> %s", tag, shard.files.tokens, shard.files.out)
     if list(shard.layer_ids) != list(spec.layer_ids):  # the key holds them: a fault of ours
         raise RuntimeError(f"layer ids {shard.layer_ids}, engine {spec.layer_ids}")

@@ -16,6 +16,7 @@ import pytest
 
 from specbuild.engines.keepers import (
     REGISTRY_ENV,
+    host_running,
     keeper_key,
     keeper_running,
     lease,
@@ -23,6 +24,7 @@ from specbuild.engines.keepers import (
     release_idle,
     stop_all,
 )
+from specbuild.infra.private_dirs import UnsafeFolderError
 from specbuild.infra.run_lock import RUN_ENV, process_start
 
 REPO = Path(__file__).resolve().parents[3]
@@ -195,3 +197,83 @@ def test_a_target_model_loaded_on_cuda_stops_the_idle_keepers_on_its_gpus_first(
     except (AssertionError, RuntimeError):
         pass  # no CUDA here: the load fails after the release, as it would without it
     assert _stops(registry / key, timeout_s=10)
+
+
+def test_a_keeper_pid_without_its_start_time_is_stale_and_the_runs_end_does_not_wait_on_it(
+    registry,
+):
+    # the older keeper.pid held a pid alone; the keeper died and its pid went to another process
+    unrelated = subprocess.Popen(["sleep", "600"])
+    try:
+        folder = registry / keeper_key("features", {"model": "old"})
+        folder.mkdir(parents=True, mode=0o700)
+        registry.chmod(0o700)
+        (folder / "keeper.pid").write_text(f"{unrelated.pid}\n")
+        (folder / "spec.json").write_text("{}")
+        (registry / "host").mkdir(mode=0o700)
+        (registry / "host" / "host.pid").write_text(f"{unrelated.pid}\n")
+        assert not keeper_running(folder)  # a job starts its own keeper, never waits on it
+        assert not host_running()
+        start = time.monotonic()
+        stop_all()
+        assert time.monotonic() - start < 5  # not STOP_WAIT_S on a process that is no keeper
+        assert unrelated.poll() is None and not (folder / "stop").exists()
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+
+
+def _modes(*paths: Path) -> list[str]:
+    return [f"{p.name} {p.stat().st_mode & 0o777:04o}" for p in paths]
+
+
+def test_the_registry_and_every_keeper_folder_are_private_under_a_group_writable_umask(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # the default registry: .specbuild/keepers below the cwd
+    monkeypatch.delenv(REGISTRY_ENV, raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the keeper stub, from another cwd
+    monkeypatch.setenv(RUN_ENV, f"{socket.gethostname()}:1:1")
+    old = os.umask(0o002)  # a shared project folder's umask
+    try:
+        with _lease(keeper_key("features", {"model": "a"})) as held:
+            folder = held.folder
+            root = tmp_path / ".specbuild"
+            assert _modes(root, root / "keepers", folder, folder / "leases", folder / "runs") == [
+                ".specbuild 0700",
+                "keepers 0700",
+                f"{folder.name} 0700",
+                "leases 0700",
+                "runs 0700",
+            ]
+    finally:
+        os.umask(old)
+        stop_all()
+
+
+def test_a_registry_someone_else_could_write_is_refused_before_any_keeper_starts(registry):
+    registry.mkdir()
+    registry.chmod(0o775)  # made under umask 002 in a shared project folder
+    with pytest.raises(UnsafeFolderError, match="is writable by its group or others"):
+        with _lease(keeper_key("features", {"model": "a"})):
+            pass
+    assert list(registry.iterdir()) == []  # no request, no keeper
+    stop_all()  # ends the run: says so, touches nothing there
+    assert list(registry.iterdir()) == []
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="giving a folder to another user needs root")
+def test_a_slurm_nodes_keeper_folder_made_first_by_someone_else_is_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv(REGISTRY_ENV, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    theirs = tmp_path / f"specbuild-keepers-{os.getuid()}-4242"  # a name anyone can predict
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    with pytest.raises(UnsafeFolderError, match="belongs to uid 65534, not to you"):
+        with _lease(keeper_key("features", {"model": "a"})):
+            pass
+    with pytest.raises(UnsafeFolderError):
+        host_running()
+    assert list(theirs.iterdir()) == []

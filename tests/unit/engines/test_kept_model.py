@@ -212,3 +212,46 @@ def test_align_on_the_kept_engine_reports_what_its_own_engine_does_without_a_sec
     log = (folder / "keeper.log").read_text()
     assert log.count(LOADED) == 1 and "a batch of 2 rows" in log, log
     assert not list((folder / "requests").iterdir())  # the batch's file and answer cleared
+
+
+def _pending(folder: Path, request: dict) -> str:
+    """`request` written under a lease this test holds; its tag."""
+    import fcntl
+
+    from specbuild.infra.private_dirs import private_dir
+
+    tag = f"{os.getpid()}-0badf00d"
+    private_dir(folder / "leases")
+    fd = os.open(folder / "leases" / tag, os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held until the test ends: the job is there
+    private_dir(folder / "requests")
+    (folder / "requests" / f"{tag}.json").write_text(json.dumps(request))
+    return tag
+
+
+@pytest.mark.parametrize("where", ["a file of yours", "through a link", "a batch elsewhere"])
+def test_the_keeper_writes_and_removes_nothing_a_request_names_outside_its_shards_folder(
+    tmp_path, where
+):
+    from specbuild.engines.kept_model import _serve
+    from specbuild.infra.private_dirs import private_dir
+
+    folder = private_dir(tmp_path / "keepers" / "features-0123")
+    victim = tmp_path / "home" / ".bashrc"
+    victim.parent.mkdir()
+    victim.write_text("yours\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "shard-folder").symlink_to(elsewhere)
+    tag = f"{os.getpid()}-0badf00d"
+    linked = tmp_path / "shard-folder" / f".00000.safetensors.{tag}.part"
+    out = {"a file of yours": victim, "through a link": linked, "a batch elsewhere": victim}
+    shard = {"files": {"tokens": "t", "meta": "m", "fingerprint": "f", "out": str(out[where])}}
+    run = "batch" if where == "a batch elsewhere" else "shard"
+    request = {"run": run, "out": str(out[where]), "shard": shard, "batch": [], "threads": 0}
+    assert _pending(folder, request) == tag
+    _serve(folder, engine=None, spec=None)  # refused before the engine is asked anything
+    error = (folder / "requests" / f"{tag}.error").read_text()
+    assert error.startswith("refused: "), error
+    assert victim.read_text() == "yours\n"
+    assert list(elsewhere.iterdir()) == []
