@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from benchmarks import PERF
 from specbuild.infra.io import write_json
+from specbuild.infra.safetensors_file import save_tensors
 from specbuild.target import SAMPLE_BYTES, SAMPLES_PER_FILE, _sampled_digest, _sha256_file
 
 
@@ -33,7 +33,7 @@ def _write(folder: Path, files: int, nbytes: int) -> list[Path]:
     for i in range(files):
         path = folder / f"model-{i + 1:05d}-of-{files:05d}.safetensors"
         data = torch.frombuffer(bytearray(os.urandom(nbytes)), dtype=torch.uint8)
-        save_file({"weight": data}, str(path))
+        save_tensors({"weight": data}, str(path))
         paths.append(path)
     return paths
 

@@ -27,13 +27,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from specbuild.drafter.config import ATTENTION, LOSS
 from specbuild.eagle.layers import default_layer_ids
 from specbuild.hidden.fp8 import quantize_fp8
 from specbuild.hidden.shards import write_shard
 from specbuild.infra.io import atomic_path, write_json
+from specbuild.infra.safetensors_file import save_tensors
 
 __all__ = ["SyntheticSpec", "PRESETS", "target_config", "make_workspace", "workspace_paths"]
 
@@ -122,7 +122,7 @@ def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> di
     head = torch.randn(V, H, generator=g)  # unit-ish rows: lm_head(row j) peaks at j
     embed = torch.randn(V, H, generator=g) * 0.02
     with atomic_path(target / "model.safetensors") as path:
-        save_file(
+        save_tensors(
             {
                 "lm_head.weight": head.bfloat16(),
                 "model.embed_tokens.weight": embed.bfloat16(),
@@ -151,7 +151,7 @@ def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> di
     t2d = torch.zeros(V, dtype=torch.bool)
     t2d[draft_ids] = True
     with atomic_path(paths["vocab"]) as path:
-        save_file({"d2t": draft_ids - torch.arange(Vd), "t2d": t2d}, str(path))
+        save_tensors({"d2t": draft_ids - torch.arange(Vd), "t2d": t2d}, str(path))
     perm = draft_ids[torch.randperm(Vd, generator=g)]  # next-token table over draft ids
     nxt = torch.zeros(V, dtype=torch.int64)
     nxt[draft_ids] = perm

@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+
+from specbuild.infra.safetensors_file import save_tensors
 
 SHARD_BYTES = 4 << 30
 TOKENIZER_FILES = (
@@ -169,7 +170,7 @@ def write(
     total = 0
     for k, tensors in enumerate(files, 1):
         fname = f"model-{k:05d}-of-{len(files):05d}.safetensors"
-        save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        save_tensors(tensors, str(out / fname), metadata={"format": "pt"})
         for name, t in tensors.items():
             weight_map[name] = fname
             total += t.numel() * t.element_size()

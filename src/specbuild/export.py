@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor
 
 from specbuild.block_export import (
@@ -41,6 +40,7 @@ from specbuild.infra.disk import ensure_free_space, export_need
 from specbuild.infra.dtypes import DTYPES
 from specbuild.infra.formats import DRAFTER_FILES
 from specbuild.infra.io import atomic_path, read_json, write_json
+from specbuild.infra.safetensors_file import save_tensors
 
 __all__ = ["ExportError", "export_for_sglang", "check_export", "export_faults", "hf_config"]
 
@@ -178,7 +178,7 @@ def export_for_sglang(
     need = export_need(checkpoint=checkpoint, dtype=dtype)
     ensure_free_space(out_dir / "model.safetensors", need, "an exported drafter")
     with atomic_path(out_dir / "model.safetensors") as tmp:
-        save_file(state, str(tmp), metadata={"format": "pt"})
+        save_tensors(state, tmp, metadata={"format": "pt"})
     write_json(out_dir / "config.json", config)
     check_export(out_dir)
     served_ids = (

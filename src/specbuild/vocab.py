@@ -22,11 +22,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor
 
 from specbuild.hidden.tokens import check_token_meta, read_token_shard
 from specbuild.infra.io import atomic_path, write_json
+from specbuild.infra.safetensors_file import save_tensors
 from specbuild.target import read_target_info
 
 __all__ = [
@@ -160,7 +160,7 @@ def build_vocab(
     stats = _stats(counts, vmap, target.vocab_size)
     stats.update(shards=len(tokens), target_fingerprint=target.fingerprint)
     with atomic_path(out) as tmp:
-        save_file(
+        save_tensors(
             {"d2t": vmap.d2t, "t2d": vmap.t2d},
             str(tmp),
             metadata={"target_fingerprint": target.fingerprint, "draft_size": str(draft_size)},

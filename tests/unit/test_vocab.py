@@ -162,3 +162,22 @@ def test_rows_from_another_tokenizer_stop_the_vocab(tmp_path, target_dir):
             stats_out=tmp_path / "s.json",
         )
     assert not (tmp_path / "v.safetensors").exists()
+
+
+def test_two_writes_of_the_vocab_are_byte_identical(tmp_path, target_dir):
+    # safetensors alone writes the metadata in a hash map's order, which changes per write
+    shard = tmp_path / "00000.jsonl"
+    write_jsonl(shard, [_row(0, [10, 11, 12, 12, 13], [0, 1, 1, 1, 1]), _row(1, [13], [1])])
+    written = set()
+    for i in range(8):
+        out = tmp_path / f"{i}" / "vocab.safetensors"
+        build_vocab(
+            tokens=[shard],
+            metas=[_meta(tmp_path, target_dir)],
+            fingerprint=target_dir / "fingerprint.json",
+            out=out,
+            stats_out=out.with_name("vocab_stats.json"),
+            draft_size=2,
+        )
+        written.add(out.read_bytes())
+    assert len(written) == 1

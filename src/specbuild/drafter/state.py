@@ -37,12 +37,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from specbuild.infra.disk import ensure_free_space, train_need
 from specbuild.infra.io import atomic_path, read_json, write_json, write_jsonl
 from specbuild.infra.run_lock import run_ended
+from specbuild.infra.safetensors_file import save_tensors
 
 if TYPE_CHECKING:  # annotations only
     from specbuild.drafter.data import ShardSet
@@ -181,10 +182,10 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     with atomic_path(tmp / "model.safetensors") as path:
-        save_file({k: v.detach().cpu().contiguous() for k, v in model.items()}, path)
+        save_tensors({k: v.detach().cpu().contiguous() for k, v in model.items()}, path)
     opt_tensors, opt_meta = _optimizer_flat(optimizer)
     with atomic_path(tmp / "optimizer.safetensors") as path:
-        save_file(opt_tensors | _rng_tensors(), path)
+        save_tensors(opt_tensors | _rng_tensors(), path)
     write_json(tmp / "state.json", {"state": asdict(state), "optimizer": opt_meta, "job": job})
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -271,7 +272,7 @@ def save_drafter(path: str | os.PathLike, tensors: dict[str, Tensor], meta: dict
     """A trained drafter (export_state tensors) with JSON-able facts in the metadata."""
     with atomic_path(path) as tmp:
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        save_file(tensors, str(tmp), metadata={k: json.dumps(v) for k, v in meta.items()})
+        save_tensors(tensors, tmp, metadata={k: json.dumps(v) for k, v in meta.items()})
 
 
 def read_drafter(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict]:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from specbuild.engines import keepers
 from specbuild.engines.model import FeatureBackend, Features, ModelSpec
@@ -48,6 +48,7 @@ from specbuild.engines.registry import lazy_class
 from specbuild.engines.runtime import Runtime
 from specbuild.infra.io import atomic_path, read_json, write_json
 from specbuild.infra.private_dirs import check_private_dir, private_dir
+from specbuild.infra.safetensors_file import save_tensors
 
 __all__ = ["KeptModel", "KeptModelError", "keep", "request_out"]
 
@@ -230,7 +231,7 @@ def _run_batch(
     features = engine.extract(batch)
     tensors = {"aux": features.aux, "last": features.last}
     with atomic_path(request["out"]) as tmp:
-        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+        save_tensors({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp)
     return {
         "engine": engine.name,
         "eagle_layer_ids": list(engine.eagle_layer_ids),

@@ -51,6 +51,7 @@ from specbuild.hidden.integrity import (
     checksums_json,
 )
 from specbuild.infra.io import atomic_path
+from specbuild.infra.safetensors_file import sorted_metadata
 
 __all__ = ["Layout", "ShardWriter", "shard_writer"]
 
@@ -134,7 +135,8 @@ class ShardWriter:
     def _header(self, digests: Mapping[str, str]) -> bytes:
         layout = {k: (e["dtype"], e["shape"]) for k, e in self._entries.items()}
         meta = dict(self.meta, **{CHECKSUM_KEY: checksums_json(layout, self.meta, digests)})
-        raw = json.dumps({"__metadata__": meta, **self._entries}, separators=(",", ":")).encode()
+        header = {"__metadata__": sorted_metadata(meta), **self._entries}
+        raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-(8 + len(raw)) % 8)  # safetensors allows space padding; aligns the data
         return len(raw).to_bytes(8, "little") + raw
 
