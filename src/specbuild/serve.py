@@ -29,6 +29,7 @@ from specbuild.eagle.chain import Chain
 from specbuild.engines.server import ServerOptions, build_server_args, resolve_launcher
 from specbuild.infra.hosts import is_loopback
 from specbuild.infra.io import atomic_open, read_jsonl
+from specbuild.infra.server_flags import cli_flag
 from specbuild.infra.shell import comment_line, export_line, is_env_name
 
 __all__ = [
@@ -99,23 +100,23 @@ def serve_command(
     port: int,
 ) -> list[str]:
     """argv of an SGLang server for the target (the folder of its `fingerprint.json`) with the
-    drafter (the folder of its `config.json`) at `chain`."""
+    drafter (the folder of its `config.json`) at `chain`: the configured flags first, then the
+    chain's and specbuild's own, so the last value given (the one SGLang keeps) is never the
+    config's (infra.server_flags)."""
     drafter_dir = str(Path(drafter_config).parent)
-    flags = {
-        **server.server_args,
-        **Chain.parse(chain).server_args(
-            drafter_dir, draft_attention_backend=server.draft_attention_backend
-        ),
-    }
+    chain_args = Chain.parse(chain).server_args(
+        drafter_dir, draft_attention_backend=server.draft_attention_backend
+    )
+    own = {k: v for k, v in server.server_args.items() if k not in chain_args}
     return [
         *resolve_launcher(server.launcher),
-        "--model-path",
+        *build_server_args({**own, **chain_args}),
+        cli_flag("model_path"),
         str(Path(fingerprint).parent),
-        "--host",
+        cli_flag("host"),
         server.host,
-        "--port",
+        cli_flag("port"),
         str(port),
-        *build_server_args(flags),
     ]
 
 

@@ -65,7 +65,8 @@ def test_the_script_runs_the_launcher_with_the_drafter_flags_and_the_environment
     write_serve_script(script, command=command, env={"NCCL_X": "a b"}, why="test")
     out = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True)
     argv, env = json.loads(out.stdout)
-    assert argv[:6] == [
+    # specbuild's own flags last: the value SGLang's argparse keeps is the last one given
+    assert argv[-6:] == [
         "--model-path",
         "results/target/t",
         "--host",
@@ -73,7 +74,7 @@ def test_the_script_runs_the_launcher_with_the_drafter_flags_and_the_environment
         "--port",
         "30001",
     ]
-    flags = " ".join(argv[6:])
+    flags = " ".join(argv[:-6])
     assert "--speculative-algorithm EAGLE3" in flags
     assert "--speculative-draft-model-path results/drafter" in flags
     assert "--speculative-num-steps 3 --speculative-eagle-topk 1" in flags

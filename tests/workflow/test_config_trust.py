@@ -199,3 +199,19 @@ def test_an_env_name_that_is_shell_code_is_refused_at_parse_time(tmp_path):
         "environment variable's name is letters, digits and `_`, not starting with a digit)",
     )
     assert not (workdir / "f").exists()
+
+
+def test_a_server_flag_that_reopens_what_specbuild_closes_is_refused_at_parse_time(tmp_path):
+    workdir = copy_workflow(tmp_path / "wf")
+    args = "sglang:\n  server_args:\n    hos: 0.0.0.0\n    host: 0.0.0.0\ngenerate:\n"
+    edited_config(workdir, "generate:\n", args)
+    proc = snakemake(workdir, "-n", "--configfile", "mine.yaml", check=False, timeout=120)
+    one_line_refusal(
+        proc,
+        "sglang.server_args.hos: --hos abbreviates --host, which specbuild sets itself (SGLang "
+        "takes a unique prefix of a flag and keeps the last value given); set sglang.host",
+    )
+    one_line_refusal(
+        proc,
+        "sglang.server_args.host: set sglang.host, not this flag: specbuild sets --host itself",
+    )

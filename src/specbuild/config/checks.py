@@ -19,6 +19,7 @@ from specbuild.config.views import BASE_VARIANT
 from specbuild.eagle.chain import BASELINE, NO_DRAFTER, Chain
 from specbuild.eagle.drafter_fit import external_drafter_faults
 from specbuild.infra.hosts import is_loopback
+from specbuild.infra.server_flags import RESERVED_FLAGS, cli_flag, flag_like_value, reserved_flag
 
 __all__ = ["RESERVED_DRAFTER_NAMES", "rule_faults"]
 
@@ -272,10 +273,36 @@ def _bench_faults(config: Mapping, workdir: Path) -> list[str]:
     return faults
 
 
+def _server_args_faults(key: str, args: Mapping) -> list[str]:
+    """A flag that is or abbreviates one specbuild sets itself, and a value SGLang would read as
+    a flag (infra.server_flags says why each reopens what specbuild closes)."""
+    faults = []
+    for name, value in args.items():
+        flag = reserved_flag(str(name))
+        if flag and cli_flag(str(name)) == cli_flag(flag):
+            faults.append(
+                f"{key}.{name}: set {RESERVED_FLAGS[flag]}, not this flag: specbuild sets "
+                f"{cli_flag(flag)} itself"
+            )
+        elif flag:
+            faults.append(
+                f"{key}.{name}: {cli_flag(str(name))} abbreviates {cli_flag(flag)}, which "
+                "specbuild sets itself (SGLang takes a unique prefix of a flag and keeps the last "
+                f"value given); set {RESERVED_FLAGS[flag]}"
+            )
+        elif flag_like_value(value):
+            faults.append(
+                f"{key}.{name}: a value starting with '-' reads as a flag on SGLang's command "
+                "line; give each flag under its own key"
+            )
+    return faults
+
+
 def _sglang_faults(config: Mapping) -> list[str]:
     """The tuning sweep's chain is one SGLang serves; generate.backend openai has its endpoint;
-    server_args leave trust_remote_code to target.trust_remote_code and give a whole number of
-    GPUs per server; a server bound beyond loopback has an API key for `make serve`."""
+    server_args (shared and each tuning point's) and the launcher leave the flags specbuild
+    sets to the keys that set them and give a whole number of GPUs per server; a server bound
+    beyond loopback has an API key for `make serve`."""
     sglang = mapping(config.get("sglang"))
     faults = []
     chain = mapping(sglang.get("tuning")).get("chain")
@@ -287,11 +314,18 @@ def _sglang_faults(config: Mapping) -> list[str]:
             "(e.g. http://host:30000/v1)"
         )
     args = mapping(sglang.get("server_args"))
-    for flag in ("trust_remote_code", "trust-remote-code"):
-        if flag in args:
+    faults += _server_args_faults("sglang.server_args", args)
+    points = mapping(mapping(sglang.get("tuning")).get("points"))
+    for name, point in points.items():
+        point_args = mapping(mapping(point).get("server_args"))
+        faults += _server_args_faults(f"sglang.tuning.points.{name}.server_args", point_args)
+    launcher = sglang.get("launcher")
+    for i, word in enumerate(launcher if isinstance(launcher, list) else []):
+        flag = reserved_flag(word) if isinstance(word, str) and word.startswith("--") else None
+        if flag:
             faults.append(
-                f"sglang.server_args.{flag}: set target.trust_remote_code instead (every "
-                "tokenizer, config and model load reads it; SGLang jobs get the flag from it)"
+                f"sglang.launcher[{i}]: {word.split('=', 1)[0]} is or abbreviates "
+                f"{cli_flag(flag)}, which specbuild sets itself; set {RESERVED_FLAGS[flag]}"
             )
     host = sglang.get("host")
     if isinstance(host, str) and not is_loopback(host) and not sglang.get("serve_api_key_env"):

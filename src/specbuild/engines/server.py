@@ -49,6 +49,7 @@ from specbuild.engines import keepers
 from specbuild.engines.gpus import startup_lock
 from specbuild.engines.http import MASK, EngineUnavailable, HTTPError, get_json, open_url
 from specbuild.infra.credential_patterns import is_credential_name
+from specbuild.infra.server_flags import LAUNCH_FLAGS, cli_flag, flag_like_value, reserved_flag
 
 __all__ = [
     "ServerOptions",
@@ -71,9 +72,6 @@ __all__ = [
 log = logging.getLogger("specbuild")
 
 DEFAULT_LAUNCHER = ("python", "-m", "sglang.launch_server")
-# Flags specbuild sets itself from the spec; setting them again through server_args would
-# make two sources of truth for where the server listens and what it serves.
-RESERVED_FLAGS = ("--model-path", "--host", "--port", "--api-key")
 TAIL_LINES = 60  # server output kept in memory for error messages
 STOP_GRACE_S = 30.0  # SGLang's scheduler processes need a few seconds to free the GPU
 API_KEY_BYTES = 32  # secrets.token_urlsafe: 43 characters, 256 random bits
@@ -172,22 +170,24 @@ def resolve_launcher(launcher: Sequence[str]) -> list[str]:
     return cmd
 
 
-def _flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
-
-
 def build_server_args(options: Mapping[str, Any]) -> list[str]:
     """Render `{key: value}` as SGLang command-line flags, in the given order.
 
     true -> `--key`; false or null -> omitted (SGLang's booleans are store_true);
-    a list -> `--key v1 v2 ...`; anything else -> `--key str(value)`.
+    a list -> `--key v1 v2 ...`; anything else -> `--key str(value)`. A key that is or
+    abbreviates a flag every server command carries (LAUNCH_FLAGS), or a value argparse would
+    read as a flag, is refused (the config check names them first: infra.server_flags).
     """
     args: list[str] = []
     faults = []
     for key, value in options.items():
-        flag = _flag(key)
-        if flag in RESERVED_FLAGS:
-            faults.append(f"{key}: set by specbuild itself (model path, host, port, api key)")
+        flag = cli_flag(key)
+        launch = reserved_flag(key, LAUNCH_FLAGS)
+        if launch:
+            faults.append(f"{key}: {cli_flag(launch)} is set by specbuild itself")
+            continue
+        if flag_like_value(value):
+            faults.append(f"{key}: its value starts with '-', which SGLang reads as a flag")
             continue
         if value is None or value is False:
             continue
@@ -333,17 +333,19 @@ class SGLangServer:
         return text
 
     def command(self) -> list[str]:
+        """The server's argv: specbuild's own flags after the configured ones, so that the
+        last value given, the one argparse keeps, is always specbuild's."""
         spec = self.spec
         return [
             *resolve_launcher(spec.launcher),
-            "--model-path",
-            model_path_arg(spec.model_path),
-            "--host",
-            spec.host,
-            "--port",
-            str(self.port),
-            *(["--config", str(self._key_file)] if self._key_file else []),
             *spec.server_args,
+            cli_flag("model_path"),
+            model_path_arg(spec.model_path),
+            cli_flag("host"),
+            spec.host,
+            cli_flag("port"),
+            str(self.port),
+            *([cli_flag("config"), str(self._key_file)] if self._key_file else []),
         ]
 
     def output_tail(self) -> str:

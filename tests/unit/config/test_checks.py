@@ -158,6 +158,65 @@ def test_trust_remote_code_in_the_server_args_is_refused_naming_the_target_key()
     assert fault.startswith("sglang.server_args.trust_remote_code: set target.trust_remote_code")
 
 
+@pytest.mark.parametrize(
+    ("key", "flag", "instead"),
+    [
+        ("hos", "--host", "sglang.host"),
+        ("po", "--port", "sglang.serve_port"),
+        ("model-pa", "--model-path", "target.name and target.source"),
+        ("conf", "--config", "each flag under sglang.server_args"),
+        ("trust_remote", "--trust-remote-code", "target.trust_remote_code"),
+        ("speculative_num_s", "--speculative-num-steps", "bench.chains"),
+        ("speculative-draft-attention", "--speculative-draft-attention-backend", "sglang.draft"),
+    ],
+)
+def test_a_server_flag_abbreviating_one_specbuild_sets_is_refused_naming_the_key(
+    key, flag, instead
+):
+    cfg = default_config()
+    cfg["sglang"]["server_args"][key] = "0.0.0.0"
+    cfg["sglang"]["tuning"] = {"points": {"p": {"server_args": {key: "0.0.0.0"}}}}
+    shown = "--" + key.replace("_", "-")
+    assert [f.split("; set ")[0] for f in faults(cfg)] == [
+        f"sglang.server_args.{key}: {shown} abbreviates {flag}, which specbuild sets itself "
+        "(SGLang takes a unique prefix of a flag and keeps the last value given)",
+        f"sglang.tuning.points.p.server_args.{key}: {shown} abbreviates {flag}, which "
+        "specbuild sets itself (SGLang takes a unique prefix of a flag and keeps the last value "
+        "given)",
+    ]
+    assert all(f.split("; set ")[1].startswith(instead) for f in faults(cfg))
+
+
+@pytest.mark.parametrize("key", ["host", "port", "model_path", "speculative_algorithm", "config"])
+def test_a_flag_specbuild_sets_itself_is_refused_naming_the_key_that_sets_it(key):
+    cfg = default_config()
+    cfg["sglang"]["server_args"][key] = "x"
+    (fault,) = faults(cfg)
+    flag = "--" + key.replace("_", "-")
+    assert fault.startswith(f"sglang.server_args.{key}: set ")
+    assert fault.endswith(f", not this flag: specbuild sets {flag} itself")
+
+
+def test_a_value_or_a_launcher_word_that_sets_a_flag_is_refused_naming_its_key():
+    cfg = default_config()
+    cfg["sglang"]["server_args"]["cuda_graph_bs"] = [1, "--host", "0.0.0.0"]
+    cfg["sglang"]["server_args"]["chunked_prefill_size"] = -1  # a number: not a flag
+    cfg["sglang"]["launcher"] = ["python", "-m", "sglang.launch_server", "--hos=0.0.0.0"]
+    assert faults(cfg) == [
+        "sglang.server_args.cuda_graph_bs: a value starting with '-' reads as a flag on "
+        "SGLang's command line; give each flag under its own key",
+        "sglang.launcher[3]: --hos is or abbreviates --host, which specbuild sets itself; set "
+        "sglang.host",
+    ]
+
+
+def test_server_flags_specbuild_sets_itself_are_allowed_their_real_neighbours():
+    cfg = default_config()
+    args = {"attention_backend": "triton", "hostname_override": 1, "speculative_token_map": "m"}
+    cfg["sglang"]["server_args"] |= args | {"tp_size": 1, "disable_radix_cache": True}
+    passes(cfg)
+
+
 @pytest.mark.parametrize("tp", [0, "two", True])
 def test_a_tensor_parallel_size_must_be_a_whole_number_of_gpus(tp):
     cfg = default_config()

@@ -111,6 +111,22 @@ def test_build_server_args_refuses_flags_specbuild_sets_itself():
         build_server_args({"port": 1234, "api_key": "x"})
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"hos": "0.0.0.0"}, {"model-pa": "x"}, {"conf": "x.yaml"}, {"cuda_graph_bs": [1, "--host"]}],
+)
+def test_build_server_args_refuses_an_abbreviation_of_its_flags_and_a_flag_as_a_value(options):
+    with pytest.raises(ValueError, match="set by specbuild itself|reads as a flag"):
+        build_server_args(options)
+
+
+def test_specbuilds_own_flags_come_last_so_the_value_the_server_keeps_is_specbuilds(model_dir):
+    # the server's argparse takes --hos for --host and keeps the last value given
+    with SGLangServer(spec_for(model_dir, "--hos", "0.0.0.0")) as srv:
+        assert srv.get_json("/server_info")["host"] == "127.0.0.1"
+        assert srv.command()[-4:-2] == ["--host", "127.0.0.1"]
+
+
 def test_unknown_flags_are_those_missing_from_the_servers_own_help():
     help_text = launcher_help(LAUNCHER)
     args = build_server_args({"attention_backend": "triton", "attention_backnd": "x"})
