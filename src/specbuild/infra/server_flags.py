@@ -46,6 +46,9 @@ SPECULATIVE_FLAGS = {
     "speculative_num_steps": "bench.chains or sglang.tuning.chain",
     "speculative_eagle_topk": "bench.chains or sglang.tuning.chain",
     "speculative_num_draft_tokens": "bench.chains or sglang.tuning.chain",
+    # a block drafter's (DFlash, DSpark) block, from the same chain
+    "speculative_dflash_block_size": "bench.chains or sglang.tuning.chain",
+    "speculative_dspark_block_size": "bench.chains or sglang.tuning.chain",
     "speculative_draft_attention_backend": "sglang.draft_attention_backend",
 }
 RESERVED_FLAGS = {
