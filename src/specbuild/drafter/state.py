@@ -261,11 +261,25 @@ def resume(
 
 
 def clear_state(state_dir: str | os.PathLike) -> None:
-    """Forget state of another job (its checkpoints, best and metrics)."""
+    """Forget state of another job (its checkpoints, best and metrics). A state folder that is
+    a link (to a larger disk) stays one: what is in the folder it points to goes, through the
+    link; a link in it goes as a link, never what it points to."""
     state_dir = Path(state_dir)
-    if state_dir.exists():
-        shutil.rmtree(state_dir)
-    state_dir.mkdir(parents=True)
+    if not state_dir.is_symlink():
+        if state_dir.exists():
+            shutil.rmtree(state_dir)
+        state_dir.mkdir(parents=True)
+        return
+    if not state_dir.is_dir():  # creating it would write beside a disk that is not there
+        raise FileNotFoundError(
+            f"{state_dir} is a link to {os.readlink(state_dir)}, which is no folder (a disk not "
+            f"mounted?): mount it, or remove the link and rerun to keep the state in place"
+        )
+    for entry in state_dir.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def save_drafter(path: str | os.PathLike, tensors: dict[str, Tensor], meta: dict) -> None:

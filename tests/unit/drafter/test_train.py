@@ -432,6 +432,25 @@ def test_state_of_another_job_is_not_resumed(ws, tmp_path):
     assert steps["job"] != again["job"]
 
 
+def test_a_state_folder_linked_to_another_disk_is_cleared_through_the_link(ws, tmp_path):
+    run(ws, tmp_path, epochs=1, save_interval=1)
+    disk = tmp_path / "big-disk" / "state"
+    disk.parent.mkdir()
+    shutil.move(tmp_path / "state", disk)
+    (tmp_path / "state").symlink_to(disk)
+    outside = tmp_path / "keep-me"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "sub" / "file").write_text("not the state's")
+    (disk / "linked").symlink_to(outside)  # a link in the state: goes, what it points to stays
+    first = json.loads((disk / "latest.json").read_text())["job"]
+    run(ws, tmp_path, epochs=1, save_interval=1, lr=1e-3)  # a train key changed: fresh start
+    assert (tmp_path / "state").is_symlink() and (tmp_path / "state").resolve() == disk
+    latest = json.loads((disk / "latest.json").read_text())
+    assert latest["complete"] is True and latest["job"] != first
+    assert not (disk / "linked").exists()
+    assert (outside / "sub" / "file").read_text() == "not the state's"
+
+
 def _trained_tokens(log) -> int:
     (line,) = [x for x in log.read_text().splitlines() if " trained " in x]
     return int(line.split(" trained ")[1].split()[0])
