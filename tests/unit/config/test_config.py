@@ -32,6 +32,8 @@ NEUTRAL = {
     "specbuild.infra.formats",
     "specbuild.infra.hosts",
     "specbuild.infra.safetensors_header",
+    "specbuild.infra.server_flags",
+    "specbuild.infra.shell",
 }
 
 
