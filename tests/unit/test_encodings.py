@@ -135,11 +135,41 @@ def test_a_latin1_line_in_a_utf8_file_is_one_reject_not_a_failed_file(tmp_path):
     assert [(b["line"], b["reason"]) for b in bad] == [(2, "not UTF-8 (byte 15: b'\\xe9')")]
 
 
-def test_a_utf16_file_cut_mid_character_names_the_codec(tmp_path):
+def test_a_utf16_file_cut_mid_character_rejects_its_last_line_naming_the_codec(tmp_path):
     raw = tmp_path / "raw.jsonl"
     raw.write_bytes(ENCODED["utf-16-be"] + b"\x00")  # one byte of a two-byte unit
-    with pytest.raises(ValueError, match=r"raw\.jsonl: not valid UTF-16-BE after line 7"):
-        list(iter_utf8_lines(raw))
+    lines = list(iter_utf8_lines(raw))
+    assert [n for n, _ in lines] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert lines[7][1].fault == "not UTF-16-BE (byte 0: b'\\x00', truncated data)"
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le"])
+def test_a_bad_character_in_a_utf16_or_32_file_rejects_its_line_alone_at_its_number(
+    tmp_path, encoding
+):
+    # a lone high surrogate: what an editor leaves of an emoji cut in half
+    bad = '{"prompt": "cut \ud83d here"}'.encode(encoding, "surrogatepass")
+    lines = [json.dumps({"prompt": f"q{i}"}).encode(encoding) for i in range(1, 6)]
+    newline = "\r\n".encode(encoding)
+    raw = tmp_path / "raw.jsonl"
+    raw.write_bytes(newline.join(lines[:2] + [bad] + lines[2:]) + newline)
+    assert len(record_digests(raw, shard_size=4)) == 2  # 6 records: none lost at parse time
+    rows, rejected, counts = _shard(tmp_path, raw)
+    assert (counts["in"], counts["kept"], counts["rejected"]) == (6, 5, 1)
+    assert [r["messages"][0]["content"] for r in rows] == ["q1", "q2", "q3", "q4", "q5"]
+    assert [r["source"]["line"] for r in rows] == [1, 2, 4, 5, 6]
+    (reject,) = rejected
+    assert reject["line"] == 3 and reject["raw"] == '{"prompt": "cut \ufffd here"}'
+    unit = 4 if "32" in encoding else 2
+    assert reject["reason"].startswith(f"not {encoding.upper()} (byte {16 * unit}: ")
+
+
+def test_a_bench_set_in_utf16_names_a_bad_line_by_its_number(tmp_path):
+    text = '{"prompt": "a"}\n{"prompt": "b \ud800"}\n{"prompt": "c"}\n'
+    path = tmp_path / "set.jsonl"
+    path.write_bytes(text.encode("utf-16", "surrogatepass"))
+    with pytest.raises(ValueError, match=r"(?s)1 bad row.*set\.jsonl:2: not UTF-16-LE \(byte 28: "):
+        read_bench_prompts(path, format="prompt")
 
 
 def test_read_text_any_names_the_encoding_a_bad_byte_breaks(tmp_path):

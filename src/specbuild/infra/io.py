@@ -13,7 +13,6 @@ import errno
 import glob
 import gzip
 import hashlib
-import io
 import json
 import logging
 import os
@@ -31,6 +30,7 @@ from specbuild.infra.disk import DiskFullError, disk_full_error
 
 __all__ = [
     "GZIP_SUFFIX",
+    "UndecodableLine",
     "detect_encoding",
     "iter_utf8_lines",
     "read_text_any",
@@ -282,13 +282,67 @@ def _not_gzip(path: Path, err: Exception) -> ValueError:
     )
 
 
+class UndecodableLine(bytes):
+    """A line of a UTF-16/32 file that its codec cannot decode: its text as UTF-8 bytes, U+FFFD
+    where the bad bytes were (for a reject's `raw` and a shard's digest), and `fault`, the
+    reason it is rejected for (specbuild.infra.records.parse_record raises it)."""
+
+    fault: str
+
+    def __new__(cls, text: bytes, fault: str) -> UndecodableLine:
+        line = super().__new__(cls, text)
+        line.fault = fault
+        return line
+
+
+# Bytes of a UTF-16/32 file read at a time while cutting it into lines.
+_CHUNK_BYTES = 1 << 16
+
+
+def _decoded_line(raw: bytes, encoding: str) -> bytes:
+    """One line of a UTF-16/32 file (without its \n) as UTF-8 bytes without its \r."""
+    try:
+        return raw.decode(encoding).rstrip("\r").encode("utf-8")
+    except UnicodeDecodeError as err:
+        text = raw.decode(encoding, "replace").rstrip("\r").encode("utf-8")
+        bad = raw[err.start : err.end]
+        return UndecodableLine(
+            text, f"not {encoding.upper()} (byte {err.start}: {bad!r}, {err.reason})"
+        )
+
+
+def _wide_lines(fh: IO[bytes], encoding: str) -> Iterator[tuple[int, bytes]]:
+    """The lines of a UTF-16/32 stream, cut at its \n code units and decoded one by one: a
+    line its codec cannot decode is one UndecodableLine, and the lines after it read on (a
+    stream decoder stops at the first bad byte, and its position says no line)."""
+    newline = "\n".encode(encoding)
+    unit = len(newline)  # a \n is one code unit; U+000A is never part of another character
+    buf, lineno, done = b"", 0, False
+    while not done:
+        chunk = fh.read(_CHUNK_BYTES)
+        done = not chunk
+        buf += chunk
+        start = search = 0
+        while (end := buf.find(newline, search)) != -1:
+            if end % unit:  # inside a code unit: not a line end (buf starts on a unit boundary)
+                search = end + 1
+                continue
+            lineno += 1
+            yield lineno, _decoded_line(buf[start:end], encoding)
+            start = search = end + unit
+        buf = buf[start:]
+    if buf:  # the last line, without a line end (or cut short: then it is the one rejected)
+        yield lineno + 1, _decoded_line(buf, encoding)
+
+
 def iter_utf8_lines(path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, line as UTF-8 bytes without its line end) of every line of a text
     file, blank ones included, in any encoding `detect_encoding` tells, gzipped or not.
 
     A UTF-8 file's lines are its exact bytes (a BOM dropped), so one line that is not UTF-8 is
-    the caller's to reject; lines end at \n only, as JSONL's do. A UTF-16/32 file is decoded
-    whole-stream and each line re-encoded; a byte it cannot decode fails naming line and codec.
+    the caller's to reject; lines end at \n only, as JSONL's do. A UTF-16/32 file's lines are
+    each decoded and re-encoded; one its codec cannot decode comes as an UndecodableLine, the
+    caller's to reject like a UTF-8 file's bad line, and the lines after it are read on.
     """
     path = Path(path)
     try:
@@ -300,19 +354,7 @@ def iter_utf8_lines(path: str | os.PathLike) -> Iterator[tuple[int, bytes]]:
                 for lineno, line in enumerate(fh, 1):
                     yield lineno, line.rstrip(b"\r\n")
                 return
-            text = io.TextIOWrapper(fh, encoding=encoding, errors="strict", newline="\n")
-            lineno = 0
-            try:
-                for lineno, line in enumerate(text, 1):
-                    yield lineno, line.rstrip("\r\n").encode("utf-8")
-            except UnicodeDecodeError as err:
-                # decoded a chunk at a time: the bad bytes are after the last whole line
-                raise ValueError(
-                    f"{path}: not valid {encoding.upper()} after line {lineno} ({err.reason}); "
-                    f"the file's first bytes say {encoding.upper()}: re-save it as UTF-8"
-                ) from None
-            finally:
-                text.detach()
+            yield from _wide_lines(fh, encoding)
     except _GZIP_FAULTS as err:
         raise _not_gzip(path, err) from None
 

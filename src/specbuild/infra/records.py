@@ -4,7 +4,8 @@ A dataset is untrusted input: one record must never stop a reader, nor change me
 word. `parse_record` turns a record's bytes into a JSON value or raises `RecordError` whose
 message is the reason a reader keeps beside the record's file and line:
 
-- not UTF-8, or not JSON (the decoder's message and column);
+- not UTF-8, or not JSON (the decoder's message and column); a line of a UTF-16/32 file its
+  codec cannot decode (specbuild.infra.io.UndecodableLine);
 - nested deeper than MAX_DEPTH: Python's decoder recurses once a level and a record a few KB
   long nested ~1,000 deep raised `RecursionError` (at workflow parse time with `id_key`);
 - a key twice in one object: the decoder keeps the last silently, so a record's `prompt` or
@@ -20,6 +21,8 @@ from __future__ import annotations
 import json
 import math
 from typing import Any
+
+from specbuild.infra.io import UndecodableLine
 
 __all__ = ["MAX_DEPTH", "RecordError", "parse_record"]
 
@@ -86,6 +89,8 @@ def _check_text(text: str) -> None:
 
 def parse_record(raw: bytes | str) -> Any:
     """The JSON value of one record, or RecordError with the reason (module docstring)."""
+    if isinstance(raw, UndecodableLine):
+        raise RecordError(raw.fault)
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("utf-8")
