@@ -77,3 +77,18 @@ def test_keys_from_the_environment_reach_no_file_of_a_real_run(
     assert any((wd / ".snakemake" / "metadata").iterdir())  # what is searched is there
     console = run.stdout + run.stderr + report.stdout + report.stderr
     assert leaks(wd, console, [HF, SERVE_KEY]) == []
+
+
+def test_a_secret_under_a_name_that_says_nothing_is_refused_by_its_shape(tmp_path, target_dir):
+    db_url = "postgres://user:" + "pw9" * 4 + "@db.internal/app"
+    nvapi = "nvapi-" + "Rt5" * 20
+    wd = make_workdir(tmp_path / "wf", target_dir)
+    config = tiny_config()
+    config["sglang"] = {"env": {"DATABASE_URL": db_url, "NGC_AUTH": nvapi, "NCCL_DEBUG": "INFO"}}
+    write_config(wd, config)
+    proc = snakemake(wd, "-n", check=False, timeout=300)
+    assert proc.returncode != 0
+    for key in ("sglang.env.DATABASE_URL", "sglang.env.NGC_AUTH"):
+        assert f"  {key}: the value looks like a credential (" in proc.stderr
+    assert "Export it in the environment instead" in proc.stderr
+    assert leaks(wd, proc.stdout + proc.stderr, [db_url, nvapi]) == []

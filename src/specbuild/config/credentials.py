@@ -1,15 +1,18 @@
-"""Secrets stay out of configs: a credential under `sglang.env` or `sglang.server_args` would
-reach every job's params, Snakemake's metadata and logs (its "Params have changed" reason
-prints them) and results/serve.sh.
+"""Secrets stay out of configs: a credential anywhere in a config (`sglang.env` and
+`sglang.server_args` above all) would reach every job's params, Snakemake's metadata and logs
+(its "Params have changed" reason prints them) and results/serve.sh.
 
 Contract: `credential_faults` returns one 'dotted.key: what' line for each value under the
 free-form server keys (`sglang.env`, `sglang.server_args`, and each tuning point's) whose name
 says it is a credential (HF_TOKEN, OPENAI_API_KEY, api_key, a password, AUTHORIZATION) or
-whose value looks like one (hf_..., sk-..., a GitHub or Slack token, an AWS key id, a JWT,
-`Bearer ...`), each word of `sglang.launcher` that is a credential flag or looks like one, each
+whose value looks like one whatever its name (hf_..., sk-..., nvapi-..., a GitHub or Slack
+token, an AWS key id, a JWT, `Bearer ...`, a URL with a password such as DATABASE_URL's
+postgres://user:password@host/db; under an env name also a long random run of letters and
+digits), each word of `sglang.launcher` that is a credential flag or looks like one, each
 endpoint URL holding a user, a password, a token or a credential-named query parameter
-(`sglang.endpoint`, `bench.openai.endpoint`), and each key meant to name an environment
-variable (KEY_NAME_KEYS) that holds a key itself. A line names the key, never the value, and
+(`sglang.endpoint`, `bench.openai.endpoint`), each key meant to name an environment variable
+(KEY_NAME_KEYS) that holds a key itself, and any other value or name of the config that
+looks like a credential. A line names the key, never the value, and
 says where a key goes instead: the environment, named by `sglang.api_key_env` (an endpoint's
 key) or `sglang.serve_api_key_env` (the key `make serve`'s server requires). Servers specbuild
 starts inherit the environment (HF_TOKEN included) and get a fresh API key of their own.
@@ -22,11 +25,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from specbuild.config.schema import mapping
+from specbuild.config.schema import fault_key, mapping
 from specbuild.infra.credential_patterns import (
     holds_a_key_not_a_name,
     is_credential_name,
     looks_like_credential,
+    looks_like_random_key,
 )
 
 __all__ = ["KEY_NAME_KEYS", "credential_faults"]
@@ -42,14 +46,18 @@ _INSTEAD = (
 )
 
 
-def _values(key: str, value: Any) -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) of every scalar under `value`."""
+def _values(key: str, value: Any, *, names: bool = False) -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every scalar under `value` (`key` "": the config itself); with
+    `names`, (the mapping's key + ".<name>", name) for each name of a mapping too."""
     if isinstance(value, Mapping):
         for k, v in value.items():
-            yield from _values(f"{key}.{k}", v)
+            sub = f"{key}.{k}" if key else str(k)
+            if names:
+                yield f"{key or '(top level)'}.<name>", k
+            yield from _values(sub, v, names=names)
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            yield from _values(f"{key}[{i}]", v)
+            yield from _values(f"{key}[{i}]", v, names=names)
     else:
         yield key, value
 
@@ -116,12 +124,32 @@ def credential_faults(config: Mapping) -> list[str]:
         if flag or looks_like_credential(word):
             faults.append(f"sglang.launcher[{i}]: a credential on the command line; {_INSTEAD}")
     for prefix, section in _free_form(config):
+        # an env value is a string a process reads: a random one is a key whatever its name
+        env = prefix.endswith(".env")
         for name, value in section.items():
             key = f"{prefix}.{name}"
             if is_credential_name(str(name)):
                 faults.append(f"{key}: the name says it is a credential; {_INSTEAD}")
                 continue
             for where, scalar in _values(key, value):
-                if looks_like_credential(scalar):
-                    faults.append(f"{where}: the value looks like a credential; {_INSTEAD}")
+                if looks_like_credential(scalar) or (env and looks_like_random_key(scalar)):
+                    faults.append(f"{where}: the value {_SHAPE}; {_INSTEAD}")
+    return faults + _anywhere_faults(config, {fault_key(f) for f in faults})
+
+
+# what a value is refused for when its name says nothing
+_SHAPE = "looks like a credential (a token's format, a password in a URL, or a long random string)"
+
+
+def _anywhere_faults(config: Mapping, named: set[str]) -> list[str]:
+    """A value or a name anywhere else in the config that looks like a credential (every value
+    reaches some job's params); keys `named` already have their fault."""
+    faults = []
+    for key, scalar in _values("", config, names=True):
+        parent = key.removesuffix(".<name>")
+        if key in named or parent in named or not looks_like_credential(scalar):
+            continue
+        what = "a name in it" if key.endswith(".<name>") else "the value"
+        faults.append(f"{parent}: {what} {_SHAPE}; {_INSTEAD}")
+        named.add(key)
     return faults

@@ -12,8 +12,9 @@ Access: a server gets a random API key (`new_api_key`) that only the job's own c
 host cannot use or drive it. The key reaches the server in an owner-only file read through
 SGLang's `--config` (`api-key: ...`), never on its command line, which every user of the host
 can read (`ps`); the file is removed once the server is up. The key and every environment value
-whose name looks secret (KEY, TOKEN, SECRET, PASSWORD) are masked as *** in the log lines
-written here, the server's own output included (SGLang prints its server_args at start).
+whose name looks secret (KEY, TOKEN, SECRET, PASSWORD) or whose value looks like a credential
+(infra.credential_patterns: a token's format, a password in a URL) are masked as *** in the log
+lines written here, the server's own output included (SGLang prints its server_args at start).
 
 Flags come from config as a mapping (`{attention_backend: triton, disable_radix_cache: true}`)
 and are rendered by `build_server_args`; `unknown_flags` checks them against the server's own
@@ -48,7 +49,11 @@ from typing import Any
 from specbuild.engines import keepers
 from specbuild.engines.gpus import startup_lock
 from specbuild.engines.http import MASK, EngineUnavailable, HTTPError, get_json, open_url
-from specbuild.infra.credential_patterns import is_credential_name
+from specbuild.infra.credential_patterns import (
+    is_credential_name,
+    looks_like_credential,
+    looks_like_random_key,
+)
 from specbuild.infra.server_flags import LAUNCH_FLAGS, cli_flag, flag_like_value, reserved_flag
 
 __all__ = [
@@ -141,12 +146,19 @@ def is_secret_name(name: str) -> bool:
 
 
 def mask_env(env: Mapping[str, Any]) -> dict[str, str]:
-    """`env` as it may appear in logs and tables: secret-looking names keep only `***`."""
-    return {k: MASK if is_secret_name(k) else str(v) for k, v in env.items()}
+    """`env` as it may appear in logs and tables: a value whose name says secret, or that
+    looks like a credential or a random key whatever its name, is `***`."""
+    return {
+        k: MASK
+        if is_secret_name(k) or looks_like_credential(str(v)) or looks_like_random_key(str(v))
+        else str(v)
+        for k, v in env.items()
+    }
 
 
 def _secret_values(env: Mapping[str, str], api_key: str | None) -> tuple[str, ...]:
-    values = {str(v) for k, v in env.items() if is_secret_name(k)}
+    # by name, or by shape (DATABASE_URL's postgres://user:password@host, NGC_AUTH's nvapi-...)
+    values = {str(v) for k, v in env.items() if is_secret_name(k) or looks_like_credential(v)}
     values.add(api_key or "")
     # longest first, so a secret containing another one is masked whole
     return tuple(sorted((v for v in values if len(v) >= MIN_MASKED_CHARS), key=len, reverse=True))

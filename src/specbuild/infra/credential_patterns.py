@@ -4,10 +4,16 @@ config's credential check (specbuild.config.credentials), the schema's fault lin
 masking (specbuild.engines.server) share. Imports nothing outside infra, so each layer can use
 it.
 
+A secret is known by its shape as well as by its name: `DATABASE_URL:
+postgres://user:password@host/db` or `NGC_AUTH: nvapi-...` carry no word that says so.
+
 Contract: `is_credential_name` says whether a variable, flag or key name marks its value a
 credential; `names_a_secret` whether any part of a dotted key does; `looks_like_credential`
-whether a value holds a token of a known format; `holds_a_key_not_a_name` whether a value
-meant to *name* an environment variable (`*api_key_env`) is a key pasted in its place.
+whether a value holds a token of a known format (hf_, sk-, nvapi-, ghp_, xox*-, AKIA...,
+a JWT, `Bearer ...`) or a URL with a password; `looks_like_random_key` whether it holds a run
+of letters and digits as long and mixed as a key (what an environment variable's value may
+be where its name says nothing); `holds_a_key_not_a_name` whether a value meant to *name* an
+environment variable (`*api_key_env`) is a key pasted in its place.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ __all__ = [
     "holds_a_key_not_a_name",
     "is_credential_name",
     "looks_like_credential",
+    "looks_like_random_key",
     "names_a_secret",
 ]
 
@@ -50,13 +57,20 @@ _CREDENTIAL = re.compile(
     r"(?<![A-Za-z0-9])("
     r"hf_[A-Za-z0-9]{30,}"  # Hugging Face
     r"|sk-[A-Za-z0-9_-]{20,}"  # OpenAI and others
+    r"|(?:sk|rk)_live_[A-Za-z0-9]{20,}"  # Stripe
+    r"|nvapi-[A-Za-z0-9_-]{20,}"  # NVIDIA (NGC, build.nvidia.com)
     r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{20,}"  # GitHub
-    r"|xox[abprs]-[A-Za-z0-9-]{10,}"  # Slack
-    r"|AKIA[0-9A-Z]{16}"  # an AWS access key id
+    r"|glpat-[A-Za-z0-9_-]{20,}"  # GitLab
+    r"|xox[abeprs]-[A-Za-z0-9-]{10,}"  # Slack
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}"  # an AWS access key id (long-lived, temporary)
+    r"|AIza[0-9A-Za-z_-]{35}"  # Google API
+    r"|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}"  # package registries
     r"|eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}"  # a JWT
     r")"
     # an Authorization header's value, whatever the token's format
     r"|(?i:\bbearer)\s+[A-Za-z0-9._~+/=-]{8,}"
+    # a URL whose user info holds a password: postgres://user:password@host/db
+    r"|\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:]*:[^\s/?#@]+@"
 )
 # Schema keys that name a record's JSON field (datasets.<name>.id_key, bench.sets.<name>.key):
 # "key" there is a field's name, and a fault may show what was given.
@@ -84,8 +98,16 @@ def names_a_secret(path: Iterable[Any]) -> bool:
 
 
 def looks_like_credential(value: Any) -> bool:
-    """Whether a value holds a token of a known credential format."""
+    """Whether a value holds a token of a known credential format or a URL with a password."""
     return isinstance(value, str) and bool(_CREDENTIAL.search(value))
+
+
+def looks_like_random_key(value: Any) -> bool:
+    """Whether a value holds a run of letters and digits as long and mixed as a key (a
+    base64 or hex secret): paths, model ids and words pass, a 40-digit hex hash does not."""
+    return isinstance(value, str) and any(
+        _random_word(run) for run in re.split(r"[^A-Za-z0-9]+", value)
+    )
 
 
 def _random_word(word: str) -> bool:

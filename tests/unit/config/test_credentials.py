@@ -16,7 +16,11 @@ from config_cases import SCHEMA, default_config, faults, passes
 from specbuild.config import ConfigError, check_config
 from specbuild.config.credentials import KEY_NAME_KEYS
 from specbuild.config.schema import HIDDEN
-from specbuild.infra.credential_patterns import is_credential_name, looks_like_credential
+from specbuild.infra.credential_patterns import (
+    is_credential_name,
+    looks_like_credential,
+    looks_like_random_key,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT = (REPO / "config" / "config.yaml").read_text(encoding="utf-8")
@@ -247,7 +251,7 @@ def test_an_authorization_header_is_refused_by_its_name_and_by_its_value(tmp_pat
     env = {"AUTHORIZATION": bearer, "EXTRA_HEADER": bearer, "NCCL_DEBUG": "INFO"}
     message = _refused(tmp_path, _with("sglang.env", env))
     assert "  sglang.env.AUTHORIZATION: the name says it is a credential; " in message
-    assert "  sglang.env.EXTRA_HEADER: the value looks like a credential; " in message
+    assert "  sglang.env.EXTRA_HEADER: the value looks like a credential (" in message
     assert "NCCL_DEBUG" not in message and "s3cr3t" not in message
 
 
@@ -255,3 +259,64 @@ def test_a_key_naming_a_records_field_is_no_secret_and_its_fault_shows_the_value
     message = _refused(tmp_path, _with("datasets.gsm8k.id_key", 12345))
     assert "\n  datasets.gsm8k.id_key: expected a string or null, got integer 12345" in message
     assert HIDDEN not in message
+
+
+DB_URL = "postgres://user:pa55word@db.internal:5432/app"
+NVAPI = "nvapi-" + "Rt5" * 20
+RANDOM = "Zx8" * 11  # 33 characters mixing cases and digits, no known prefix
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        DB_URL,
+        "mongodb+srv://admin:s3cret@cluster0.example.net",
+        NVAPI,
+        "glpat-" + "a1B" * 8,
+        "xoxe-" + "1-" * 8,
+        "ASIA" + "Q" * 16,
+        "AIza" + "b2C" * 11 + "dd",
+    ],
+)
+def test_a_credential_is_known_by_its_shape(value):
+    assert looks_like_credential(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "http://localhost:30000/v1",
+        "https://user@host/",  # a user, no password: not by shape (an endpoint's own check)
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "/usr/local/cuda-12.4/lib64",
+        "expandable_segments:True",
+        "0,1,2,3",
+        "mlx5_0:1,mlx5_1:1",
+    ],
+)
+def test_ordinary_env_values_do_not_look_like_secrets(value):
+    assert not looks_like_credential(value) and not looks_like_random_key(value)
+
+
+def test_a_secret_under_a_name_the_check_does_not_know_is_refused_by_its_shape(tmp_path):
+    config = yaml.safe_load(DEFAULT)
+    config["sglang"] = {
+        "env": {"DATABASE_URL": DB_URL, "NGC_AUTH": NVAPI, "SESSION": RANDOM, "NCCL_DEBUG": "INFO"},
+        "server_args": {"served_model_name": NVAPI},
+        "tuning": {"points": {"p": {"env": {"X_DSN": DB_URL}}}},
+    }
+    config["bench"]["openai"] = {"served_model": DB_URL}
+    message = _refused(tmp_path, yaml.safe_dump(config, sort_keys=False))
+    refused = [line.split(": ", 1)[0].strip() for line in message.splitlines()[1:]]
+    assert refused == [
+        "sglang.env.DATABASE_URL",
+        "sglang.env.NGC_AUTH",
+        "sglang.env.SESSION",
+        "sglang.server_args.served_model_name",
+        "sglang.tuning.points.p.env.X_DSN",
+        "bench.openai.served_model",
+    ]
+    assert "the value looks like a credential (a token's format, a password in a URL" in message
+    assert "Export it in the environment instead" in message
+    for secret in (DB_URL, NVAPI, RANDOM, "pa55word"):
+        assert secret not in message

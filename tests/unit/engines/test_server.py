@@ -338,6 +338,21 @@ def test_mask_env_hides_values_of_names_that_say_secret():
     assert mask_env({"NCCL_ALGO": "Ring", "PORT": 5}) == {"NCCL_ALGO": "Ring", "PORT": "5"}
 
 
+def test_a_secret_is_masked_by_its_shape_whatever_its_name(model_dir, monkeypatch, caplog):
+    url = "postgres://user:pa55word@db.internal:5432/app"
+    nvapi = "nvapi-" + "Rt5" * 20
+    assert mask_env({"DATABASE_URL": url, "NGC_AUTH": nvapi, "SESSION": "Zx8" * 11}) == {
+        "DATABASE_URL": "***",
+        "NGC_AUTH": "***",
+        "SESSION": "***",
+    }
+    monkeypatch.setenv("SPECBUILD_TEST_DSN", url)  # inherited, under a name that says nothing
+    spec = ServerSpec(model_path=str(model_dir), launcher=LAUNCHER, env={"NGC_AUTH": nvapi})
+    with caplog.at_level(logging.INFO, logger="specbuild"), SGLangServer(spec) as srv:
+        assert srv.mask(f"echo {url} {nvapi}") == "echo *** ***"
+    assert "NGC_AUTH=***" in caplog.text and nvapi not in caplog.text
+
+
 def test_api_keys_never_look_like_a_flag_to_the_servers_argparse():
     # a key starting with "-" made `--api-key <key>` fail one server start in 32
     import argparse
