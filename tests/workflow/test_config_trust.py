@@ -215,3 +215,14 @@ def test_a_server_flag_that_reopens_what_specbuild_closes_is_refused_at_parse_ti
         proc,
         "sglang.server_args.host: set sglang.host, not this flag: specbuild sets --host itself",
     )
+
+
+def test_a_count_that_multiplies_work_past_its_bound_is_one_line_before_any_job(tmp_path):
+    workdir = copy_workflow(tmp_path / "wf")
+    edited_config(
+        workdir,
+        "    shard_size: 4\n",
+        "    shard_size: 4\n    answers: 1000000000\n    temperature: 0.7\n",
+    )
+    proc = snakemake(workdir, "-n", "--configfile", "mine.yaml", check=False, timeout=120)
+    one_line_refusal(proc, "datasets.tiny.answers: 1000000000 is greater than the maximum of 64")

@@ -110,9 +110,15 @@ def _dataset_faults(config: Mapping, workdir: Path) -> list[str]:
     return faults
 
 
+# Samples one generate job holds (a shard's records times their answers): the schema bounds
+# each factor, this their product, far above real use and far below a job's memory.
+MAX_SHARD_SAMPLES = 1_000_000
+
+
 def _answers_faults(config: Mapping) -> list[str]:
     """A dataset answering each prompt more than once samples (greedy answers would be one
-    answer N times) and regenerates (keep mode reuses the dataset's one answer)."""
+    answer N times) and regenerates (keep mode reuses the dataset's one answer), and its
+    shards hold at most MAX_SHARD_SAMPLES answers."""
     generate = mapping(config.get("generate"))
     mode = generate.get("mode")
     faults = []
@@ -120,6 +126,13 @@ def _answers_faults(config: Mapping) -> list[str]:
         n = mapping(spec).get("answers")
         if not isinstance(n, int) or isinstance(n, bool) or n <= 1:
             continue
+        size = mapping(spec).get("shard_size")
+        if _positive_int(size) and int(size) * n > MAX_SHARD_SAMPLES:
+            faults.append(
+                f"datasets.{name}.answers: {n} answers to each of shard_size {size} records is "
+                f"{int(size) * n:,} samples in one generate job, more than {MAX_SHARD_SAMPLES:,}; "
+                f"lower datasets.{name}.shard_size or answers"
+            )
         own = mapping(spec).get("temperature")
         temperature = generate.get("temperature") if own is None else own
         if temperature == 0:

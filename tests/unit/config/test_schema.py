@@ -222,3 +222,68 @@ def test_an_env_name_that_is_no_variable_name_is_refused_naming_it(where):
         f"{key}: name 'X=1; touch f; Y' must match '^[A-Za-z_][A-Za-z0-9_]*$' (an environment "
         "variable's name is letters, digits and `_`, not starting with a digit)"
     ]
+
+
+# Every count that multiplies work, one past its maximum: the config check refuses each one
+# before a job grows it into gigabytes (answers of 10**9 reached MemoryError in generate).
+WORK_BOUNDS = {
+    "datasets.chat.synthesize.count": 10_000_000,
+    "datasets.chat.synthesize.max_tokens": 32_768,
+    "datasets.gsm8k.max_prompt_tokens": 1_048_576,
+    "datasets.gsm8k.max_new_tokens": 131_072,
+    "datasets.gsm8k.answers": 64,
+    "datasets.gsm8k.shard_size": 100_000,
+    "generate.max_new_tokens": 131_072,
+    "generate.batch_size": 4096,
+    "tokenize.max_length": 1_048_576,
+    "hidden.batch_tokens": 16_777_216,
+    "hidden.threads": 1024,
+    "vocab.draft_size": 1_048_576,
+    "sglang.max_concurrency": 4096,
+    "sglang.tuning.prompts": 100_000,
+    "sglang.tuning.max_new_tokens": 131_072,
+    "sglang.tuning.concurrency[0]": 4096,
+    "sglang.tuning.sweep_min_requests": 100_000,
+    "train.ttt_steps": 64,
+    "train.epochs": 1000,
+    "train.token_budget": 16_777_216,
+    "train.max_length": 1_048_576,
+    "train.nproc": 1024,
+    "align.samples": 100_000,
+    "bench.max_new_tokens": 131_072,
+    "bench.concurrency[0]": 4096,
+    "bench.sweep_min_requests": 100_000,
+    "bench.hf.threads": 1024,
+}
+
+
+def _set(config: dict, key: str, value) -> None:
+    *parents, last = key.split(".")
+    for part in parents:
+        config = config.setdefault(part, {})
+    if last.endswith("[0]"):
+        config[last[:-3]] = [value]
+    else:
+        config[last] = value
+
+
+@pytest.mark.parametrize(("key", "most"), WORK_BOUNDS.items(), ids=list(WORK_BOUNDS))
+def test_a_count_that_multiplies_work_has_a_maximum(key, most):
+    cfg = default_config()
+    _set(cfg, key, most)
+    if key == "datasets.gsm8k.answers":
+        cfg["datasets"]["gsm8k"]["temperature"] = 0.7  # several answers need sampling
+    passes(cfg)
+    cfg = default_config()
+    _set(cfg, key, most + 1)
+    assert faults(cfg) == [f"{key}: {most + 1} is greater than the maximum of {most}"]
+
+
+def test_a_shard_of_more_answers_than_one_job_holds_is_refused_naming_both_keys():
+    cfg = default_config()
+    cfg["datasets"]["gsm8k"] |= {"answers": 64, "shard_size": 20_000, "temperature": 0.7}
+    assert faults(cfg) == [
+        "datasets.gsm8k.answers: 64 answers to each of shard_size 20000 records is 1,280,000 "
+        "samples in one generate job, more than 1,000,000; lower datasets.gsm8k.shard_size or "
+        "answers"
+    ]
