@@ -292,12 +292,33 @@ def _from_messages(turns, key: str) -> list[dict]:
                     f"{key}[{i}]: unknown role {role!r} (allowed: {', '.join(ROLES)})"
                 )
             content = turn.get("content")
-        msg = {"role": role, "content": _text(content, f"{key}[{i}]")}
+        calls = _tool_calls(turn, role, f"{key}[{i}]")
+        # a turn that only calls a tool has no text (OpenAI writes null)
+        empty = calls and (content is None or content == "")
+        msg = {"role": role, "content": "" if empty else _text(content, f"{key}[{i}]")}
+        if calls:
+            msg["tool_calls"] = calls
         reasoning = turn.get("reasoning_content")
         if role == "assistant" and isinstance(reasoning, str) and reasoning.strip():
             msg["reasoning_content"] = reasoning
         messages.append(msg)
     return messages
+
+
+def _tool_calls(turn: dict, role: str, where: str) -> list[dict] | None:
+    """An assistant turn's `tool_calls`, kept with its text: the chat template renders them
+    (tokenize rejects a row whose template cannot), so the drafter never learns a turn that
+    ends where its call was. A call in another form, or on another turn, is refused."""
+    if turn.get("function_call"):
+        raise SampleError(f"{where}: a function_call (OpenAI's older form): write it as tool_calls")
+    calls = turn.get("tool_calls")
+    if calls is None or calls == []:
+        return None
+    if role != "assistant":
+        raise SampleError(f"{where}: a {role} turn holds tool_calls; only an assistant turn calls")
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise SampleError(f"{where}: tool_calls must be a list of objects")
+    return calls
 
 
 def _check_order(messages: list[dict]) -> None:

@@ -296,6 +296,23 @@ def _one_row(
     }
 
 
+def _unrendered_tool_calls(tokenizer, messages: list[dict]) -> str | None:
+    """Why `messages` cannot be trained on as they are: an assistant turn's tool_calls that the
+    chat template does not render (it renders the turn the same without them), or None."""
+    for i, m in enumerate(messages):
+        if not m.get("tool_calls"):
+            continue
+        bare = {k: v for k, v in m.items() if k != "tool_calls"}
+        with_calls = render_chat(tokenizer, messages[: i + 1])
+        if with_calls == render_chat(tokenizer, [*messages[:i], bare]):
+            return (
+                f"assistant message {i} holds tool_calls the chat template does not render: "
+                "trained without them, the drafter would learn to end the turn where the call "
+                "was; use a target whose template renders tool calls, or drop the record"
+            )
+    return None
+
+
 def tokenize_conversation(
     tokenizer,
     messages: list[dict],
@@ -311,6 +328,9 @@ def tokenize_conversation(
     forged = special_text_fault(tokenizer, messages)
     if forged:
         raise RowRejected(forged)
+    unrendered = _unrendered_tool_calls(tokenizer, messages)
+    if unrendered:
+        raise RowRejected(unrendered)
     msgs = _with_reasoning(messages, _template_takes_reasoning(tokenizer))
     turns = _assistant_turns(msgs)
     out = Tokenized(rows=[])

@@ -85,6 +85,34 @@ def test_tool_turns_pass_through_as_prompt_turns():
     assert normalize_sample({"conversations": conv})[1]["role"] == "tool"
 
 
+def test_an_assistant_turns_tool_calls_stay_with_it_and_a_call_in_another_form_is_refused():
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    user = {"role": "user", "content": "Call f."}
+    msgs = [user, {"role": "assistant", "content": "Calling f.", "tool_calls": [call]}]
+    assert normalize_sample({"messages": msgs})[1] == {
+        "role": "assistant",
+        "content": "Calling f.",
+        "tool_calls": [call],
+    }
+    only_call = [user, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    assert normalize_sample({"messages": only_call})[1]["content"] == ""
+    faults = {
+        "function_call": {"role": "assistant", "content": "x", "function_call": {"name": "f"}},
+        "on a user turn": {"role": "user", "content": "x", "tool_calls": [call]},
+        "not objects": {"role": "assistant", "content": "x", "tool_calls": ["f()"]},
+    }
+    reasons = {
+        "function_call": "messages[1]: a function_call (OpenAI's older form): write it as "
+        "tool_calls",
+        "on a user turn": "messages[1]: a user turn holds tool_calls; only an assistant turn calls",
+        "not objects": "messages[1]: tool_calls must be a list of objects",
+    }
+    for name, turn in faults.items():
+        with pytest.raises(SampleError) as err:
+            normalize_sample({"messages": [user, turn]})
+        assert str(err.value) == reasons[name]
+
+
 def test_auto_format_detects_each_row_by_its_fields():
     assert normalize_sample({"prompt": "a"})[0]["content"] == "a"
     assert normalize_sample({"messages": [{"role": "user", "content": "b"}]})[0]["content"] == "b"

@@ -259,3 +259,76 @@ def test_inline_reasoning_counts_its_tokens(tokenizer):
         tokenizer, msgs, row_id="x", finish_reason="stop", max_length=512, overlong="truncate"
     )
     assert t.reasoning_tokens == len(tokenizer("add them", add_special_tokens=False)["input_ids"])
+
+
+# A template that renders an assistant turn's tool calls (as Qwen's and Llama 3.1's do)
+TOOLS_STYLE = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content }}"
+    "{%- for c in m.tool_calls or [] %}{{- '<tool_call>' + c.function.name + '(' + "
+    "c.function.arguments + ')</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+CALL = {"type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
+WEATHER = {"messages": [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "Let me check.", "tool_calls": [CALL]},
+]}  # fmt: skip
+
+
+def _kept_through_keep(tmp_path, target_dir) -> list[dict]:
+    """WEATHER through `samples` and `generate` (mode keep, no model): the generated rows."""
+    from specbuild.backends import SamplingParams
+    from specbuild.generate import GenerateSettings, generate_shard
+    from specbuild.rejects import ShardFiles
+    from specbuild.samples import write_sample_shard
+
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(json.dumps(WEATHER) + "\n")
+    samples = tmp_path / "s.jsonl"
+    write_sample_shard(
+        raw=raw,
+        files=ShardFiles(samples, tmp_path / "s.rej.jsonl", tmp_path / "s.counts.json"),
+        dataset="d",
+        start=0,
+        stop=10,
+        target_dir=target_dir,
+    )
+
+    def no_model():
+        raise AssertionError("keep mode loads no model for a finished conversation")
+
+    generate_shard(
+        samples=samples,
+        fingerprint=target_dir / "fingerprint.json",
+        files=ShardFiles(tmp_path / "g.jsonl", tmp_path / "g.rej.jsonl", tmp_path / "g.c.json"),
+        backend=no_model,
+        settings=GenerateSettings(mode="keep", sampling=SamplingParams(), batch_size=4),
+    )
+    return list(read_jsonl(tmp_path / "g.jsonl"))
+
+
+def test_under_keep_a_tool_call_the_template_cannot_render_rejects_the_row_naming_the_turn(
+    tmp_path, target_dir
+):
+    (row,) = _kept_through_keep(tmp_path, target_dir)
+    assert row["messages"][-1]["tool_calls"] == [CALL]  # carried, not dropped
+    record, rows, bad = _shard(tmp_path, target_dir, {row["id"]: row["messages"]})
+    assert rows == [] and record["rejected"] == 1
+    assert bad[row["id"]].startswith(
+        "assistant message 1 holds tool_calls the chat template does not render"
+    )
+
+
+def test_under_keep_a_tool_call_the_template_renders_is_trained_on(tmp_path, target_dir):
+    from specbuild.target import load_tokenizer
+
+    (row,) = _kept_through_keep(tmp_path, target_dir)
+    tok = load_tokenizer(target_dir)
+    tok.chat_template = TOOLS_STYLE
+    t = tokenize_conversation(
+        tok, row["messages"], row_id="x", finish_reason="stop", max_length=512, overlong="drop"
+    )
+    assert _masked_text(tok, t.row) == (
+        'Let me check.<tool_call>weather({"city": "Paris"})</tool_call><|im_end|>'
+    )

@@ -1,8 +1,9 @@
 """Special tokens typed as text in a message: one rule for every stage that renders a
 conversation with the target's chat template (samples, generate, tokenize, bench).
 
-The rule: a conversation whose message text (content or reasoning, any role) holds one of the
-target's special tokens as text is rejected, naming the message and the token. It is never
+The rule: a conversation whose message text (content or reasoning, any role, or an assistant
+turn's tool calls) holds one of the target's special tokens as text is rejected, naming the
+message and the token. It is never
 rewritten, and its text is never tokenized some other way.
 
 Why reject: SGLang (and any OpenAI-compatible server that applies the chat template) renders a
@@ -23,14 +24,15 @@ mark no turn and tokenize the same typed or written: they stay plain text.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from functools import lru_cache
 
 __all__ = ["TEXT_FIELDS", "special_text_fault", "special_token_strings"]
 
-# The message fields a template renders as text.
-TEXT_FIELDS = ("content", "reasoning_content")
+# The message fields a template renders as text; `tool_calls` is rendered as its JSON.
+TEXT_FIELDS = ("content", "reasoning_content", "tool_calls")
 # A conversation the template renders with its turn markers (a system turn where it takes one).
 _PROBE = (
     {"role": "user", "content": "a"},
@@ -79,6 +81,8 @@ def special_text_fault(tokenizer, messages: Sequence[dict]) -> str | None:
     for i, message in enumerate(messages):
         for field in TEXT_FIELDS:
             text = message.get(field)
+            if field == "tool_calls" and text is not None:
+                text = json.dumps(text, ensure_ascii=False)
             hit = pattern.search(text) if isinstance(text, str) else None
             if hit:
                 where = "" if field == "content" else f" {field}"

@@ -12,7 +12,8 @@ __all__ = ["BENCH_ROWS", "DRAFTER_FILES", "GENERATED_ROWS", "SAMPLE_ROWS", "TOKE
 # the chat template cannot render rejected with its line
 # 3: records read by specbuild.infra.records (a key twice, nesting too deep, NaN rejected); a
 # record with one of the target's special tokens typed as text rejected (special_text)
-SAMPLE_ROWS = 3
+# 4: an assistant turn's tool_calls kept with it (were dropped), for tokenize to render or reject
+SAMPLE_ROWS = 4
 
 # 2: `regenerate` answers every assistant turn on the target's own earlier answers
 GENERATED_ROWS = 2
