@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -34,6 +35,7 @@ from specbuild.block_export import (
 from specbuild.drafter.block import BLOCK_FAMILIES, BlockConfig
 from specbuild.drafter.config import DrafterConfig
 from specbuild.drafter.state import read_drafter
+from specbuild.eagle.drafter_tensors import DrafterShape, tensor_shapes
 from specbuild.eagle.layers import AUX_LAYERS, architecture_of, eagle_layer_ids
 from specbuild.eagle.text_model import text_config
 from specbuild.infra.disk import ensure_free_space, export_need
@@ -116,33 +118,14 @@ def hf_config(
 
 
 def expected_tensors(cfg: DrafterConfig, dtype: str) -> dict[str, tuple[list[int], str]]:
-    """{name: (shape, safetensors dtype)} of a correct model.safetensors."""
-    h, i, th = cfg.hidden_size, cfg.intermediate_size, cfg.target_hidden_size
-    q, kv, f = (
-        cfg.num_attention_heads * cfg.head_dim,
-        cfg.num_key_value_heads * cfg.head_dim,
-        _ST_DTYPES[dtype],
-    )
-    want = {
-        "fc.weight": ([h, AUX_LAYERS * th], f),
-        "midlayer.hidden_norm.weight": ([h], f),
-        "midlayer.input_layernorm.weight": ([h], f),
-        "midlayer.self_attn.q_proj.weight": ([q, 2 * h], f),
-        "midlayer.self_attn.k_proj.weight": ([kv, 2 * h], f),
-        "midlayer.self_attn.v_proj.weight": ([kv, 2 * h], f),
-        "midlayer.self_attn.o_proj.weight": ([h, q], f),
-        "midlayer.post_attention_layernorm.weight": ([h], f),
-        "midlayer.mlp.gate_proj.weight": ([i, h], f),
-        "midlayer.mlp.up_proj.weight": ([i, h], f),
-        "midlayer.mlp.down_proj.weight": ([h, i], f),
-        "norm.weight": ([h], f),
-        "lm_head.weight": ([cfg.draft_vocab_size, h], f),
-        "d2t": ([cfg.draft_vocab_size], "I64"),
-        "t2d": ([cfg.vocab_size], "BOOL"),
+    """{name: (shape, safetensors dtype)} of a correct model.safetensors (its names and shapes:
+    specbuild.eagle.drafter_tensors, which the parse-time check of a foreign folder reads too)."""
+    shape = DrafterShape(**{f.name: getattr(cfg, f.name) for f in fields(DrafterShape)})
+    kinds = {"d2t": "I64", "t2d": "BOOL"}
+    return {
+        name: (dims, kinds.get(name, _ST_DTYPES[dtype]))
+        for name, dims in tensor_shapes(shape).items()
     }
-    if cfg.fc_norm:
-        want |= {f"fc_norm.{j}.weight": ([th], f) for j in range(AUX_LAYERS)}
-    return want
 
 
 def export_for_sglang(

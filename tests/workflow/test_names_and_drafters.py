@@ -64,3 +64,30 @@ def test_a_truncated_drafter_built_elsewhere_is_named_with_its_key_and_file_at_p
     )
     assert "Traceback" not in proc.stderr
     assert not (wd / "results" / "bench").exists()
+
+
+def test_a_drafter_built_elsewhere_with_a_renamed_tensor_is_named_at_parse_time(
+    tmp_path, target_dir, random_drafter
+):
+    from safetensors.torch import load_file, save_file
+
+    wd = make_workdir(tmp_path / "wf", target_dir)
+    theirs = random_drafter(wd / "theirs", read_json(target_dir / "config.json"), [1, 14, 26])
+    weights = theirs / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["fcx.weight"] = tensors.pop("fc.weight")
+    save_file(tensors, str(weights))
+    config = tiny_config()
+    config["bench"] = {"engines": ["hf"], "chains": ["3-1-4"], "variants": []}
+    config["bench"]["drafters"] = {"theirs": "theirs"}
+    config["report"] = {"train_metrics": None}
+    write_config(wd, config)
+    proc = snakemake(wd, "-n", check=False)
+    assert proc.returncode == 1, proc.stderr
+    (line,) = [line for line in proc.stderr.splitlines() if "bench.drafters.theirs" in line]
+    assert line.startswith(
+        "  bench.drafters.theirs: theirs/model.safetensors: no tensor 'fc.weight', which its "
+        "config.json implies; unexpected tensor 'fcx.weight'"
+    )
+    assert "Traceback" not in proc.stderr
+    assert not (wd / "results" / "bench").exists()

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from specbuild.config.views import TRAIN_CADENCE
+from specbuild.eagle.drafter_tensors import DrafterShape
 from specbuild.eagle.text_model import text_config
 from specbuild.infra.devices import wants_cuda
 
@@ -97,20 +98,12 @@ class DrafterConfig:
         """From an EAGLE-3 drafter's config.json: ours (specbuild.export.hf_config) or any other
         exporter's that SGLang loads (head_dim, key-value heads and draft vocabulary default
         the way a Llama config implies them)."""
-        heads = int(hf["num_attention_heads"])
+        # the sizes, defaulted as SGLang reads a Llama config (other exporters, SpecForge's,
+        # leave out what it implies): the one reading the parse-time check shares
         return cls(
-            hidden_size=int(hf["hidden_size"]),
-            intermediate_size=int(hf["intermediate_size"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
-            # other exporters (SpecForge) leave out what Llama configs imply, as SGLang reads it
-            head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
-            vocab_size=int(hf["vocab_size"]),
-            draft_vocab_size=int(hf.get("draft_vocab_size") or hf["vocab_size"]),
-            target_hidden_size=int(hf.get("target_hidden_size", hf["hidden_size"])),
+            **asdict(DrafterShape.from_config(hf)),
             rms_norm_eps=float(hf["rms_norm_eps"]),
             max_position_embeddings=int(hf["max_position_embeddings"]),
-            fc_norm=bool(hf.get("fc_norm", False)),
             hidden_act=str(hf.get("hidden_act", "silu")),
             **rope_from_hf({k: v for k, v in hf.items() if k != "rope_parameters"}),
         )

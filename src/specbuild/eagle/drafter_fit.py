@@ -6,11 +6,13 @@ size, target vocabulary, draft vocabulary, the layers its eagle_config makes SGL
 and returns one line per mismatch, plus the target layer-output ids SGLang feeds it.
 `external_drafter_faults` runs that for each `bench.drafters.<name>` entry, a folder built
 elsewhere, before any job starts: a folder that is missing, has no config.json, whose
-model.safetensors is truncated or has an unsound header (specbuild.infra.safetensors_header), or was
-trained for another target is a config fault naming the key and the file, not a stack trace
-from the bench job hours later. The target's config.json is the materialized folder's
-(results/target/<name>/), else the source's when it is a local folder; a hub id not yet
-downloaded leaves the fit to the bench job, and the fault list says so only if it finds one.
+model.safetensors is truncated or has an unsound header (specbuild.infra.safetensors_header),
+whose tensors are not those its config.json implies (a renamed, missing or extra tensor, by
+name, or a shape; specbuild.eagle.drafter_tensors), or that was trained for another target is a
+config fault naming the key and the file, not a stack trace from the bench job hours later. The
+target's config.json is the materialized folder's (results/target/<name>/), else the source's
+when it is a local folder; a hub id not yet downloaded leaves the fit to the bench job, and the
+fault list says so only if it finds one.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from specbuild.eagle.drafter_tensors import IGNORED, DrafterShape, tensor_names, tensor_shapes
 from specbuild.infra.formats import DRAFTER_FILES
-from specbuild.infra.safetensors_header import header_faults
+from specbuild.infra.safetensors_header import header_faults, header_shapes
 
 __all__ = [
     "fit_faults",
     "target_config_for",
     "external_drafter_faults",
+    "tensor_faults",
 ]
 
 WEIGHTS = "model.safetensors"  # of DRAFTER_FILES, the one whose header is read at parse time
@@ -82,6 +86,47 @@ def fit_faults(
     if isinstance(draft, int) and not 0 < draft <= vocab:
         faults.append(f"draft_vocab_size is {draft}: not within the target's vocabulary ({vocab})")
     return faults, layer_ids
+
+
+_LISTED = 5  # tensor names or shapes listed per fault; the rest counted
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:_LISTED])
+    return shown + (f" and {len(names) - _LISTED} more" if len(names) > _LISTED else "")
+
+
+def tensor_faults(config: Mapping[str, Any], weights: str | os.PathLike) -> list[str]:
+    """The tensors of an EAGLE-3 drafter's `weights` (a safetensors file whose header is sound)
+    against those its `config` (config.json) implies: missing and unexpected names, then
+    shapes where it gives every size (SGLang defaults the others as a Llama config does). []
+    for a folder whose architecture is no EAGLE-3 one (its own loader checks it)."""
+    archs = config.get("architectures")
+    if isinstance(archs, list) and archs and not any("Eagle3" in str(a) for a in archs):
+        return []
+    names = tensor_names(fc_norm=bool(config.get("fc_norm", False)))
+    try:
+        want: dict[str, list[int] | None] = tensor_shapes(DrafterShape.from_config(config))
+    except (KeyError, TypeError, ValueError, ArithmeticError):
+        want = dict.fromkeys(names)
+    have = header_shapes(weights)
+    missing = sorted(want.keys() - have.keys())
+    extra = sorted(have.keys() - want.keys() - set(IGNORED))
+    faults = []
+    if missing:
+        faults.append(f"no tensor {_listed(missing)}, which its config.json implies")
+    if extra:
+        faults.append(
+            f"unexpected tensor {_listed(extra)} (SGLang skips a name it does not know and "
+            "serves what it did not load untrained; the PyTorch engine refuses the folder)"
+        )
+    if faults:
+        return faults
+    wrong = [n for n in want if want[n] is not None and have[n] != want[n]]
+    return [
+        f"tensor {n!r} has shape {have[n]}, its config.json implies {want[n]}"
+        for n in wrong[:_LISTED]
+    ] + ([f"... and {len(wrong) - _LISTED} more shapes"] if len(wrong) > _LISTED else [])
 
 
 def _built_from(folder: Path) -> str | None:
@@ -149,6 +194,10 @@ def external_drafter_faults(
             continue
         if not isinstance(cfg, dict):
             faults.append(f"{key}: {folder}/config.json holds no JSON object")
+            continue
+        wrong = tensor_faults(cfg, full / WEIGHTS)
+        if wrong:
+            faults.append(f"{key}: {folder}/{WEIGHTS}: {'; '.join(wrong)}; {FOREIGN_ADVICE}")
             continue
         if not where:
             target, where = target_config_for(workdir, target_name, source)

@@ -7,8 +7,8 @@ size. A file built elsewhere (a drafter from another trainer) may be truncated b
 hostile: a length of 2^62 must be refused by arithmetic, never by an allocation.
 
 Contract: `header_faults` returns every fault of a file as one line each (empty: the header
-is sound and the file holds all the data it declares); it imports no torch, so the config
-check can run it at parse time.
+is sound and the file holds all the data it declares); `header_shapes` the {name: shape} of a
+file it found sound. Neither imports torch, so the config check can run them at parse time.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import math
 import os
 from typing import Any
 
-__all__ = ["DTYPE_BYTES", "MAX_HEADER_BYTES", "header_faults"]
+__all__ = ["DTYPE_BYTES", "MAX_HEADER_BYTES", "header_faults", "header_shapes"]
 
 # bytes per element of every safetensors dtype of whole bytes
 DTYPE_BYTES = {
@@ -122,3 +122,12 @@ def header_faults(path: str | os.PathLike) -> list[str]:
             + ("truncated (a copy that did not finish?)" if at > data else "bytes after the last")
         ]
     return []
+
+
+def header_shapes(path: str | os.PathLike) -> dict[str, list[int]]:
+    """{tensor name: shape} of the safetensors file at `path`, whose header `header_faults`
+    found sound (its data is not read)."""
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(n).decode("utf-8"))
+    return {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}

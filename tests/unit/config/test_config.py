@@ -26,6 +26,7 @@ NEUTRAL = {
     "specbuild.eagle",
     "specbuild.eagle.chain",
     "specbuild.eagle.drafter_fit",
+    "specbuild.eagle.drafter_tensors",
     "specbuild.eagle.layers",
     "specbuild.infra",
     "specbuild.infra.credential_patterns",

@@ -3,9 +3,11 @@ target not downloaded yet is said to leave the rest to the bench job."""
 
 import json
 
+import numpy as np
 from safetensors.numpy import save_file
 
 from specbuild.eagle.drafter_fit import external_drafter_faults, fit_faults
+from specbuild.eagle.drafter_tensors import DrafterShape, tensor_names, tensor_shapes
 
 TARGET = {
     "architectures": ["LlamaForCausalLM"],
@@ -16,9 +18,12 @@ TARGET = {
 
 
 def _folder(path, **config):
+    """A drafter folder: `config` as its config.json, and every tensor an EAGLE-3 drafter has,
+    each of one element (a config.json without every size decides no shape)."""
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(config))
-    save_file({}, str(path / "model.safetensors"))  # a sound header, no tensor
+    tensors = {name: np.zeros(1, np.float32) for name in tensor_names()}
+    save_file(tensors, str(path / "model.safetensors"))
     return path
 
 
@@ -129,3 +134,64 @@ def test_a_drafter_whose_header_claims_2_to_the_62_bytes_is_refused_before_any_t
     assert fault.startswith(
         f"bench.drafters.theirs: theirs/model.safetensors: its header claims {2**62:,} bytes"
     )
+
+
+# a drafter for TARGET with every size in its config.json, as stage export writes one
+SIZES = {
+    "architectures": ["LlamaForCausalLMEagle3"],
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "draft_vocab_size": 256,
+}
+
+
+def _drafter(path, rename=None, shapes=None):
+    """A folder of TARGET's drafter with its tensors as config.json implies them, `rename`
+    {old: new} and `shapes` {name: shape} changed."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(SIZES))
+    want = tensor_shapes(DrafterShape.from_config(SIZES)) | (shapes or {})
+    tensors = {(rename or {}).get(n, n): np.zeros(dims, np.uint8) for n, dims in want.items()}
+    tensors["embed_tokens.weight"] = np.zeros(1, np.uint8)  # carried, never used: allowed
+    save_file(tensors, str(path / "model.safetensors"))
+    return path
+
+
+def test_a_drafter_with_a_renamed_tensor_is_refused_naming_the_key_folder_and_names(tmp_path):
+    _drafter(tmp_path / "theirs", rename={"fc.weight": "fcx.weight"})
+    _drafter(tmp_path / "fine")
+    _materialized(tmp_path)
+    kw = {"workdir": tmp_path, "target_name": "t", "source": "models/t"}
+    (fault,) = external_drafter_faults({"theirs": "theirs", "fine": "fine"}, **kw)
+    assert fault.startswith(
+        "bench.drafters.theirs: theirs/model.safetensors: no tensor 'fc.weight', which its "
+        "config.json implies; unexpected tensor 'fcx.weight' (SGLang skips a name it does not "
+        "know"
+    )
+    assert fault.endswith("(a folder built elsewhere is not rebuilt by this workflow)")
+
+
+def test_a_drafter_with_a_tensor_of_another_shape_is_refused_naming_it(tmp_path):
+    _drafter(tmp_path / "theirs", shapes={"lm_head.weight": [300, 576]})
+    _materialized(tmp_path)
+    kw = {"workdir": tmp_path, "target_name": "t", "source": "models/t"}
+    (fault,) = external_drafter_faults({"theirs": "theirs"}, **kw)
+    assert fault.startswith(
+        "bench.drafters.theirs: theirs/model.safetensors: tensor 'lm_head.weight' has shape "
+        "[300, 576], its config.json implies [256, 576]"
+    )
+
+
+def test_the_tensor_names_are_those_stage_export_writes():
+    from specbuild.drafter.config import DrafterConfig
+    from specbuild.export import expected_tensors
+
+    cfg = DrafterConfig.from_export({**SIZES, "rms_norm_eps": 1e-5, "max_position_embeddings": 8})
+    want = tensor_shapes(DrafterShape.from_config(SIZES))
+    assert {n: s for n, (s, _) in expected_tensors(cfg, "bfloat16").items()} == want
+    assert list(want) == tensor_names()
+    assert len(tensor_names(fc_norm=True)) == len(want) + 3
