@@ -52,6 +52,7 @@ from specbuild.hidden.integrity import (
 )
 from specbuild.hidden.tokens import TokenShard
 from specbuild.hidden.writer import Layout, shard_writer
+from specbuild.infra.faults import JobFault
 
 __all__ = [
     "META_KEYS",
@@ -142,8 +143,9 @@ def layout_nbytes(layout: Layout) -> int:
     return sum(dtype.itemsize * math.prod(shape) for dtype, shape in layout.values())
 
 
-class ShardError(ValueError):
-    """A hidden-state shard that must not be used; the message names the file and every fault."""
+class ShardError(JobFault, ValueError):
+    """A hidden-state shard that must not be used; the message names the file and every fault,
+    and the fix: a job's log shows it alone (infra.joblog)."""
 
 
 def write_shard(

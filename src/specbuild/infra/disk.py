@@ -18,6 +18,8 @@ import os
 import shutil
 from pathlib import Path
 
+from specbuild.infra.faults import JobFault
+
 # `io` imports this module (atomic writes report a full disk through it): nothing from io here
 __all__ = [
     "DiskFullError",
@@ -46,7 +48,7 @@ TOKENIZE_EXPANSION = 4
 CHECKPOINTS_AT_ONCE = 2
 
 
-class DiskFullError(OSError):
+class DiskFullError(JobFault, OSError):
     """Too little free space for a write; the message names the path, the need and the free."""
 
     def __init__(self, message: str) -> None:

@@ -5,9 +5,10 @@ stderr only, so the log ends mid-story. `start_job_log` sets up the job's loggin
 (`specbuild.infra.io.setup_logging`) and hooks `sys.excepthook`, so the traceback that ends the job
 is written to its log file too (and to stderr, once).
 
-Two endings are the user's, not bugs, and get one message without a traceback: Ctrl-C (the
-job stops; atomic writes leave nothing that looks finished) and a full disk
-(`specbuild.infra.disk.DiskFullError`: the path, the need, what is free).
+Some endings are the user's, not bugs, and get their message without a traceback: Ctrl-C (the
+job stops; atomic writes leave nothing that looks finished) and any `JobFault`
+(`specbuild.infra.faults`: a full disk, a hidden-state shard that fails verification, ...),
+whose message names the file and the fix; a traceback would point at specbuild's code instead.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import sys
 from types import TracebackType
 
-from specbuild.infra.disk import DiskFullError
+from specbuild.infra.faults import JobFault
 from specbuild.infra.io import setup_logging
 
 __all__ = ["start_job_log"]
@@ -34,7 +35,7 @@ def start_job_log(log: str | os.PathLike | None, *, append: bool = False) -> log
             # the interpreter still exits as killed by SIGINT, which Snakemake reads as such
             logger.error("job interrupted (Ctrl-C): nothing it was writing kept its name")
             return
-        if issubclass(kind, DiskFullError):
+        if issubclass(kind, JobFault):
             logger.critical("job failed: %s", err)
             return
         logger.critical("job failed: %s: %s", kind.__name__, err, exc_info=(kind, err, tb))

@@ -41,6 +41,21 @@ def test_an_uncaught_exception_is_written_to_the_jobs_log_file(tmp_path):
     assert proc.stderr.count("Traceback") == 1  # on stderr too, once
 
 
+def test_a_fault_the_user_fixes_is_logged_as_its_message_alone(tmp_path):
+    proc = _run_job(
+        tmp_path,
+        """
+        from specbuild.hidden.shards import ShardError
+
+        raise ShardError("1 of 2 hidden-state shard(s) failed verification\\nFix: delete it")
+        """,
+    )
+    log = (tmp_path / "logs" / "job.log").read_text()
+    assert proc.returncode == 1
+    assert "CRITICAL job failed: 1 of 2 hidden-state shard(s) failed verification\nFix:" in log
+    assert "Traceback" not in log and "Traceback" not in proc.stderr
+
+
 def test_a_job_that_succeeds_logs_no_failure(tmp_path):
     proc = _run_job(tmp_path, "import logging\nlogging.getLogger('specbuild').info('done')\n")
     log = (tmp_path / "logs" / "job.log").read_text()
