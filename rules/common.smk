@@ -22,7 +22,12 @@ from specbuild.workflow import bench_plan, datasets, engine_settings, features, 
 from specbuild.workflow import rejects, report_plan, scheduling, targets, training
 from specbuild.workflow import tuning_plan
 from specbuild.workflow.scheduling import PRIORITY, engine_env
-from specbuild.workflow.shards import DatasetFaults, ShardIndex, earlier_samples
+from specbuild.workflow.shards import (
+    DatasetFaults,
+    ShardIndex,
+    earlier_samples,
+    shard_advice,
+)
 
 
 def config_source():
@@ -96,6 +101,12 @@ try:
     SHARDS = ShardIndex.read(config)
 except DatasetFaults as err:
     sys.exit(str(ConfigError(config_source(), err.faults, SCHEMA)))
+# Thousands of shards make the plan itself slow: said once, by the run's own Snakemake.
+if workflow.is_main_process:
+    from snakemake.logging import logger
+
+    for line in shard_advice(config, SHARDS):
+        logger.warning(line)
 
 # The one SGLang ServerOptions param of every server specbuild starts (bench, tuning, serve)
 SERVER = engine_settings.server_options_params(

@@ -12,7 +12,20 @@ from collections.abc import Iterable, Mapping
 from specbuild.samples import record_digests
 from specbuild.workflow.datasets import dataset_size_limit, is_synthetic
 
-__all__ = ["DatasetFaults", "ShardIndex", "earlier_samples", "shard_digests"]
+__all__ = [
+    "MANY_SHARDS",
+    "DatasetFaults",
+    "ShardIndex",
+    "earlier_samples",
+    "shard_advice",
+    "shard_digests",
+]
+
+# Shards of one dataset above which planning itself costs: Snakemake plans several jobs per
+# shard, and 7,813 shards (500,000 records at the default 64) took 4.5 min and 1.5 GB to plan.
+MANY_SHARDS = 2000
+# The shard count the advice aims at: well under MANY_SHARDS, still shards enough to spread.
+ADVISED_SHARDS = 1000
 
 
 class DatasetFaults(Exception):
@@ -81,3 +94,22 @@ def earlier_samples(config: Mapping, shards: ShardIndex, dataset: str, shard: st
         return []
     before = shards.ids(dataset)[: int(shard)]
     return [f"results/samples/{dataset}/{s}.jsonl" for s in before]
+
+
+def shard_advice(config: Mapping, shards: ShardIndex) -> list[str]:
+    """One line per dataset of more than MANY_SHARDS shards: the count, and a shard_size that
+    makes about ADVISED_SHARDS of them."""
+    lines = []
+    for name, digests in shards.digests.items():
+        n, size = len(digests), config["datasets"][name]["shard_size"]
+        if n <= MANY_SHARDS:
+            continue
+        advised = -(-n * size // ADVISED_SHARDS)  # ceiling: at most ADVISED_SHARDS shards
+        lines.append(
+            f"datasets.{name}: {n:,} shards (shard_size {size}): Snakemake plans several jobs a "
+            f"shard, so planning alone takes minutes and gigabytes; raise "
+            f"datasets.{name}.shard_size (e.g. to {advised}: {-(-n * size // advised):,} "
+            "shards). A new shard_size cuts the records anew: every shard of the dataset is "
+            "rebuilt once"
+        )
+    return lines

@@ -57,3 +57,16 @@ def test_a_corrupt_gzip_dataset_is_a_fault_naming_its_key_and_file(tmp_path):
     # zlib's own words after "Error -3" (a corrupt stream) vary with its version
     assert fault.startswith(f"datasets.d.path: {raw}: not a readable gzip file (Error -3 ")
     assert fault.endswith("or drop the .gz from the name")
+
+
+def test_thousands_of_shards_get_one_line_of_advice_naming_the_key_and_a_size():
+    from specbuild.workflow.shards import MANY_SHARDS, shard_advice
+
+    cfg = {"datasets": {"big": {"shard_size": 64}, "small": {"shard_size": 64}}}
+    index = ShardIndex({"big": ["x"] * 7813, "small": ["x"] * MANY_SHARDS})
+    assert shard_advice(cfg, index) == [
+        "datasets.big: 7,813 shards (shard_size 64): Snakemake plans several jobs a shard, so "
+        "planning alone takes minutes and gigabytes; raise datasets.big.shard_size (e.g. to "
+        "501: 999 shards). A new shard_size cuts the records anew: every shard of the dataset "
+        "is rebuilt once"
+    ]
