@@ -13,10 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from safetensors.numpy import save_file
 from workflow_helpers import REPO, make_workdir, planned_jobs, tiny_config, write_config
+
+from specbuild.eagle.drafter_tensors import tensor_names
 
 pytestmark = pytest.mark.workflow
 
@@ -55,7 +58,10 @@ def _make_what_it_names(wd: Path, snippet: dict, target_config: dict) -> None:
             "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, layers // 2 - 1, layers - 4]},
         }
         (path / "config.json").write_text(json.dumps(config))
-        save_file({}, str(path / "model.safetensors"))  # a sound header: checked at parse
+        # a sound header with every tensor's name (one element each: a config.json without
+        # every size decides no shape): checked at parse
+        tensors = {name: np.zeros(1, np.float32) for name in tensor_names()}
+        save_file(tensors, str(path / "model.safetensors"))
 
 
 def test_the_docs_have_snippets_of_each_kind():
