@@ -14,7 +14,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
+from safetensors.numpy import save_file
 from workflow_helpers import (
     DATASET,
     PROMPTS,
@@ -27,6 +29,7 @@ from workflow_helpers import (
     write_config,
 )
 
+from specbuild.eagle.drafter_tensors import tensor_names
 from specbuild.infra.io import read_json
 from specbuild.infra.run_lock import LOCK_DIR, is_locked, process_start, this_run, write_lock_file
 
@@ -66,8 +69,10 @@ def _drafter_folder(path: Path, **changes) -> Path:
         **changes,
     }
     (path / "config.json").write_text(json.dumps(config))
-    # the parse reads its header (a sound one, no tensor), never its data
-    (path / "model.safetensors").write_bytes(b"\x02\0\0\0\0\0\0\0{}")
+    # the parse reads its header (every tensor's name, one element each: a config.json without
+    # every size decides no shape), never its data
+    tensors = {name: np.zeros(1, np.float32) for name in tensor_names()}
+    save_file(tensors, str(path / "model.safetensors"))
     return path
 
 
