@@ -18,7 +18,9 @@ rule serve:
     conda:
         "../envs/specbuild.yaml"
     params:
-        chains=list(config["bench"]["chains"]),
+        chains=bench_plan.drafter_chains(
+            config, bench_plan.served_drafter(config, VARIANTS)
+        ),
         server=SERVER,
         port=config["sglang"]["serve_port"],
         # the variable's name only: serve.sh reads the key when it runs

@@ -93,27 +93,30 @@ def load_drafter(
     return drafter.float().to(target.device).eval(), list(layer_ids or [])
 
 
-def load_block(folder: str | os.PathLike, target, target_config: dict):
+def load_block(folder: str | os.PathLike, target, target_dir: str | os.PathLike):
     """A block drafter folder (DFlash, DSpark) in float32 eval mode around the target's
     embedding and lm_head, and the layer-output ids it reads; refused, naming every fault,
     when SGLang would load it wrongly or it does not fit the target."""
     from specbuild.block_export import config_from_export
     from specbuild.drafter.block import load_block_drafter
+    from specbuild.drafter.teacher import read_target_weights
     from specbuild.eagle.text_model import text_config
     from specbuild.export import export_faults
 
     folder = Path(folder)
     hf = read_json(folder / "config.json")
     faults = export_faults(folder)
-    text = text_config(target_config)
+    text = text_config(read_json(Path(target_dir) / "config.json"))
     for key in ("hidden_size", "vocab_size"):
         if hf.get(key) != text.get(key):
             faults.append(f"{key} {hf.get(key)}, the target's is {text.get(key)}")
     if faults:
         raise ValueError(f"{folder} does not fit the target:\n  " + "\n  ".join(faults))
     cfg = config_from_export(hf)
-    embed = target.get_input_embeddings().weight.detach().float()
-    head = target.get_output_embeddings().weight.detach().float()
+    # the target's own, read from its folder: the loaded target's head may be repacked (oneDNN)
+    names = ["model.embed_tokens.weight", "lm_head.weight"]
+    weights = read_target_weights(target_dir, names)
+    embed, head = (weights[n].float().to(target.device) for n in names)
     drafter = load_block_drafter(folder, cfg, embed, head)
     return drafter, [int(i) for i in hf["dflash_config"]["target_layer_ids"]]
 
@@ -404,7 +407,7 @@ def open_hf(
         raise ValueError(f"chain {chain!r} needs a drafter folder")
     target_config = read_json(Path(target_dir) / "config.json")
     if family_of(read_json(Path(drafter_dir) / "config.json")):
-        drafter, layer_ids = load_block(drafter_dir, target, target_config)
+        drafter, layer_ids = load_block(drafter_dir, target, target_dir)
         decoder = HFBlockDecoder(
             target, drafter, layer_ids=layer_ids, eos_ids=eos, drafter_name=drafter_name
         )

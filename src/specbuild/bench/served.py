@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from specbuild.backends.openai import api_key_from_env
 from specbuild.bench.rows import Completion, device_label
-from specbuild.eagle.chain import BASELINE, NO_DRAFTER, Chain
+from specbuild.eagle.chain import BASELINE, NGRAM_DRAFTER, NO_DRAFTER, Chain
 from specbuild.engines.http import get_json, iter_sse
 from specbuild.engines.kept_server import Endpoint
 from specbuild.engines.open import open_engine
@@ -176,7 +176,9 @@ def open_sglang(
     `options`: {"server": ServerOptions fields} (config `sglang.*`)."""
     server = ServerOptions(**options["server"])
     extra = {}
-    if chain != BASELINE:
+    if chain != BASELINE and drafter_name == NGRAM_DRAFTER:
+        extra = Chain.parse(chain).ngram_args()
+    elif chain != BASELINE:
         if not drafter_dir:
             raise ValueError(f"chain {chain!r} needs a drafter folder (stage export)")
         extra = Chain.parse(chain).server_args(

@@ -16,7 +16,7 @@ from typing import Any
 
 from specbuild.config.schema import did_you_mean, mapping
 from specbuild.config.views import BASE_VARIANT
-from specbuild.eagle.chain import BASELINE, NO_DRAFTER, Chain
+from specbuild.eagle.chain import BASELINE, NGRAM_DRAFTER, NO_DRAFTER, Chain
 from specbuild.eagle.drafter_fit import external_drafter_faults
 from specbuild.infra.hosts import is_loopback
 from specbuild.infra.server_flags import RESERVED_FLAGS, cli_flag, flag_like_value, reserved_flag
@@ -25,7 +25,7 @@ __all__ = ["RESERVED_DRAFTER_NAMES", "rule_faults"]
 
 # names a variant (or a bench.drafters entry) cannot take: the bench's no-drafter run
 # (results/bench/<engine>/none/baseline.jsonl, `drafter` "none" in its rows)
-RESERVED_DRAFTER_NAMES = (NO_DRAFTER, BASELINE)
+RESERVED_DRAFTER_NAMES = (NO_DRAFTER, BASELINE, NGRAM_DRAFTER)
 
 
 def _file_fault(key: str, path: Any, workdir: Path) -> list[str]:
@@ -216,6 +216,11 @@ def _variant_faults(config: Mapping) -> list[str]:
             faults.append(
                 f"{key}.init: {merged['init']!r} with {key}.init_from {merged['init_from']!r}: a "
                 "warm start replaces every weight; give one of them"
+            )
+        if merged.get("family", "eagle3") != "eagle3" and merged.get("init_from"):
+            faults.append(
+                f"{key}.init_from: {merged['init_from']!r} warm-starts EAGLE-3 drafters only, "
+                f"and {key}.family is {merged['family']!r}"
             )
         faults += _train_datasets_faults(f"{key}.datasets", merged, config)
     return faults

@@ -13,6 +13,7 @@ from typing import Any
 
 __all__ = [
     "BASE_VARIANT",
+    "BLOCK_KEYS",
     "TRAIN_CADENCE",
     "TRAIN_NEUTRAL",
     "bench_drafter_names",
@@ -28,7 +29,10 @@ BASE_VARIANT = "base"  # the variant that is the recipe of `train` itself, alway
 TRAIN_CADENCE = ("log_interval", "save_interval")
 # Training keys added after builds existed, at the value that trains exactly as before: a job's
 # params leave them out there, so a build made before the key existed stays up to date.
-TRAIN_NEUTRAL = {"acceptance_weight": 0.0}
+TRAIN_NEUTRAL = {"acceptance_weight": 0.0, "family": "eagle3"}
+# Keys only a block family (dflash, dspark) reads: an EAGLE-3 variant's params leave them out,
+# so they neither rerun it nor appear in its job.
+BLOCK_KEYS = ("block_drafts", "block_layers", "block_anchors", "markov_rank", "mask_token_id")
 
 
 def train_variants(config: Mapping) -> dict[str, dict]:

@@ -7,13 +7,27 @@ config checks, rule wildcards, servers, tables and plots all read a chain throug
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["BASELINE", "CHAIN_PATTERN", "NO_DRAFTER", "Chain", "chain_order"]
+__all__ = [
+    "BASELINE",
+    "BLOCK_ALGORITHMS",
+    "CHAIN_PATTERN",
+    "NGRAM_DRAFTER",
+    "NO_DRAFTER",
+    "Chain",
+    "block_chain",
+    "chain_order",
+]
 
 BASELINE = "baseline"  # the `chain` of rows decoded without a drafter
 NO_DRAFTER = "none"  # the baseline's `drafter` (its rows and its folder)
+# SGLang's n-gram speculation (bench.ngram): drafts looked up in the text so far, no trained
+# drafter and no folder; the floor a user gets without training
+NGRAM_DRAFTER = "ngram"
 # A `chain` as a regex (rule wildcards): the baseline or any chain-shaped name.
 CHAIN_PATTERN = rf"{BASELINE}|[0-9]+-[0-9]+-[0-9]+"
 
@@ -56,17 +70,61 @@ class Chain:
         self, drafter_dir: str, *, draft_attention_backend: str | None = None
     ) -> dict[str, Any]:
         """SGLang's flags serving `drafter_dir` with this chain; the draft's attention backend
-        when one is named (config `sglang.draft_attention_backend`), else SGLang's choice."""
-        args: dict[str, Any] = {
-            "speculative_algorithm": "EAGLE3",
+        when one is named (config `sglang.draft_attention_backend`), else SGLang's choice.
+
+        A block drafter's folder (DFlash, DSpark: its config.json says) is served by its own
+        algorithm, one forward per block: DFLASH verifies a block of draft_tokens, DSPARK
+        proposes gamma = steps drafts; both forbid steps and topk flags of their own."""
+        algorithm = BLOCK_ALGORITHMS.get(_architecture(drafter_dir))
+        if algorithm == "DFLASH":
+            args: dict[str, Any] = {"speculative_dflash_block_size": self.draft_tokens}
+        elif algorithm == "DSPARK":
+            args = {"speculative_dspark_block_size": self.steps}
+        else:
+            algorithm, args = (
+                "EAGLE3",
+                {
+                    "speculative_num_steps": self.steps,
+                    "speculative_eagle_topk": self.topk,
+                    "speculative_num_draft_tokens": self.draft_tokens,
+                },
+            )
+        args = {
+            "speculative_algorithm": algorithm,
             "speculative_draft_model_path": str(drafter_dir),
-            "speculative_num_steps": self.steps,
-            "speculative_eagle_topk": self.topk,
-            "speculative_num_draft_tokens": self.draft_tokens,
+            **args,
         }
         if draft_attention_backend:
             args["speculative_draft_attention_backend"] = draft_attention_backend
         return args
+
+    def ngram_args(self) -> dict[str, Any]:
+        """SGLang's flags for n-gram speculation at this chain: draft_tokens verified, topk
+        as the lookup's breadth (SGLang sets its steps from the two)."""
+        return {
+            "speculative_algorithm": "NGRAM",
+            "speculative_num_draft_tokens": self.draft_tokens,
+            "speculative_ngram_max_bfs_breadth": self.topk,
+            "speculative_ngram_min_bfs_breadth": 1,
+        }
+
+
+# a block drafter's architecture (specbuild.block_export) -> SGLang's --speculative-algorithm
+BLOCK_ALGORITHMS = {"DFlashDraftModel": "DFLASH", "DSparkDraftModel": "DSPARK"}
+
+
+def _architecture(drafter_dir: str) -> str:
+    """The architecture a drafter folder's config.json names ("" where there is none yet)."""
+    path = Path(drafter_dir) / "config.json"
+    if not path.is_file():
+        return ""
+    archs = json.loads(path.read_text()).get("architectures") or [""]
+    return str(archs[0])
+
+
+def block_chain(drafts: int) -> str:
+    """The one chain a block drafter of `drafts` tokens is benched and served at."""
+    return f"{drafts}-1-{drafts + 1}"
 
 
 def chain_order(chains) -> list[str]:

@@ -11,7 +11,8 @@ import os
 from collections.abc import Collection, Mapping
 
 from specbuild.config import bench_drafter_names
-from specbuild.eagle.chain import BASELINE, NO_DRAFTER
+from specbuild.config.views import train_variants
+from specbuild.eagle.chain import BASELINE, NGRAM_DRAFTER, NO_DRAFTER, block_chain
 from specbuild.workflow.paths import (
     bench_row_file,
     drafter_folder_files,
@@ -31,6 +32,7 @@ __all__ = [
     "bench_prompt_limit",
     "bench_row_files",
     "bench_runs",
+    "drafter_chains",
     "bench_sets",
     "served_drafter",
     "serve_rows",
@@ -52,6 +54,15 @@ def bench_drafters(config: Mapping, variants: Collection[str]) -> dict[str, str]
     return {name: folders[name] for name in bench_drafter_names(config)}
 
 
+def drafter_chains(config: Mapping, drafter: str) -> list[str]:
+    """The chains a drafter is benched and served at: bench.chains, or for a block variant
+    (train family dflash or dspark) the one chain its blocks were trained for."""
+    variant = train_variants(config).get(drafter)
+    if variant and variant.get("family", "eagle3") != "eagle3":
+        return [block_chain(int(variant["block_drafts"]))]
+    return list(config["bench"]["chains"])
+
+
 def bench_runs(config: Mapping, variants: Collection[str], engine: str) -> list[tuple[str, str]]:
     """(drafter, config) pairs one engine is benched at: the baseline (if on) and each drafter
     at every chain; an existing endpoint (openai) only at what it serves."""
@@ -60,7 +71,11 @@ def bench_runs(config: Mapping, variants: Collection[str], engine: str) -> list[
         serves = b["openai"]["serves"]
         return [(NO_DRAFTER if serves == BASELINE else b["openai"]["drafter"], serves)]
     runs = [(NO_DRAFTER, BASELINE)] if b["baseline"] else []
-    return runs + [(d, c) for d in bench_drafters(config, variants) for c in b["chains"]]
+    drafters = bench_drafters(config, variants)
+    runs += [(d, c) for d in drafters for c in drafter_chains(config, d)]
+    if engine == "sglang" and b["ngram"]:  # the floor without training, at each chain
+        runs += [(NGRAM_DRAFTER, c) for c in b["chains"]]
+    return runs
 
 
 def bench_row_files(config: Mapping, variants: Collection[str]) -> list[str]:
@@ -80,6 +95,8 @@ def bench_drafter_files(config: Mapping, variants: Collection[str], drafter: str
 def bench_drafter_regex(config: Mapping, variants: Collection[str]) -> str:
     """Wildcard constraint of `drafter`: the baseline's `none` or a benched drafter's name."""
     names = [NO_DRAFTER, *bench_drafters(config, variants)]
+    if config["bench"]["ngram"]:
+        names.append(NGRAM_DRAFTER)
     if "openai" in bench_engines(config):
         names.append(config["bench"]["openai"]["drafter"])
     return "|".join(dict.fromkeys(names))
@@ -110,7 +127,7 @@ def bench_inputs(
         "fp": target_file(config, "fingerprint.json"),
         "sets": [s["path"] for s in config["bench"]["sets"].values()],
     }
-    if chain != BASELINE and engine != "openai":
+    if chain != BASELINE and engine != "openai" and drafter != NGRAM_DRAFTER:
         inputs["drafter"] = bench_drafter_files(config, variants, drafter)
     return inputs
 
@@ -162,4 +179,4 @@ def serve_rows(config: Mapping, variants: Collection[str]) -> list[str]:
     if "sglang" not in bench_engines(config):
         return []
     drafter = served_drafter(config, variants)
-    return [bench_row_file("sglang", drafter, c) for c in config["bench"]["chains"]]
+    return [bench_row_file("sglang", drafter, c) for c in drafter_chains(config, drafter)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from specbuild.config import train_datasets
-from specbuild.config.views import TRAIN_CADENCE, TRAIN_NEUTRAL
+from specbuild.config.views import BLOCK_KEYS, TRAIN_CADENCE, TRAIN_NEUTRAL
 from specbuild.workflow.paths import HIDDEN_SHARD, drafter_folder_files
 from specbuild.workflow.shards import ShardIndex
 
@@ -30,13 +30,17 @@ def train_hparams(variants: Mapping[str, Mapping], variant: str) -> dict:
     dict: a variant's jobs rerun when its own keys or the base recipe's change. Its
     `datasets` are its input shards (`variant_shards`), not a trainer setting; how often it
     logs and checkpoints (TRAIN_CADENCE) changes no output: `train_cadence`. A TRAIN_NEUTRAL
-    key at its neutral value is left out (the trainer's default is that value)."""
+    key at its neutral value is left out (the trainer's default is that value), and so are an
+    EAGLE-3 variant's block keys (BLOCK_KEYS), which it never reads."""
+    train = variants[variant]
+    eagle = train.get("family", "eagle3") == "eagle3"
     return {
         k: v
-        for k, v in variants[variant].items()
+        for k, v in train.items()
         if k != "datasets"
         and k not in TRAIN_CADENCE
         and not (k in TRAIN_NEUTRAL and v == TRAIN_NEUTRAL[k])
+        and not (eagle and k in BLOCK_KEYS)
     }
 
 

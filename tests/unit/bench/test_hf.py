@@ -591,3 +591,47 @@ def test_two_worker_processes_write_the_rows_one_process_writes(target_dir, targ
         ]
     assert [k[:3] for k in got[1]][:2] == [("mt_bench", "81", 1), ("mt_bench", "81", 2)]
     assert len(got[1]) == 5 and got[2] == got[1]
+
+
+@pytest.mark.parametrize("family", ["dflash", "dspark"])
+def test_a_block_drafter_folder_loads_like_sglang_and_decodes_losslessly(
+    target_model, target_dir, tokenizer, reference, tmp_path, family
+):
+    from specbuild.bench.hf import HFBlockDecoder, load_block
+    from specbuild.drafter.block import BlockConfig, BlockDrafter
+    from specbuild.drafter.state import save_drafter
+    from specbuild.export import export_for_sglang
+
+    target_cfg = target_model.config.to_dict()
+    cfg = BlockConfig.from_target(
+        target_cfg,
+        family=family,
+        drafts=4,
+        num_layers=1,
+        mask_token_id=16,
+        markov_rank=8 if family == "dspark" else 0,
+    )
+    torch.manual_seed(0)
+    meta = {
+        "drafter_config": cfg.to_dict(),
+        "layer_ids": [1, 14, 26],
+        "target_config": target_cfg,
+        "family": family,
+    }
+    save_drafter(tmp_path / "best.safetensors", BlockDrafter(cfg).export_state(), meta)
+    export_for_sglang(checkpoint=tmp_path / "best.safetensors", out_dir=tmp_path / "d")
+    drafter, layer_ids = load_block(tmp_path / "d", target_model, target_dir)
+    assert layer_ids == [1, 14, 26]
+    spec = HFBlockDecoder(
+        target_model,
+        drafter,
+        layer_ids=layer_ids,
+        eos_ids=eos_token_ids(target_model, tokenizer),
+        drafter_name=family,
+    )
+    assert spec.chain == "4-1-5"  # 4 drafts a block, 5 tokens verified
+    for ids, greedy in reference[::5]:
+        got = spec.complete(ids, MAX_NEW)
+        assert got.token_ids == greedy
+        assert got.verify_steps >= 1
+        assert got.accepted_per_position == sorted(got.accepted_per_position, reverse=True)
