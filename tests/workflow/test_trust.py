@@ -1,14 +1,29 @@
 """What the workflow does with what it cannot trust, through real Snakemake runs: a hidden
-shard damaged on disk stops training in a few lines of its job log, without a traceback."""
+shard damaged on disk stops training in a few lines of its job log, without a traceback;
+and deleting outputs is refused while a live run uses them."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from workflow_helpers import copy_workdir, snakemake
+from workflow_helpers import (
+    DATASET,
+    SNAKEMAKE,
+    TARGET_NAME,
+    copy_workdir,
+    make_workdir,
+    snakemake,
+)
+
+from specbuild.infra.run_lock import LOCK_DIR, read_lock_files
+from specbuild.infra.snakemake_locks import MUTEX
 
 pytestmark = pytest.mark.workflow
 
@@ -41,3 +56,62 @@ def test_a_damaged_hidden_shard_stops_training_with_its_message_and_no_traceback
     assert "Fix: delete each listed shard and rerun snakemake" in log
     for text in (log, proc.stdout, proc.stderr):
         assert "Traceback" not in text
+
+
+def _lock_owner_pids(workdir: Path) -> set[int]:
+    return {lk.owner.pid for lk in read_lock_files(workdir) if lk.owner}
+
+
+def _live_and_stopped(workdir: Path, target: str, out: Path) -> subprocess.Popen:
+    """A run of `target`, stopped (SIGSTOP) once it holds its locks and is out of the lock
+    check: live, until SIGCONT."""
+    with open(out, "w") as fh:
+        proc = subprocess.Popen(
+            [str(SNAKEMAKE), "--snakefile", "Snakefile", "--cores", "1", target],
+            cwd=workdir,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 300
+    while proc.pid not in _lock_owner_pids(workdir):
+        assert proc.poll() is None, out.read_text()[-3000:]
+        assert time.monotonic() < deadline, "the run took no lock within 300 s"
+        time.sleep(0.1)
+    with open(workdir / LOCK_DIR / MUTEX, "a") as mutex:
+        while True:
+            os.kill(proc.pid, signal.SIGSTOP)
+            try:
+                fcntl.flock(mutex, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # stopped inside the check: every other run would wait
+                os.kill(proc.pid, signal.SIGCONT)
+                time.sleep(0.05)
+                continue
+            fcntl.flock(mutex, fcntl.LOCK_UN)
+            return proc
+
+
+def test_deleting_outputs_while_a_run_uses_them_is_refused_naming_the_run(tmp_path, target_dir):
+    wd = make_workdir(tmp_path / "wf", target_dir)
+    shard = f"results/samples/{DATASET}/00000.jsonl"
+    fingerprint = wd / "results" / "target" / TARGET_NAME / "fingerprint.json"
+    run = _live_and_stopped(wd, shard, tmp_path / "run.out")
+    try:
+        for command in (["--delete-all-output"], ["--cleanup-metadata", shard]):
+            proc = snakemake(wd, "--cores", "1", *command, check=False)
+            assert proc.returncode == 1, proc.stderr[-3000:]
+            assert (
+                f"specbuild: {command[0]} would delete files that a live run writes or reads:\n"
+                f"  the live run pid {run.pid} (started "
+            ) in proc.stderr
+            assert f"Nothing was deleted. Wait for it to end or stop it (kill {run.pid})" in (
+                proc.stderr
+            )
+            assert "Traceback" not in proc.stderr
+            assert fingerprint.is_file()  # the run's input, and the target's fingerprint
+    finally:
+        os.kill(run.pid, signal.SIGCONT)
+    assert run.wait(timeout=600) == 0, (tmp_path / "run.out").read_text()[-3000:]
+    assert (wd / shard).is_file()
+    snakemake(wd, "--cores", "1", "--delete-all-output")  # no run live: it deletes
+    assert not (wd / shard).exists()

@@ -12,6 +12,12 @@ backend; `--nolock` takes no lock at all):
   runs' locks included).
 - `cleanup_locks`, `snakemake --unlock`: every lock but live runs' (those of a run this
   machine cannot see too: the user checked, `squeue`).
+
+And two commands that delete without taking any lock: `--delete-all-output` and
+`--delete-temp-output` (the DAG's `clean`) and `--cleanup-metadata` (the persistence's
+`cleanup_metadata`) are refused, naming the run, when what they would delete is a file a live
+run writes or reads (its inputs, the target's fingerprint, the shards it trains on); the
+deletion holds the mutex, so no run starts on those files meanwhile.
 """
 
 from __future__ import annotations
@@ -126,8 +132,15 @@ def _pids_to_stop(owner: RunOwner) -> list[int]:
     return sorted(runs_with_live_jobs().get(owner.run_id, []))
 
 
-def _refusal(conflicts: list[tuple[LockFile, set[str]]], states: dict, workdir: Path) -> str:
-    lines = ["specbuild: this run would write files that a live run writes or reads:"]
+def _refusal(
+    conflicts: list[tuple[LockFile, set[str]]],
+    states: dict,
+    workdir: Path,
+    *,
+    doing: str = "this run would write",
+    nothing: str = "Nothing was started",
+) -> str:
+    lines = [f"specbuild: {doing} files that a live run writes or reads:"]
     pids: set[str] = set()
     unseen = False
     for lock, files in conflicts:
@@ -138,7 +151,7 @@ def _refusal(conflicts: list[tuple[LockFile, set[str]]], states: dict, workdir: 
         unseen |= state == "unseen"
     stop = f" or stop it (kill {' '.join(sorted(pids))})" if pids else ""
     lines.append(
-        f"  Nothing was started. Wait for it to end{stop}, then run the same command again; "
+        f"  {nothing}. Wait for it to end{stop}, then run the same command again; "
         "runs on other files go on side by side."
     )
     if unseen:
@@ -225,9 +238,68 @@ def _cleanup_locks(self) -> None:
         _say(f"kept the locks of {who}: unlock removes only the locks of runs no longer live")
 
 
+def _refuse_deleting_live_files(workdir: Path, files: set[str], command: str) -> None:
+    """Exit with the refusal when `files` (what `command` would delete) overlap the files a
+    live (or unseen) run locks, for input or output."""
+    locks = read_lock_files(workdir)
+    states = _states(workdir, locks)
+    conflicts = [(lk, f) for lk in locks if states[lk.path] != "ended" and (f := lk.files & files)]
+    if conflicts:  # the message alone, as a refused run's
+        raise SystemExit(
+            _refusal(
+                conflicts,
+                states,
+                workdir,
+                doing=f"{command} would delete",
+                nothing="Nothing was deleted",
+            )
+        )
+
+
+def _guard_clean(clean):
+    """DAG.clean (`--delete-all-output`, `--delete-temp-output`), checked against live runs
+    first and run under the mutex; a dry-run only lists."""
+
+    def guarded(self, only_temp: bool = False, dryrun: bool = False):
+        if dryrun:
+            return clean(self, only_temp=only_temp, dryrun=dryrun)
+        from snakemake.io import is_flagged
+
+        workdir = Path(self.workflow.persistence._lockdir).parents[1]
+        files = {
+            str(f)
+            for job in self.jobs
+            for f in job.output
+            if not only_temp or is_flagged(f, "temp")
+        }
+        command = "--delete-temp-output" if only_temp else "--delete-all-output"
+
+        async def run() -> None:
+            with _mutex(workdir):
+                _refuse_deleting_live_files(workdir, files, command)
+                await clean(self, only_temp=only_temp, dryrun=dryrun)
+
+        return run()
+
+    return guarded
+
+
+def _guard_cleanup_metadata(cleanup_metadata):
+    """`--cleanup-metadata`, checked against live runs first."""
+
+    def guarded(self, path):
+        workdir = Path(self._lockdir).parents[1]
+        with _mutex(workdir):
+            _refuse_deleting_live_files(workdir, {str(path)}, "--cleanup-metadata")
+            return cleanup_metadata(self, path)
+
+    return guarded
+
+
 def one_writer_per_output() -> bool:
-    """Put the per-run locks in place in this Snakemake (idempotent), and give the jobs this
-    run starts its id. Returns False, with a warning, where Snakemake's persistence differs."""
+    """Put the per-run locks in place in this Snakemake (idempotent), guard its deleting
+    commands, and give the jobs this run starts its id. Returns False, with a warning, where
+    Snakemake's persistence differs."""
     from snakemake.persistence.file import FilePersistence as Persistence
 
     if getattr(Persistence, "owns_locks", False):
@@ -244,9 +316,13 @@ def one_writer_per_output() -> bool:
     except OSError as err:  # no /proc (macOS): Snakemake's own locks, which a run's end frees
         _say(f"{err}; runs at once are guarded by Snakemake's own locks only")
         return False
+    from snakemake.dag import DAG
+
     Persistence.lock = _lock
     Persistence.lock_warn_only = _lock_warn_only
     Persistence._delete_locks = _delete_own_locks
     Persistence.cleanup_locks = _cleanup_locks
+    Persistence.cleanup_metadata = _guard_cleanup_metadata(Persistence.cleanup_metadata)
+    DAG.clean = _guard_clean(DAG.clean)
     Persistence.owns_locks = True
     return True
