@@ -1,6 +1,7 @@
 """What the workflow does with what it cannot trust, through real Snakemake runs: a hidden
 shard damaged on disk stops training in a few lines of its job log, without a traceback;
-and deleting outputs is refused while a live run uses them."""
+deleting outputs is refused while a live run uses them; a generate job that finished after its
+snakemake was killed is recognised by the rerun, not paid for again."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from workflow_helpers import (
     TARGET_NAME,
     copy_workdir,
     make_workdir,
+    planned_jobs,
     snakemake,
 )
 
-from specbuild.infra.run_lock import LOCK_DIR, read_lock_files
+from specbuild.infra.run_lock import LOCK_DIR, lock_holders, read_lock_files
 from specbuild.infra.snakemake_locks import MUTEX
 
 pytestmark = pytest.mark.workflow
@@ -115,3 +117,43 @@ def test_deleting_outputs_while_a_run_uses_them_is_refused_naming_the_run(tmp_pa
     assert (wd / shard).is_file()
     snakemake(wd, "--cores", "1", "--delete-all-output")  # no run live: it deletes
     assert not (wd / shard).exists()
+
+
+def _generate_job(workdir: Path) -> list:
+    return [h for h in lock_holders(workdir) if h.command.endswith(".generate.py")]
+
+
+def test_a_generate_job_finished_as_an_orphan_is_published_again_not_generated_again(
+    built_workflow, tmp_path
+):
+    wd = copy_workdir(built_workflow.workdir, tmp_path / "wf")
+    out = f"results/generated/{DATASET}/00000.jsonl"
+    with open(tmp_path / "killed.out", "w") as fh:
+        killed = subprocess.Popen(
+            [str(SNAKEMAKE), "--snakefile", "Snakefile", "--cores", "1", out]
+            + ["--forcerun", "generate"],
+            cwd=wd,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 600
+    while not _generate_job(wd):
+        assert killed.poll() is None, (tmp_path / "killed.out").read_text()[-3000:]
+        assert time.monotonic() < deadline, "no generate job within 600 s"
+        time.sleep(0.1)
+    killed.kill()  # snakemake alone: its generate job goes on, an orphan
+    killed.wait()
+    while lock_holders(wd):  # the orphan generates on, publishes its shard, then ends
+        assert time.monotonic() < deadline, "the orphaned generate job ran over 600 s"
+        time.sleep(0.2)
+    log = wd / "logs" / "generate" / DATASET / "00000.log"
+    assert "its outputs are kept in" in log.read_text(), log.read_text()
+    written = (wd / out).read_bytes()
+
+    rerun = snakemake(wd, "--cores", "1", "--rerun-incomplete", out)
+    assert f"removed the locks of a run that is no longer live (pid {killed.pid} " in rerun.stderr
+    text = log.read_text()
+    assert "are published again, not made again" in text, text
+    assert (wd / out).read_bytes() == written
+    assert not list((wd / "results" / "generated" / DATASET).glob(".*.orphan"))
+    assert planned_jobs(wd, out) == []  # recorded now: nothing left to do
