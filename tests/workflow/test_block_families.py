@@ -17,7 +17,7 @@ from specbuild.infra.io import read_jsonl
 pytestmark = pytest.mark.workflow
 
 # a variant's own jobs, and the tables that list every variant
-FAMILY_JOBS = {"bench", "export", "report_bench", "report_pipeline", "train", "variants"}
+FAMILY_JOBS = {"bench", "export", "report_bench", "train", "variants"}
 BLOCK = {"block_drafts": 2, "block_layers": 1, "block_anchors": 8, "epochs": 1}
 
 
