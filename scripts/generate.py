@@ -1,5 +1,6 @@
 from functools import partial
 
+import specbuild
 from specbuild.backends import SamplingParams, make_backend
 from specbuild.engines.gpus import pin_gpus
 from specbuild.engines.runtime import with_sharing
@@ -12,7 +13,8 @@ start_job_log(snakemake.log[0])
 pin_gpus(snakemake.resources.gpu)  # before anything touches CUDA
 # a job that finished after its snakemake was killed is not done again (infra.orphans)
 outputs = [snakemake.output.generated, snakemake.output.rejected, snakemake.output.counts]
-key = job_key(dict(snakemake.params.items()), list(snakemake.input))
+params = {**dict(snakemake.params.items()), "specbuild": specbuild.__version__}
+key = job_key(params, list(snakemake.input))
 if not reuse_orphan(outputs, key):
     generate_shard(
         samples=snakemake.input.samples,

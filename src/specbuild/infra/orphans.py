@@ -32,7 +32,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import specbuild
 from specbuild.infra.io import atomic_path, read_json, write_json
 from specbuild.infra.run_lock import run_ended
 
@@ -53,14 +52,10 @@ def _sha256(path: str | os.PathLike) -> str:
 
 
 def job_key(params: Mapping[str, Any], inputs: Iterable[str | os.PathLike]) -> str:
-    """The identity of one job's work: its params, specbuild's version, each input by path
-    and content."""
+    """The identity of one job's work: its params (the caller adds specbuild's version), each
+    input by path and content."""
     files = [(str(p), _sha256(p)) for p in inputs]
-    blob = json.dumps(
-        {"params": params, "version": specbuild.__version__, "inputs": files},
-        sort_keys=True,
-        default=repr,
-    )
+    blob = json.dumps({"params": params, "inputs": files}, sort_keys=True, default=repr)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
