@@ -178,8 +178,19 @@ def resolve_launcher(launcher: Sequence[str]) -> list[str]:
     if not cmd:
         raise ValueError("sglang.launcher is empty; the default is python -m sglang.launch_server")
     if cmd[0] in ("python", "python3"):
-        cmd[0] = sys.executable
+        cmd[0] = interpreter()
     return cmd
+
+
+def interpreter() -> str:
+    """This interpreter under one name however it was started (`.venv/bin/python3` under make,
+    `.venv/bin/python` under `python -m`): a script that records it (results/serve.sh) must not
+    differ between the two."""
+    exe = Path(sys.executable)
+    plain = exe.with_name("python")
+    if plain != exe and plain.exists() and os.path.samefile(plain, exe):
+        return str(plain)
+    return str(exe)
 
 
 def build_server_args(options: Mapping[str, Any]) -> list[str]:

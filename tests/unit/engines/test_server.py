@@ -388,3 +388,18 @@ def test_the_key_file_is_the_owners_alone_and_holds_the_key_as_sglangs_config_re
         assert yaml.safe_load(path.read_text()) == {"api-key": key}
     finally:
         shutil.rmtree(path.parent)
+
+
+def test_the_launcher_names_this_interpreter_the_same_however_it_was_started(tmp_path, monkeypatch):
+    from specbuild.engines.server import resolve_launcher
+
+    (tmp_path / "python3").write_text("")
+    (tmp_path / "python").symlink_to(tmp_path / "python3")
+    for started in ("python3", "python"):  # make's `.venv/bin/python3`, `python -m`'s `python`
+        monkeypatch.setattr("sys.executable", str(tmp_path / started))
+        assert resolve_launcher(["python3", "-m", "sglang.launch_server"])[0] == str(
+            tmp_path / "python"
+        )
+    (tmp_path / "python").unlink()  # no plain `python` beside it: the interpreter as it is
+    monkeypatch.setattr("sys.executable", str(tmp_path / "python3"))
+    assert resolve_launcher(["python"])[0] == str(tmp_path / "python3")
