@@ -8,7 +8,7 @@ import json
 from benchmarks.paired import paired_table
 
 
-def _rows(path, drafter, verify, device="cuda (NVIDIA H200)"):
+def _rows(path, drafter, verify, device="cuda (NVIDIA H200)", chain="3-1-4"):
     keys = ("set", "prompt_id", "turn", "phase", "concurrency", "engine", "device", "chain")
     with open(path, "w") as fh:
         for i, v in enumerate(verify):
@@ -20,7 +20,7 @@ def _rows(path, drafter, verify, device="cuda (NVIDIA H200)"):
                 "concurrency": 1,
                 "engine": "sglang",
                 "device": device,
-                "chain": "3-1-4",
+                "chain": chain,
                 "drafter": drafter,
                 "completion_tokens": 60,
                 "verify_steps": v,
@@ -49,3 +49,13 @@ def test_a_later_drafter_is_paired_with_the_reference_of_the_same_name(tmp_path)
         "| mt_bench | tasks | base (reference) | 6 | 3 | 2 | 1.5 | 1.5 | 1.5 |",
         "| mt_bench | base | base (reference) | 6 | 2 | 2 | 1 | 1 | 1 |",
     ]
+
+
+def test_a_block_drafter_pairs_with_an_eagle_reference_at_another_chain_only_when_asked(tmp_path):
+    _rows(tmp_path / "ref.jsonl", "base", [30] * 6)
+    _rows(tmp_path / "new.jsonl", "dflash", [15] * 6, chain="7-1-8")
+    ref, new = str(tmp_path / "ref.jsonl"), [tmp_path / "new.jsonl"]
+    assert not [line for line in paired_table(ref, new).splitlines() if "| mt_bench" in line]
+    table = paired_table(ref, new, across_chains=True)
+    lines = [line for line in table.splitlines() if line.startswith("| mt_bench")]
+    assert lines == ["| mt_bench | dflash | base (reference) @3-1-4 | 6 | 4 | 2 | 2 | 2 | 2 |"]
