@@ -39,6 +39,8 @@ def paired_table(reference: str, new: list[str], *, across_chains: bool = False)
     devices = sorted(set(ref["device"]) | set(rows["device"]))
     peers = sorted(set(ref["drafter"]))
     table = build_peers(pd.concat([ref, rows], ignore_index=True), peers)
+    if table.empty:  # no request both sides served at one chain
+        return f"devices: {', '.join(devices)}\n\nno request served by both at one chain\n"
     cols = ["set", "drafter", "peer", "requests", "accept_length", "peer_accept_length"]
     return f"devices: {', '.join(devices)}\n\n" + to_markdown(
         table[[*cols, "ours_over_peer", "ratio_lo", "ratio_hi"]]
