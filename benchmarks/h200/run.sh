@@ -188,7 +188,7 @@ grep -E '^\[|^(local)?rule |wildcards:|^Finished|Error|error:|Exiting|specbuild'
   if [ -n "${SPECBUILD_REFERENCE:-}" ]; then
     served=$(ls results/bench/sglang/*/*.jsonl 2>/dev/null | grep -v '/none/')
     echo; echo "## paired with $SPECBUILD_REFERENCE (python3 -m benchmarks.paired)"
-    [ -n "$served" ] && python3 -m benchmarks.paired "$SPECBUILD_REFERENCE" $served
+    [ -n "$served" ] && python3 -m benchmarks.paired --across-chains "$SPECBUILD_REFERENCE" $served
   fi
 } >"$OUT/summary.md"
 cp "$RUN/snakemake.log" "$OUT/snakemake.log"
