@@ -5,8 +5,8 @@ of `keeper.pid` and `host.pid`) may name whatever process got the number since: 
 wait on it forever for an engine that never answers, and a run's end would wait for it to
 exit. Every pid file specbuild reads is written and read here, as `<pid> <start>` (the start
 time in clock ticks after boot, /proc/<pid>/stat field 22, as `run_lock.process_start` reads
-it); a file without the start time, or whose start time differs from the live process's, names
-no process.
+it), and checked as a run's lock owner is (`run_lock.same_process`); a file without the start
+time, or whose start time differs from the live process's, names no process.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild.infra.io import atomic_open
-from specbuild.infra.run_lock import process_start
+from specbuild.infra.run_lock import process_start, same_process
 
 __all__ = ["ProcessId", "live_pid", "read_pid_file", "write_pid_file"]
 
@@ -41,7 +41,7 @@ class ProcessId:
             os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
             pass  # not our child
-        return process_start(self.pid) == self.start
+        return same_process(self.pid, self.start)
 
 
 def write_pid_file(path: str | os.PathLike, pid: int) -> None:

@@ -44,6 +44,7 @@ __all__ = [
     "run_ended",
     "run_state",
     "runs_with_live_jobs",
+    "same_process",
     "this_run",
     "write_lock_file",
 ]
@@ -128,6 +129,13 @@ def process_start(pid: int) -> int | None:
     if fields is None or fields[0] in ("Z", "X"):
         return None
     return int(fields[19])  # field 22
+
+
+def same_process(pid: int, start: int) -> bool:
+    """Whether process `pid` is still the one that started at `start`: every pid specbuild
+    records (a run's locks, keeper.pid, host.pid) is checked this way, never by the pid
+    alone, which a new process gets once the old one exits."""
+    return process_start(pid) == start
 
 
 def this_run(targets: Iterable[str] = (), *, jobs_elsewhere: bool = False) -> RunOwner:
@@ -219,7 +227,7 @@ def run_state(owner: RunOwner, jobs: dict[str, list[int]] | None = None) -> str:
     `runs_with_live_jobs()` when already read."""
     if owner.host != socket.gethostname():
         return "unseen"
-    if process_start(owner.pid) == owner.start:
+    if same_process(owner.pid, owner.start):
         return "live"
     if owner.run_id in (runs_with_live_jobs() if jobs is None else jobs):
         return "live"
@@ -234,7 +242,7 @@ def run_ended(run_id: str | None = None) -> bool:
     host, pid, start = (run_id.rsplit(":", 2) + ["", ""])[:3]
     if host != socket.gethostname() or not pid.isdigit() or not start.isdigit():
         return False
-    return process_start(int(pid)) != int(start)
+    return not same_process(int(pid), int(start))
 
 
 def _owner_of(first_line: str) -> RunOwner | None:

@@ -35,10 +35,10 @@ from specbuild.infra.run_lock import (
     LockFile,
     RunOwner,
     lock_holders,
-    process_start,
     read_lock_files,
     run_state,
     runs_with_live_jobs,
+    same_process,
     this_run,
     write_lock_file,
 )
@@ -82,7 +82,7 @@ def _states(workdir: Path, locks: list[LockFile]) -> dict[Path, str]:
 
 
 def _who(lock: LockFile, state: str, workdir: Path) -> str:
-    if lock.owner and state == "live" and process_start(lock.owner.pid) != lock.owner.start:
+    if lock.owner and state == "live" and not same_process(lock.owner.pid, lock.owner.start):
         jobs = ", ".join(str(p) for p in _pids_to_stop(lock.owner))
         return f"the run {lock.owner.describe()}, its snakemake killed, its jobs live (pid {jobs})"
     if lock.owner and state == "live":
@@ -127,7 +127,7 @@ def _overlap(lock: LockFile, inputs: set[str], outputs: set[str]) -> set[str]:
 
 def _pids_to_stop(owner: RunOwner) -> list[int]:
     """A live run's snakemake, or where it was killed, the jobs of it that still run."""
-    if process_start(owner.pid) == owner.start:
+    if same_process(owner.pid, owner.start):
         return [owner.pid]
     return sorted(runs_with_live_jobs().get(owner.run_id, []))
 
