@@ -49,6 +49,9 @@ SPECULATIVE_FLAGS = {
     # a block drafter's (DFlash, DSpark) block, from the same chain
     "speculative_dflash_block_size": "bench.chains or sglang.tuning.chain",
     "speculative_dspark_block_size": "bench.chains or sglang.tuning.chain",
+    # n-gram speculation's lookup (bench.ngram), from the same chain
+    "speculative_ngram_max_bfs_breadth": "bench.chains (with bench.ngram)",
+    "speculative_ngram_min_bfs_breadth": "bench.chains (with bench.ngram)",
     "speculative_draft_attention_backend": "sglang.draft_attention_backend",
 }
 RESERVED_FLAGS = {

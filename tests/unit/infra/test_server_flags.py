@@ -4,10 +4,11 @@ chain's flags and the server commands keep to, and the prefix rule SGLang's argp
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
-from specbuild.eagle.chain import Chain
+from specbuild.eagle.chain import BLOCK_ALGORITHMS, Chain
 from specbuild.infra.server_flags import (
     LAUNCH_FLAGS,
     RESERVED_FLAGS,
@@ -18,9 +19,19 @@ from specbuild.infra.server_flags import (
 )
 
 
-def test_the_chains_flags_are_speculative_flags_reserved():
-    args = Chain.parse("3-1-4").server_args("d", draft_attention_backend="triton")
-    assert set(args) <= set(SPECULATIVE_FLAGS)
+def test_every_flag_a_chain_sets_is_a_speculative_flag_reserved(tmp_path):
+    chain = Chain.parse("3-1-4")
+    folders = {"eagle3": tmp_path / "none"}
+    for architecture in BLOCK_ALGORITHMS:
+        folders[architecture] = tmp_path / architecture
+        folders[architecture].mkdir()
+        (folders[architecture] / "config.json").write_text(
+            json.dumps({"architectures": [architecture]})
+        )
+    flags = set(chain.ngram_args())
+    for folder in folders.values():
+        flags |= set(chain.server_args(str(folder), draft_attention_backend="triton"))
+    assert flags == set(SPECULATIVE_FLAGS)
     assert set(LAUNCH_FLAGS) | set(SPECULATIVE_FLAGS) < set(RESERVED_FLAGS)
 
 
