@@ -9,8 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
-from specbuild.drafter.config import cpu_bf16_supported
-from specbuild.infra.devices import resolve_device
+from specbuild.infra.devices import cpu_bf16_supported, resolve_device
 from specbuild.target import load_target_model, load_tokenizer
 
 __all__ = ["HFBackend", "compute_dtype", "split_reasoning"]

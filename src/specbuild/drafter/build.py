@@ -21,11 +21,12 @@ from specbuild.drafter import fused_attention
 from specbuild.drafter.block import BLOCK_FAMILIES, BlockDrafter
 from specbuild.drafter.block_build import build_block_drafter, init_block_from_target
 from specbuild.drafter.block_objective import BlockObjective
-from specbuild.drafter.config import DrafterConfig, TrainConfig, cpu_bf16_supported
+from specbuild.drafter.config import DrafterConfig, TrainConfig
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import LossForm, TTTObjective
 from specbuild.drafter.target_init import init_from_target_layer
 from specbuild.drafter.teacher import Teacher, read_target_weights, read_vocab
+from specbuild.infra.devices import cpu_bf16_supported
 from specbuild.infra.io import read_json
 from specbuild.infra.onednn_linear import use_onednn_training_linears
 

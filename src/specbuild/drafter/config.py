@@ -150,16 +150,6 @@ def rope_inv_freq(cfg: DrafterConfig) -> Tensor:
     return inv.float()
 
 
-def cpu_bf16_supported() -> bool:
-    """True where oneDNN runs bf16 matmuls natively on this CPU (AVX512-BF16 or AMX): ~1.8x a
-    float32 training step on the CPU default's machine; elsewhere bf16 would be emulated."""
-    cpu = getattr(torch, "cpu", None)
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return torch.backends.mkldnn.is_available() and any(
-        getattr(cpu, name, lambda: False)() for name in checks
-    )
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     """Training hyper-parameters (config section `train`, reaching the job as params).

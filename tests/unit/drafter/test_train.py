@@ -20,7 +20,6 @@ from safetensors.torch import load_file, save_file
 
 from benchmarks.synthetic import SyntheticSpec, make_workspace, train_outputs
 from specbuild.drafter.build import build_drafter
-from specbuild.drafter.config import cpu_bf16_supported
 from specbuild.drafter.data import (
     BatchOrder,
     ShardSet,
@@ -49,6 +48,7 @@ from specbuild.drafter.train import (
     train_drafter,
 )
 from specbuild.hidden.shards import ShardError, read_shard, write_shard
+from specbuild.infra.devices import cpu_bf16_supported
 from specbuild.infra.run_lock import RUN_ENV, process_start, this_run
 from specbuild.target import read_target_info
 
