@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specbuild.eagle.special_text import special_text_fault
+from specbuild.eagle.target_info import load_tokenizer  # transformers only when called
+from specbuild.infra.formats import TOOL_CALL_ROWS
 from specbuild.infra.io import GZIP_SUFFIX, iter_utf8_lines, read_text_any
 from specbuild.infra.records import RecordError, parse_record
 from specbuild.rejects import ShardFiles, publish_shard
@@ -204,24 +206,34 @@ def record_digests(
 
     With `id_key`, a shard's digest also covers the ids of every record before it: they decide
     which of its records are duplicates. Appending records still changes no earlier digest.
+    A shard whose raw records mention tool calls also covers TOOL_CALL_ROWS, the rows version
+    that keeps them: such shards rebuild once after that change, every other keeps its digest.
     """
     digests: list[str] = []
     h = None
+    tools = False  # whether a record of the shard mentions tool calls
     ids_before = hashlib.sha256()
+
+    def close(h) -> str:
+        if tools:
+            h.update(b"rows version: %d\n" % TOOL_CALL_ROWS)
+        return h.hexdigest()
+
     for rec in iter_raw_records(path):
         if limit is not None and rec.index >= limit:
             break
         if rec.index % shard_size == 0:
             if h is not None:
-                digests.append(h.hexdigest())
-            h = hashlib.sha256()
+                digests.append(close(h))
+            h, tools = hashlib.sha256(), False
             if id_key is not None:
                 h.update(b"ids before: " + ids_before.hexdigest().encode() + b"\n")
         h.update(rec.raw + b"\n")
+        tools = tools or b"tool_calls" in rec.raw
         if id_key is not None:
             ids_before.update(repr(_peek_id(rec, dataset="", id_key=id_key)).encode() + b"\n")
     if h is not None:
-        digests.append(h.hexdigest())
+        digests.append(close(h))
     return digests
 
 
@@ -404,8 +416,6 @@ class PromptLength:
     """
 
     def __init__(self, target_dir: str | os.PathLike, max_tokens: int) -> None:
-        from specbuild.target import load_tokenizer  # transformers: not at workflow parse time
-
         self.tok = load_tokenizer(target_dir)
         self.max_tokens = max_tokens
         # No token stands for more characters than its vocabulary entry has (byte-level BPE
@@ -476,8 +486,6 @@ def write_sample_shard(
     length = None if max_prompt_tokens is None else PromptLength(target_dir, max_prompt_tokens)
     tokenizer = None
     if target_dir is not None:
-        from specbuild.target import load_tokenizer  # transformers: not at workflow parse time
-
         tokenizer = length.tok if length is not None else load_tokenizer(target_dir)
     kept, bad = [], []
     first_line: dict[str, int] = {}  # id -> line of the first record with it

@@ -6,14 +6,24 @@ rebuilt, not mixed with rows that mean something else."""
 
 from __future__ import annotations
 
-__all__ = ["BENCH_ROWS", "DRAFTER_FILES", "GENERATED_ROWS", "SAMPLE_ROWS", "TOKENIZED_ROWS"]
+__all__ = [
+    "BENCH_ROWS",
+    "DRAFTER_FILES",
+    "GENERATED_ROWS",
+    "SAMPLE_ROWS",
+    "TOKENIZED_ROWS",
+    "TOOL_CALL_ROWS",
+]
 
 # 2: assistant turns before the first user turn dropped (the row's `repairs`); a conversation
 # the chat template cannot render rejected with its line
 # 3: records read by specbuild.infra.records (a key twice, nesting too deep, NaN rejected); a
 # record with one of the target's special tokens typed as text rejected (special_text)
-# 4: an assistant turn's tool_calls kept with it (were dropped), for tokenize to render or reject
-SAMPLE_ROWS = 4
+SAMPLE_ROWS = 3
+# 4: an assistant turn's tool_calls kept with it (were dropped), for tokenize to render or
+# reject. Only a shard whose records hold tool calls makes other rows than at 3, so only its
+# digest says 4 (`samples.record_digests`): upgrading reruns those shards, not every build.
+TOOL_CALL_ROWS = 4
 
 # 2: `regenerate` answers every assistant turn on the target's own earlier answers
 GENERATED_ROWS = 2

@@ -70,3 +70,23 @@ def test_thousands_of_shards_get_one_line_of_advice_naming_the_key_and_a_size():
         "501: 999 shards). A new shard_size cuts the records anew: every shard of the dataset "
         "is rebuilt once"
     ]
+
+
+def test_only_a_shard_whose_records_hold_tool_calls_changes_digest_with_their_rows(tmp_path):
+    import hashlib
+
+    from specbuild.samples import record_digests
+
+    plain = b'{"prompt": "a"}\n{"prompt": "b"}\n'
+    tools = (
+        b'{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "",'
+        b' "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}\n'
+    )
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(plain + tools + plain)
+    first, second, third = record_digests(path, shard_size=2)
+    # a shard of plain records keeps the digest it had before rows kept tool calls: no rerun
+    assert first == hashlib.sha256(plain).hexdigest()
+    assert third == hashlib.sha256(plain[16:]).hexdigest()
+    # the shard holding a tool call does not: it is built again, its calls kept this time
+    assert second != hashlib.sha256(tools + plain[:16]).hexdigest()
