@@ -38,6 +38,7 @@ import torch
 
 import specbuild
 from benchmarks import PERF
+from specbuild.eagle.target_info import read_target_info
 from specbuild.eagle.text_model import text_config
 from specbuild.hidden.core import (
     ShardFormat,
@@ -48,7 +49,6 @@ from specbuild.hidden.core import (
 from specbuild.hidden.hf import HFFeatureBackend
 from specbuild.hidden.tokens import TokenShard
 from specbuild.infra.io import write_json
-from specbuild.target import read_target_info
 
 __all__ = ["synthetic_shard", "run_extract_bench", "run_sglang_extract_bench", "main"]
 

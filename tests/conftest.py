@@ -107,7 +107,7 @@ def target_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(target_dir):
-    from specbuild.target import load_tokenizer
+    from specbuild.eagle.target_info import load_tokenizer
 
     return load_tokenizer(target_dir)
 

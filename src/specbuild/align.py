@@ -264,10 +264,10 @@ def _serve(
     share_idle_s: float,
 ) -> tuple[str, Tensor, Tensor]:
     """The serving engine's name and its features of the plan's rows (float32, on the CPU)."""
+    from specbuild.eagle.target_info import read_target_info
     from specbuild.engines.model import ModelSpec
     from specbuild.engines.open import open_engine
     from specbuild.engines.runtime import Runtime
-    from specbuild.target import read_target_info
 
     # the hidden stage's own registry: align serves with exactly the classes that extract
     spec = ModelSpec(

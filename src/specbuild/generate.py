@@ -57,13 +57,13 @@ from specbuild.backends.base import (
 )
 from specbuild.backends.user_turn import follow_up_seed, open_user_turn, written_user_turn
 from specbuild.eagle.special_text import special_text_fault
+from specbuild.eagle.target_info import load_tokenizer, read_target_info
 from specbuild.engines.http import EngineUnavailable
 from specbuild.infra.disk import ensure_free_space, generate_need
 from specbuild.infra.io import read_jsonl
 from specbuild.infra.near_dup import find_near_duplicates
 from specbuild.rejects import ShardFiles, error_text, publish_shard
 from specbuild.samples import ANSWER_SEPARATOR, split_prompt
-from specbuild.target import load_tokenizer, read_target_info
 
 __all__ = [
     "AnswerRounds",

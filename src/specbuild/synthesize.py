@@ -30,9 +30,9 @@ from pathlib import Path
 
 from specbuild.backends.base import GenerationBackend, GenerationRequest, SamplingParams
 from specbuild.backends.user_turn import open_user_turn, written_user_turn
+from specbuild.eagle.target_info import load_tokenizer, read_target_info
 from specbuild.generate import generate_each
 from specbuild.rejects import ShardFiles, publish_shard
-from specbuild.target import load_tokenizer, read_target_info
 
 __all__ = ["PromptWriting", "open_user_turn", "synthesize_shard"]
 

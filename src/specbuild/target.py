@@ -15,6 +15,9 @@ Sources:
 A folder whose config or tokenizer is code of its own (`auto_map`, `*.py`: Kimi-K2.5) loads only
 with `target.trust_remote_code`, recorded in fingerprint.json; every later load of its tokenizer,
 config or model passes the recorded flag to transformers, so none ever asks on a terminal.
+
+What later stages read of the result (fingerprint.json, the tokenizer) is in
+specbuild.eagle.target_info, which imports no torch: this module is the stage's own work.
 """
 
 from __future__ import annotations
@@ -30,32 +33,32 @@ import logging
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from specbuild.eagle.target_info import (
+    FINGERPRINT,
+    TargetInfo,
+    file_stats,
+    load_tokenizer,
+    recorded_trust_remote_code,
+)
 from specbuild.eagle.text_model import find_text_model
 from specbuild.engines.transformers import load_causal_lm
 from specbuild.infra.dtypes import torch_dtype
 from specbuild.infra.io import read_json, user_file_mode, write_json
 
 __all__ = [
-    "TargetInfo",
     "materialize_target",
     "fingerprint_target",
-    "read_target_info",
     "load_target_model",
-    "load_tokenizer",
     "check_remote_code",
-    "recorded_trust_remote_code",
     "RemoteCodeError",
-    "TargetChangedError",
-    "check_target_files",
     "resolve_gguf",
 ]
 
-FINGERPRINT = "fingerprint.json"
 # Files linked from an HF folder or hub snapshot; everything a tokenizer or model load reads,
 # the remote code (`*.py`, run only under target.trust_remote_code) included.
 HF_PATTERNS = (
@@ -77,33 +80,6 @@ SAMPLES_PER_FILE = 16  # blocks per weight file, evenly spaced, the last one end
 REMOTE_CODE_KEY = "target.trust_remote_code"
 
 log = logging.getLogger("specbuild")
-
-
-@dataclass(frozen=True)
-class TargetInfo:
-    """What fingerprint.json records: hashes plus the shape facts later stages need."""
-
-    name: str
-    source: str
-    fingerprint: str
-    weights_sha256: str
-    tokenizer_fingerprint: str
-    chat_template_sha256: str
-    num_hidden_layers: int
-    hidden_size: int
-    vocab_size: int
-    model_type: str
-    # defaults: what a fingerprint.json written before these fields meant
-    weights_hash: str = "full"  # full | sampled (see _weights_digest)
-    trust_remote_code: bool = False  # target.trust_remote_code: later loads pass it on
-    code_sha256: str = ""  # the folder's *.py (remote code), "" when it has none
-    # name -> [bytes, mtime in s] of every file (`check_target_files`): a linked source file
-    # rewritten in place, or a symlink pointed elsewhere, changes what later jobs load
-    files: dict[str, list[int]] = field(default_factory=dict)
-
-
-class TargetChangedError(RuntimeError):
-    """A file of the materialized target differs from the one its fingerprint describes."""
 
 
 class RemoteCodeError(SystemExit):
@@ -198,39 +174,6 @@ def _code_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def _file_stats(folder: Path) -> dict[str, list[int]]:
-    """name -> [bytes, mtime in s] of the folder's files, through links. Not the inode: a
-    results/ moved to another disk keeps sizes and times, not inodes."""
-    stats = {}
-    for f in sorted(folder.iterdir()):
-        if f.name != FINGERPRINT and f.is_file():
-            st = f.stat()
-            stats[f.name] = [st.st_size, int(st.st_mtime)]
-    return stats
-
-
-def check_target_files(folder: str | os.PathLike, info: TargetInfo) -> None:
-    """Stop when a file of the target folder is not the one fingerprinted: a hard-linked source
-    file rewritten in place, a symlinked one replaced, a file added or removed."""
-    if not info.files:  # written before files were recorded
-        return
-    folder = Path(folder)
-    now = _file_stats(folder)
-    changed = sorted(
-        name for name in now.keys() | info.files.keys() if now.get(name) != info.files.get(name)
-    )
-    if changed:
-        shown = ", ".join(changed[:5]) + (
-            f" and {len(changed) - 5} more" if len(changed) > 5 else ""
-        )
-        raise TargetChangedError(
-            f"{folder}: {shown} changed since the target stage fingerprinted it (size, time, or "
-            f"a file added or removed; its files are links to {info.source!r}). Rebuild the "
-            "target (snakemake --forcerun target); the stages after it rerun on the new "
-            "fingerprint."
-        )
-
-
 def remote_code_parts(folder: str | os.PathLike) -> list[str]:
     """The files of a folder whose `auto_map` names classes of the folder's own code."""
     folder = Path(folder)
@@ -286,7 +229,7 @@ def fingerprint_target(
         weights_hash=how,
         trust_remote_code=trust_remote_code,
         code_sha256=code,
-        files=_file_stats(folder),
+        files=file_stats(folder),
     )
 
 
@@ -449,28 +392,6 @@ def materialize_target(
         info.weights_hash,
     )
     return info
-
-
-def read_target_info(fingerprint_json: str | os.PathLike) -> TargetInfo:
-    """The fingerprint of a materialized target, after checking its files are the ones hashed."""
-    info = TargetInfo(**read_json(fingerprint_json))
-    check_target_files(Path(fingerprint_json).parent, info)
-    return info
-
-
-def recorded_trust_remote_code(folder: str | os.PathLike) -> bool:
-    """target.trust_remote_code as the folder's fingerprint.json records it (False if none)."""
-    path = Path(folder) / FINGERPRINT
-    return bool(read_json(path).get("trust_remote_code", False)) if path.is_file() else False
-
-
-def load_tokenizer(folder: str | os.PathLike, *, trust_remote_code: bool | None = None):
-    """The target's tokenizer. `trust_remote_code` None: as fingerprint.json records it; always
-    passed to transformers, which otherwise asks on a terminal (and fails without one)."""
-    from transformers import AutoTokenizer
-
-    trust = recorded_trust_remote_code(folder) if trust_remote_code is None else trust_remote_code
-    return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust)
 
 
 def load_target_model(folder: str | os.PathLike, *, dtype: str = "float32", device: str = "cpu"):

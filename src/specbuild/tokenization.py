@@ -42,10 +42,10 @@ import os
 from dataclasses import dataclass, field
 
 from specbuild.eagle.special_text import special_text_fault
+from specbuild.eagle.target_info import load_tokenizer, read_target_info
 from specbuild.infra.disk import ensure_free_space, tokenize_need
 from specbuild.infra.io import read_jsonl, write_json
 from specbuild.rejects import ShardFiles, error_text, publish_shard
-from specbuild.target import read_target_info
 
 __all__ = [
     "ROW_KEYS",
@@ -390,8 +390,6 @@ def tokenize_shard(
     overlong: str,
 ) -> dict:
     """Tokenize one generated shard with the target's tokenizer; returns the meta record."""
-    from specbuild.target import load_tokenizer
-
     if overlong not in OVERLONG:
         raise ValueError(f"tokenize.overlong {overlong!r}: allowed {', '.join(OVERLONG)}")
     ensure_free_space(out, tokenize_need(generated=generated), "a tokenized shard")

@@ -255,7 +255,7 @@ def _start_and_measure(
     share_idle_s: float,
 ) -> dict:
     """The row of a point whose plan has no fault: measured, or why its server did not start."""
-    from specbuild.target import load_tokenizer
+    from specbuild.eagle.target_info import load_tokenizer
 
     s, spec, args = settings, plan.spec, plan.args
     tokenizer = load_tokenizer(target_dir)

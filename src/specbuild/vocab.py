@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specbuild.eagle.target_info import read_target_info
 from specbuild.hidden.tokens import check_token_meta, read_token_shard
 from specbuild.infra.io import atomic_path, write_json
 from specbuild.infra.safetensors_file import save_tensors
-from specbuild.target import read_target_info
 
 __all__ = [
     "VocabMap",

@@ -9,7 +9,7 @@ import json
 import pytest
 from safetensors import safe_open
 
-from specbuild.target import read_target_info
+from specbuild.eagle.target_info import read_target_info
 
 
 def test_the_target_loads_in_transformers_with_every_weight_named_as_deepseeks(deepseek_target):

@@ -7,7 +7,8 @@ import os
 import gguf
 import pytest
 
-from specbuild.target import _gguf_parsed_once, read_target_info, resolve_gguf
+from specbuild.eagle.target_info import read_target_info
+from specbuild.target import _gguf_parsed_once, resolve_gguf
 
 # SmolLM2-135M-Instruct.Q4_1.gguf dequantized to float32 by transformers 5.24.0 parsing the
 # file once per use (before the cache): what the cached conversion must still write.
@@ -63,23 +64,6 @@ def test_a_kimi_layout_folder_is_linked_with_its_code_and_tokenizer_files(
         assert (kimi_layout_target / name).is_file(), name
     for shard in kimi_layout_source.glob("*.safetensors"):
         assert os.path.samefile(kimi_layout_target / shard.name, shard)  # linked, not copied
-
-
-def test_later_loads_pass_the_recorded_flag_and_never_prompt(kimi_layout_target, monkeypatch):
-    import transformers.dynamic_module_utils as dyn
-
-    from specbuild.target import load_tokenizer
-
-    def no_prompt(*args, **kwargs):
-        raise AssertionError("transformers was about to ask on a terminal")
-
-    monkeypatch.setattr("builtins.input", no_prompt)
-    monkeypatch.setattr(dyn, "_raise_timeout_error", no_prompt, raising=False)
-    tok = load_tokenizer(kimi_layout_target)  # the flag as fingerprint.json records it
-    assert type(tok).__name__ == "KimiLayoutTokenizer"
-    # without the flag transformers quietly falls back to its own class: why `target` refuses
-    refused = load_tokenizer(kimi_layout_target, trust_remote_code=False)
-    assert type(refused).__name__ != "KimiLayoutTokenizer"
 
 
 def test_a_folder_on_another_file_system_is_symlinked_never_copied(
@@ -201,7 +185,8 @@ def _tiny_source(folder, tokenizer_dir):
 
 
 def test_a_linked_weight_file_rewritten_in_place_stops_the_next_stage(tmp_path, target_dir):
-    from specbuild.target import TargetChangedError, materialize_target
+    from specbuild.eagle.target_info import TargetChangedError
+    from specbuild.target import materialize_target
 
     src = _tiny_source(tmp_path / "src", target_dir)
     out = tmp_path / "target"

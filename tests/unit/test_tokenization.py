@@ -193,7 +193,7 @@ QWEN3_STYLE = (
 
 @pytest.fixture
 def qwen3_style(target_dir):
-    from specbuild.target import load_tokenizer
+    from specbuild.eagle.target_info import load_tokenizer
 
     tok = load_tokenizer(target_dir)  # its own copy: the session tokenizer stays SmolLM2's
     tok.chat_template = QWEN3_STYLE
@@ -321,7 +321,7 @@ def test_under_keep_a_tool_call_the_template_cannot_render_rejects_the_row_namin
 
 
 def test_under_keep_a_tool_call_the_template_renders_is_trained_on(tmp_path, target_dir):
-    from specbuild.target import load_tokenizer
+    from specbuild.eagle.target_info import load_tokenizer
 
     (row,) = _kept_through_keep(tmp_path, target_dir)
     tok = load_tokenizer(target_dir)

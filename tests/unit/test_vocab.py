@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from specbuild.eagle.target_info import read_target_info
 from specbuild.hidden.tokens import TokenizedShardError
 from specbuild.infra.io import read_json, write_json, write_jsonl
-from specbuild.target import read_target_info
 from specbuild.vocab import (
     VocabError,
     build_vocab,

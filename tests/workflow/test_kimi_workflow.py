@@ -81,7 +81,7 @@ def test_a_kimi_layout_folder_goes_from_target_to_an_exported_drafter(
             assert c["rejected"] == 0 and c["kept"] > 0, (path, c)
     # Kimi's template drops earlier turns' reasoning: a row per assistant turn, each trained on
     # its own answer with its reasoning, as the served target sees that turn
-    from specbuild.target import load_tokenizer
+    from specbuild.eagle.target_info import load_tokenizer
 
     tok = load_tokenizer(wd / "results" / "target" / NAME)
     rows = [

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 import torch
 
 from specbuild.backends.base import Generation, GenerationRequest, SamplingParams
+from specbuild.eagle.target_info import load_tokenizer
 from specbuild.infra.devices import cpu_bf16_supported, resolve_device
-from specbuild.target import load_target_model, load_tokenizer
+from specbuild.target import load_target_model
 
 __all__ = ["HFBackend", "compute_dtype", "split_reasoning"]
 

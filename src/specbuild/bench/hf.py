@@ -393,8 +393,9 @@ def open_hf(
     `options` (config `bench.hf`): dtype, device ("auto" takes CUDA when present), threads
     (`workers` is run_bench's: that many of these engines, in as many processes).
     """
+    from specbuild.eagle.target_info import load_tokenizer
     from specbuild.infra.devices import resolve_device
-    from specbuild.target import load_target_model, load_tokenizer
+    from specbuild.target import load_target_model
 
     device = resolve_device(options["device"])
     torch.set_num_threads(options["threads"])

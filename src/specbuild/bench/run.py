@@ -113,7 +113,7 @@ def run_bench(
     `settings.concurrency` on the first set's first turns, write the rows. `options` are the
     engine's own (see each opener); `drafter_name` names the drafter in the rows of a chain (a
     baseline's say "none")."""
-    from specbuild.target import load_tokenizer
+    from specbuild.eagle.target_info import load_tokenizer
 
     tokenizer = load_tokenizer(target_dir)
     prompt_sets = {

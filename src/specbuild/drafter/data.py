@@ -48,7 +48,7 @@ from specbuild.hidden.shards import (
 if TYPE_CHECKING:  # annotations only
     from specbuild.drafter.config import TrainConfig
     from specbuild.drafter.launch import Ranks
-    from specbuild.target import TargetInfo
+    from specbuild.eagle.target_info import TargetInfo
 
 __all__ = [
     "SampleRef",

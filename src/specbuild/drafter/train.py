@@ -88,8 +88,8 @@ from specbuild.drafter.state import (
     source_digest,
     write_outputs,
 )
+from specbuild.eagle.target_info import read_target_info
 from specbuild.infra.io import setup_logging, write_jsonl
-from specbuild.target import read_target_info
 
 __all__ = [
     "TrainConfig",

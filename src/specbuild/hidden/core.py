@@ -36,6 +36,7 @@ from torch import Tensor
 
 import specbuild
 from specbuild.eagle.layers import AUX_LAYERS, default_layer_ids
+from specbuild.eagle.target_info import TargetInfo, read_target_info
 from specbuild.engines.model import FeatureBackend, Features, ModelSpec
 from specbuild.hidden.fp8 import parse_storage, quantize_fp8, scale_groups
 from specbuild.hidden.hostcopy import HostCopier, Landed
@@ -51,7 +52,6 @@ from specbuild.hidden.shards import (
 from specbuild.hidden.tokens import TokenShard, check_token_meta, read_token_shard
 from specbuild.hidden.writer import Layout, shard_writer
 from specbuild.infra.disk import ensure_free_space
-from specbuild.target import TargetInfo, read_target_info
 
 __all__ = [
     "ExtractRequest",

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from specbuild.eagle.target_info import TargetInfo
 from specbuild.infra.io import read_json, read_jsonl
-from specbuild.target import TargetInfo
 
 __all__ = ["TokenShard", "TokenizedShardError", "read_token_shard", "check_token_meta", "meta_path"]
 

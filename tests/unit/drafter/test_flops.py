@@ -22,7 +22,7 @@ from specbuild.drafter.flops import StepWork, peak_tflops, step_flops
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import TTTObjective
 from specbuild.drafter.train import TrainConfig
-from specbuild.target import read_target_info
+from specbuild.eagle.target_info import read_target_info
 
 H, V = 64, 256  # the tiny preset's hidden size and target vocabulary
 

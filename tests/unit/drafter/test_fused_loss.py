@@ -17,7 +17,7 @@ from specbuild.drafter.data import ShardSet
 from specbuild.drafter.fused_loss import linear_soft_cross_entropy
 from specbuild.drafter.objective import TTTObjective
 from specbuild.drafter.train import TrainConfig
-from specbuild.target import read_target_info
+from specbuild.eagle.target_info import read_target_info
 
 
 def _inputs(n: int, dtype: torch.dtype, *, hard: bool = False, seed: int = 0):

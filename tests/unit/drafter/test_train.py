@@ -47,10 +47,10 @@ from specbuild.drafter.train import (
     lr_at,
     train_drafter,
 )
+from specbuild.eagle.target_info import read_target_info
 from specbuild.hidden.shards import ShardError, read_shard, write_shard
 from specbuild.infra.devices import cpu_bf16_supported
 from specbuild.infra.run_lock import RUN_ENV, process_start, this_run
-from specbuild.target import read_target_info
 
 
 class Killed(RuntimeError):

@@ -56,7 +56,7 @@ def test_a_tool_calls_text_is_checked_like_the_content(tokenizer):
 
 
 def test_an_unflagged_role_marker_the_template_writes_is_refused_too(target_dir):
-    from specbuild.target import load_tokenizer
+    from specbuild.eagle.target_info import load_tokenizer
 
     tok = load_tokenizer(target_dir)  # its own copy: the session tokenizer stays SmolLM2's
     # like DeepSeek-R1's distills: role markers added as tokens, not flagged special

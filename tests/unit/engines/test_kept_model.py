@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from specbuild.eagle.target_info import read_target_info
 from specbuild.engines.keepers import keeper_running, process_running
 from specbuild.engines.kept_model import KeptModelError
 from specbuild.engines.model import ModelSpec
@@ -21,7 +22,6 @@ from specbuild.engines.open import open_engine
 from specbuild.engines.runtime import Runtime
 from specbuild.hidden.core import ExtractRequest, ShardFiles
 from specbuild.hidden.extract import extract_kept
-from specbuild.target import read_target_info
 from tests.unit.hidden.test_hidden import _extract, _write_tokenized, rows, tokenized  # noqa: F401
 
 LOADED = "loaded feature backend hf"

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from specbuild.eagle.target_info import read_target_info
 from specbuild.engines.model import Features
 from specbuild.engines.runtime import Runtime
 from specbuild.hidden.core import ShardFiles, plan_forward_batches, resolve_layer_ids
@@ -27,7 +28,6 @@ from specbuild.hidden.shards import (
 )
 from specbuild.hidden.tokens import TokenizedShardError, read_token_shard
 from specbuild.infra.io import read_json, write_json, write_jsonl
-from specbuild.target import read_target_info
 
 LAYER_IDS = [1, 14, 26]  # SmolLM2-135M: 30 layers
 CHATS = [

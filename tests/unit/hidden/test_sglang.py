@@ -198,8 +198,8 @@ def _extract_in_subprocess(tokenized: Path, target_dir: Path, out: Path, **kw) -
 
 def _tokenized_mt_bench(folder: Path, tokenizer, target_dir: Path, n: int = 24) -> Path:
     """Real chat rows (MT-Bench first turns, the target's template) as stage tokenize writes."""
+    from specbuild.eagle.target_info import read_target_info
     from specbuild.infra.io import read_jsonl, write_json, write_jsonl
-    from specbuild.target import read_target_info
 
     rows = []
     for i, q in enumerate(list(read_jsonl(REPO / "resources/bench/mt_bench.jsonl"))[:n]):
