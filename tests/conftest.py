@@ -210,6 +210,15 @@ def _random_deepseek():
     return module
 
 
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    """The training-speed bench's tiny workspace: shards, vocabulary and target fingerprint
+    (the drafter's unit tests and the bench's own tests share it)."""
+    from benchmarks.synthetic import SyntheticSpec, make_workspace
+
+    return make_workspace(tmp_path_factory.mktemp("ws"), SyntheticSpec(samples=16, seq_len=24))
+
+
 @pytest.fixture(scope="session")
 def random_deepseek():
     return _random_deepseek()

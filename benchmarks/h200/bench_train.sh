@@ -59,7 +59,7 @@ for step in "$@"; do
   case "$step" in
     tests)
       timeout 480 python3 -m pytest -q -m gpu -p no:cacheprovider tests/unit/drafter/test_train.py \
-        tests/unit/test_train_speed.py tests/unit/drafter/test_fused_attention.py 2>&1 | tee -a "$LOG" \
+        tests/benchmarks/test_train_speed.py tests/unit/drafter/test_fused_attention.py 2>&1 | tee -a "$LOG" \
         | tail -5 || rc=1
       ;;
     bench)

@@ -1,5 +1,5 @@
 """Shared by the unit tests: the embedded default config, filled with the schema's defaults as
-the workflow fills it, and the training-speed bench's tiny workspace."""
+the workflow fills it, and a keeper registry of the test's own."""
 
 import copy
 from pathlib import Path
@@ -24,14 +24,6 @@ def _filled_default() -> dict:
 def default_config(_filled_default) -> dict:
     """A fresh copy of the schema-filled config/config.yaml: tests may change its keys."""
     return copy.deepcopy(_filled_default)
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory):
-    """The training-speed bench's tiny workspace: shards, vocabulary and target fingerprint."""
-    from benchmarks.synthetic import SyntheticSpec, make_workspace
-
-    return make_workspace(tmp_path_factory.mktemp("ws"), SyntheticSpec(samples=16, seq_len=24))
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ gradients), which is all of the drafter but fc: its input is data (the target's 
 fc's backward is the weight gradient alone, 1x. The teacher and full-vocab products have no
 backward. `torch.utils.flop_counter.FlopCounterMode` on the reference path counts these
 products plus the masked upper half of each T_i x T_i square and minus the extra keys (it
-counts matmul-like ops only, and what runs); tests/unit/test_train_speed.py checks that.
+counts matmul-like ops only, and what runs); tests/unit/drafter/test_flops.py checks that.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The training-speed bench (benchmarks/train_speed.py, train_profile.py, synthetic.py): the
 steady windows, the bench JSON, the profile and the workspace spec. No timings are asserted:
-only counts, sums and files. The FLOP count: drafter/test_flops.py; MFU: drafter/test_throughput.py.
+only counts, sums and files. The FLOP count: tests/unit/drafter/test_flops.py; MFU:
+tests/unit/drafter/test_throughput.py.
 """
 
 from __future__ import annotations
