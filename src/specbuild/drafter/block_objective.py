@@ -15,7 +15,7 @@ for draft d reads the token before it: the anchor for d = 0, the label of d - 1 
 
 Evaluation: a block's accepted length is 1 + its leading correct drafts, over the blocks
 whose drafts all count; `acc` holds the conditional rates P(draft d right | drafts before it
-right), so `metrics.acceptance_length(acc)` is that mean exactly.
+right), so `simulated_acceptance_length(acc)` (eagle.chain) is that mean exactly.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
 - expected acceptance at i: mean of sum_v min(p(v), q(v)), the chance speculative sampling
   accepts the drafted token (p: the target's full-vocabulary distribution, q: the drafter's);
 - simulated acceptance length: 1 + sum_k prod_{i<=k} acc_i, tokens per verify step for a
-  chain of drafts, the bonus token included (what the bench stage measures for real).
+  chain of drafts, the bonus token included (what the bench stage measures for real;
+  `eagle.chain.simulated_acceptance_length`, which the report reads too).
 """
 
 from __future__ import annotations
@@ -15,16 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["StepCounts", "acceptance_length", "step_counts"]
+from specbuild.eagle.chain import simulated_acceptance_length
 
-
-def acceptance_length(acc: list[float]) -> float:
-    """1 + sum_k prod_{i<=k} acc_i."""
-    total, run = 1.0, 1.0
-    for a in acc:
-        run *= a
-        total += run
-    return total
+__all__ = ["StepCounts", "step_counts"]
 
 
 @torch.no_grad()
@@ -89,6 +83,6 @@ class StepCounts:
             "eval_loss": self.loss_sum / max(self.batches, 1),
             "acc": [round(a, 6) for a in acc],
             "expected_acceptance": [round(e, 6) for e in exp],
-            "acceptance_length": round(acceptance_length(acc), 6),
+            "acceptance_length": round(simulated_acceptance_length(acc), 6),
             "eval_positions": self.positions,
         }

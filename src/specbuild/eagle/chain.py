@@ -8,6 +8,7 @@ config checks, rule wildcards, servers, tables and plots all read a chain throug
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = [
     "Chain",
     "block_chain",
     "chain_order",
+    "simulated_acceptance_length",
 ]
 
 BASELINE = "baseline"  # the `chain` of rows decoded without a drafter
@@ -135,3 +137,14 @@ def chain_order(chains) -> list[str]:
         key=lambda c: (c.steps, c.topk, c.draft_tokens),
     )
     return ([BASELINE] if BASELINE in names else []) + [c.name for c in chains]
+
+
+def simulated_acceptance_length(acc: Sequence[float]) -> float:
+    """Tokens per verify step of a chain whose draft k is accepted at rate acc_k once every
+    draft before it was: 1 + sum_k prod_{i<=k} acc_i, the bonus token included. Training's
+    estimate of what the bench measures (Σcompletion/Σverify, `bench.metrics`)."""
+    total, run = 1.0, 1.0
+    for a in acc:
+        run *= a
+        total += run
+    return total

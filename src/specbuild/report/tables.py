@@ -29,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbuild.bench.metrics import (
+    acceptance_length,
     break_even,
     output_throughput,
     paired_ratio_interval,
@@ -36,7 +37,7 @@ from specbuild.bench.metrics import (
     summarize,
 )
 from specbuild.bench.rows import check_rows
-from specbuild.eagle.chain import BASELINE, Chain, chain_order
+from specbuild.eagle.chain import BASELINE, Chain, chain_order, simulated_acceptance_length
 from specbuild.infra.io import atomic_open, read_jsonl
 
 __all__ = [
@@ -171,12 +172,7 @@ def simulated_accept_length(train_row: dict, steps: int) -> float:
     acc = [float(a) for a in train_row.get("acc") or []]
     if not acc:
         return float(train_row["acceptance_length"])
-    acc = acc[:steps] + [acc[-1]] * max(0, steps - len(acc))
-    total, run = 1.0, 1.0
-    for a in acc:
-        run *= a
-        total += run
-    return total
+    return simulated_acceptance_length(acc[:steps] + [acc[-1]] * max(0, steps - len(acc)))
 
 
 def build_train_vs_bench(
@@ -199,6 +195,10 @@ def build_train_vs_bench(
 PAIR_KEYS = ["prompt_id", "turn"]  # one request of a set, whichever drafter served it
 
 
+def _accept_length(rows: pd.DataFrame, chain: str) -> float | None:
+    return acceptance_length(rows["completion_tokens"].sum(), rows["verify_steps"].sum(), chain)
+
+
 def build_peers(
     rows: pd.DataFrame, peers: Sequence[str], set_order: Sequence[str] | None = None
 ) -> pd.DataFrame:
@@ -209,6 +209,7 @@ def build_peers(
     spec = rows[(rows["phase"] == "bench") & (rows["chain"] != BASELINE)]
     out = []
     for key, group in spec.groupby(["engine", "set", "chain"], sort=False):
+        chain = key[2]
         by_drafter = {d: g.set_index(PAIR_KEYS) for d, g in group.groupby("drafter", sort=False)}
         ours = [d for d in by_drafter if d not in peers]
         for peer in (p for p in peers if p in by_drafter):
@@ -228,8 +229,8 @@ def build_peers(
                 out.append(
                     dict(zip(["engine", "set", "chain"], key, strict=True))
                     | {"drafter": drafter, "peer": peer, "requests": len(a)}
-                    | {"accept_length": b["completion_tokens"].sum() / b["verify_steps"].sum()}
-                    | {"peer_accept_length": a["completion_tokens"].sum() / a["verify_steps"].sum()}
+                    | {"accept_length": _accept_length(b, chain)}
+                    | {"peer_accept_length": _accept_length(a, chain)}
                     | {"ours_over_peer": ratio, "ratio_lo": lo, "ratio_hi": hi}
                 )
     if not out:

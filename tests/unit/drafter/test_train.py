@@ -28,7 +28,6 @@ from specbuild.drafter.data import (
     split_samples,
 )
 from specbuild.drafter.launch import Ranks
-from specbuild.drafter.metrics import acceptance_length
 from specbuild.drafter.objective import LossForm, TTTObjective, loss_rows, step_loss
 from specbuild.drafter.observer import Observer
 from specbuild.drafter.state import (
@@ -239,11 +238,6 @@ def test_lr_warms_up_then_decays_to_zero():
     assert lrs[100] == pytest.approx(0.0) and all(
         a >= b for a, b in zip(lrs[9:], lrs[10:], strict=False)
     )
-
-
-def test_acceptance_length_counts_the_bonus_token():
-    assert acceptance_length([1.0, 1.0]) == 3.0
-    assert acceptance_length([0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25)
 
 
 def test_tiny_overfit_run_reaches_acc0_above_0_9(ws, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specbuild.eagle.chain import BASELINE, Chain, chain_order
+from specbuild.eagle.chain import BASELINE, Chain, chain_order, simulated_acceptance_length
 
 
 def test_a_chain_parses_and_renders_sglangs_flags(tmp_path):
@@ -40,3 +40,9 @@ def test_chains_are_shown_baseline_first_then_by_size():
         "3-4-8",
         "7-1-8",
     ]
+
+
+def test_simulated_acceptance_length_counts_the_bonus_token():
+    assert simulated_acceptance_length([1.0, 1.0]) == 3.0
+    assert simulated_acceptance_length([0.5, 0.5]) == pytest.approx(1 + 0.5 + 0.25)
+    assert simulated_acceptance_length([]) == 1.0
