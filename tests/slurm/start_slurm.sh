@@ -14,7 +14,10 @@
 # Env: SPECBUILD_SLURM_CPUS (default: nproc, at least 2), SPECBUILD_SLURM_MEM_MB (default:
 # 90% of RAM), SPECBUILD_SLURM_FORCE_CONF=1 rewrites a
 # slurm.conf this script did not write (never done silently: a real cluster's config
-# must not be clobbered).
+# must not be clobbered). SPECBUILD_SLURM_STARTED=<file>: on exit, append "<daemon> <pid>"
+# for each daemon that was not running when the script began (tests/slurm/cluster.py stops
+# those, and only those, after the last test; a daemon it found running, even one restarted
+# for a new slurm.conf, is never listed).
 set -euo pipefail
 
 MARKER="# specbuild single-node test cluster (tests/slurm/start_slurm.sh)"
@@ -88,8 +91,22 @@ if [[ ! -e $CONF ]] || [[ "$(cat "$CONF")" != "$new_conf" ]]; then
 fi
 
 # A daemon runs if the pid in its pid file is alive (no pgrep: procps may be absent).
+DAEMONS=(munged slurmctld slurmd)
 pidfile() { case $1 in munged) echo /run/munge/munged.pid ;; *) echo "/run/$1.pid" ;; esac; }
 running() { local f; f=$(pidfile "$1"); [[ -s $f ]] && kill -0 "$(cat "$f")" 2>/dev/null; }
+found=()
+for d in "${DAEMONS[@]}"; do running "$d" && found+=("$d"); done
+report_started() {
+    [[ -n ${SPECBUILD_SLURM_STARTED:-} ]] || return 0
+    local d
+    for d in "${DAEMONS[@]}"; do
+        [[ " ${found[*]} " == *" $d "* ]] && continue
+        running "$d" && echo "$d $(cat "$(pidfile "$d")")" >> "$SPECBUILD_SLURM_STARTED"
+    done
+    return 0
+}
+# on failure too: what did start is stopped all the same
+trap report_started EXIT
 
 if ! running munged; then
     # The package's postinst makes the key; an image built without it may lack one.

@@ -6,7 +6,8 @@ COMPLETED, each engine-bound stage's shards one job (a group) that loads its eng
 and the results must equal a local run's, file for file. A bad shard fails alone inside its
 group (the other shard is published, a rerun runs only the bad one), and a group SLURM
 cancels leaves only whole shards and no engine. Skipped only where SLURM is absent and this
-process cannot be root to install it.
+process cannot be root to install it. The daemons the tests started are stopped after the last
+test that used them (tests/slurm/cluster.py); a cluster found running is left running.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +37,8 @@ from workflow_helpers import (
 
 from benchmarks.engine_loads import count_loads
 from specbuild.hidden.shards import read_shard
+from specbuild.infra.run_lock import process_start
+from tests.slurm.cluster import LEASE, STARTED, ClusterLease, stop_process
 
 pytestmark = [pytest.mark.workflow, pytest.mark.slurm]
 
@@ -50,9 +54,22 @@ LOCAL_RULES = {"rejects_check", "rejects", "report_bench", "report_pipeline", "v
 GROUPED = {"generate", "hidden"}
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster() -> str:
-    """A running one-node SLURM (started here if needed); returns `sinfo`'s node line."""
+def start_slurm(listed: Path) -> str:
+    """Run START_SLURM, which lists in `listed` the daemons it started; `sinfo`'s node line."""
+    env = os.environ | {"SPECBUILD_SLURM_STARTED": str(listed)}
+    proc = subprocess.run(
+        ["bash", str(START_SLURM)], capture_output=True, text=True, timeout=900, env=env
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"{START_SLURM} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc.stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[str]:
+    """A running one-node SLURM (started here if needed); yields `sinfo`'s node line. What was
+    started for the tests stops once no pytest process uses it any more (tests/slurm/cluster.py):
+    each of make test's workers holds a lease until its session ends."""
     have_slurm = all(shutil.which(t) for t in SLURM_TOOLS)
     if os.geteuid() != 0:
         up = have_slurm and subprocess.run(["sinfo", "-h"], capture_output=True).returncode == 0
@@ -61,11 +78,11 @@ def slurm_cluster() -> str:
                 "no running SLURM here, and installing/starting one needs root "
                 f"(run {START_SLURM} as root, then rerun this test)"
             )
-        return "existing cluster"
-    proc = subprocess.run(["bash", str(START_SLURM)], capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        pytest.fail(f"{START_SLURM} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc.stdout.strip()
+        yield "existing cluster"  # started by someone else: theirs to stop
+        return
+    lease = ClusterLease()
+    yield lease.acquire(start_slurm)
+    lease.release()
 
 
 def slurm_states(job_ids: list[str]) -> dict[str, str]:
@@ -252,3 +269,93 @@ def test_drafter_comparison_ignores_the_training_speed_in_its_metadata(tmp_path)
 
     assert same_result(drafter("a.safetensors", 0.5, 90.0), drafter("b.safetensors", 0.5, 120.0))
     assert not same_result(tmp_path / "a.safetensors", drafter("c.safetensors", 0.4, 90.0))
+
+
+def _daemon(listed: Path, name: str) -> subprocess.Popen:
+    """A stand-in daemon, listed as start_slurm.sh lists one it started."""
+    proc = subprocess.Popen(["sleep", "300"])
+    with open(listed, "a") as fh:
+        fh.write(f"{name} {proc.pid}\n")
+    return proc
+
+
+def _gone(proc: subprocess.Popen) -> bool:
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def test_the_last_lease_stops_what_the_tests_started_and_leaves_what_was_running(tmp_path):
+    state = tmp_path / "state"
+    found = subprocess.Popen(["sleep", "300"])  # a daemon running before: never listed
+    worker = subprocess.Popen(["sleep", "300"])  # another pytest process using the cluster
+    started: list[subprocess.Popen] = []
+
+    def first_start(listed: Path) -> str:
+        started.extend(_daemon(listed, d) for d in ("slurmctld", "slurmd"))
+        return "node idle"
+
+    try:
+        assert ClusterLease(state).acquire(first_start) == "node idle"
+        assert ClusterLease(state, pid=worker.pid).acquire(lambda listed: "node idle")
+        assert sorted(p.name for p in state.glob(LEASE + "*")) == sorted(
+            f"{LEASE}{pid}" for pid in (os.getpid(), worker.pid)
+        )
+        assert ClusterLease(state).release() == []  # the other worker still runs tests
+        assert all(p.poll() is None for p in started)
+        assert ClusterLease(state, pid=worker.pid).release() == ["slurmd", "slurmctld"]
+        assert all(_gone(p) for p in started) and found.poll() is None
+        assert not (state / STARTED).exists()
+    finally:
+        for p in (found, worker, *started):
+            p.kill()
+            p.wait()
+
+
+def test_a_dead_processes_lease_does_not_keep_the_cluster_running(tmp_path):
+    state = tmp_path / "state"
+    killed = subprocess.Popen(["sleep", "300"])  # a pytest killed before its teardown
+    started: list[subprocess.Popen] = []
+    try:
+        ClusterLease(state).acquire(lambda listed: started.append(_daemon(listed, "slurmd")) or "")
+        ClusterLease(state, pid=killed.pid).acquire(lambda listed: "")
+        killed.kill()
+        killed.wait()
+        assert ClusterLease(state).release() == ["slurmd"] and _gone(started[0])
+        assert not list(state.glob(LEASE + "*"))
+    finally:
+        for p in (killed, *started):
+            p.kill()
+            p.wait()
+
+
+def test_a_failed_start_stops_what_it_started_and_holds_no_lease(tmp_path):
+    state = tmp_path / "state"
+    started: list[subprocess.Popen] = []
+
+    def failing(listed: Path) -> str:
+        started.append(_daemon(listed, "munged"))
+        raise RuntimeError("node did not become idle")
+
+    try:
+        with pytest.raises(RuntimeError, match="did not become idle"):
+            ClusterLease(state).acquire(failing)
+        assert _gone(started[0]) and not list(state.glob(LEASE + "*"))
+    finally:
+        for p in started:
+            p.kill()
+            p.wait()
+
+
+def test_a_recorded_pid_now_of_another_process_is_not_signalled():
+    proc = subprocess.Popen(["sleep", "300"])
+    try:
+        start = process_start(proc.pid)
+        assert not stop_process(proc.pid, start + 1)  # the pid, another start: not ours
+        assert proc.poll() is None
+        assert stop_process(proc.pid, start) and _gone(proc)
+    finally:
+        proc.kill()
+        proc.wait()
