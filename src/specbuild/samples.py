@@ -449,14 +449,17 @@ class PromptLength:
         return n
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SampleSettings:
-    """How a dataset's records are read (its `datasets.<name>` settings)."""
+    """How a dataset's records are read (its `datasets.<name>` settings). Each default is the
+    schema's; tests/unit/config/test_schema.py keeps them equal."""
 
     fmt: str = "auto"  # one of FORMATS; auto detects per record
     prompt_key: str = "prompt"  # the text of a plain-prompt record
     id_key: str | None = None  # the record's own id (None: its position)
-    max_prompt_tokens: int | None = None  # longer prompts are rejected (needs the target)
+    # longer prompts are rejected (needs the target); None: no check. No default: the
+    # schema's 8192 would need a target wherever one is not given
+    max_prompt_tokens: int | None
 
 
 def write_sample_shard(
@@ -466,7 +469,7 @@ def write_sample_shard(
     dataset: str,
     start: int,
     stop: int,
-    settings: SampleSettings = SampleSettings(),
+    settings: SampleSettings,
     target_dir: str | os.PathLike | None = None,
 ) -> tuple[int, int]:
     """Normalize records [start, stop) of `raw` into `files.out`; rejects go to

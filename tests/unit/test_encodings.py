@@ -11,7 +11,7 @@ import pytest
 from specbuild.bench.sets import read_bench_prompts
 from specbuild.infra.io import detect_encoding, iter_utf8_lines, read_jsonl, read_text_any
 from specbuild.rejects import ShardFiles
-from specbuild.samples import record_digests, write_sample_shard
+from specbuild.samples import SampleSettings, record_digests, write_sample_shard
 
 # Six records and a blank line; the fifth is broken, so line numbers can be checked.
 LINES = [
@@ -34,6 +34,7 @@ def _shard(tmp_path, raw):
         dataset="d",
         start=0,
         stop=100,
+        settings=SampleSettings(max_prompt_tokens=None),
     )
     return list(read_jsonl(out)), list(read_jsonl(rej)), json.loads(counts.read_text())
 

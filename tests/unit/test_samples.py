@@ -153,7 +153,8 @@ def _shard(tmp_path, raw, **kw):
     out, rej, counts = tmp_path / "s.jsonl", tmp_path / "r.jsonl", tmp_path / "c.json"
     kw = {"dataset": "d", "start": 0, "stop": 100, **kw}
     files = ShardFiles(out=out, rejected=rej, counts=counts)
-    fields = {k: kw.pop(k) for k in ("fmt", "prompt_key", "id_key", "max_prompt_tokens") if k in kw}
+    fields = {k: kw.pop(k) for k in ("fmt", "prompt_key", "id_key") if k in kw}
+    fields["max_prompt_tokens"] = kw.pop("max_prompt_tokens", None)
     write_sample_shard(raw=raw, files=files, settings=SampleSettings(**fields), **kw)
     return list(read_jsonl(out)), list(read_jsonl(rej)), read_json(counts)
 

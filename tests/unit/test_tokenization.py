@@ -281,7 +281,7 @@ def _kept_through_keep(tmp_path, target_dir) -> list[dict]:
     from specbuild.backends import SamplingParams
     from specbuild.generate import GenerateSettings, generate_shard
     from specbuild.rejects import ShardFiles
-    from specbuild.samples import write_sample_shard
+    from specbuild.samples import SampleSettings, write_sample_shard
 
     raw = tmp_path / "raw.jsonl"
     raw.write_text(json.dumps(WEATHER) + "\n")
@@ -292,6 +292,7 @@ def _kept_through_keep(tmp_path, target_dir) -> list[dict]:
         dataset="d",
         start=0,
         stop=10,
+        settings=SampleSettings(max_prompt_tokens=None),
         target_dir=target_dir,
     )
 

@@ -49,14 +49,17 @@ def _limit(*limits: int | None) -> int | None:
     return min(given) if given else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BenchSettings:
-    """What every engine of a job is measured on (the bench rule's params)."""
+    """What every engine of a job is measured on (the bench rule's params). Each default is
+    the schema's (`bench`); tests/unit/config/test_schema.py keeps them equal."""
 
     sets: Mapping[str, Mapping[str, Any]]  # name -> path, format, key, id_key, limit, turns
     max_new_tokens: int = 64
     prompt_limit: int | None = None  # prompts of each set at most (None: the set's own limit)
-    concurrency: Sequence[int] = ()  # a served engine's throughput sweep
+    # the throughput sweep: bench.concurrency where the job sweeps, () where it does not
+    # (workflow.bench_plan.bench_concurrency), so no default
+    concurrency: Sequence[int]
     sweep_min_requests: int = 16  # per concurrency
 
 

@@ -297,8 +297,8 @@ class ServerOptions:
     server_args: Mapping[str, Any] = field(default_factory=dict)  # {flag_name: value}
     env: Mapping[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
-    startup_timeout_s: float = 900.0
-    request_timeout_s: float = 600.0  # one HTTP request to the server
+    startup_timeout_s: float = 900  # the schema's int: 900.0 would be another param
+    request_timeout_s: float = 600  # one HTTP request to the server
     draft_attention_backend: str | None = None  # servers with a drafter: its attention kernels
 
     def spec(

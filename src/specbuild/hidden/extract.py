@@ -35,10 +35,11 @@ from specbuild.hidden.core import (
 __all__ = ["ExtractSettings", "extract_kept", "extract_shard"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExtractSettings:
     """A hidden job's settings (the rule's params): the feature backend and how the shard is
-    written. Runtime settings, which change no output, travel apart (engines.runtime)."""
+    written. Runtime settings, which change no output, travel apart (engines.runtime). Each
+    default is the schema's (`hidden`); tests/unit/config/test_schema.py keeps them equal."""
 
     backend: str = "hf"  # hidden.backend: hf or sglang
     layer_ids: list[int] = field(default_factory=list)  # as configured; []: EAGLE-3's default
@@ -47,7 +48,9 @@ class ExtractSettings:
     batch_tokens: int = 2048
     device: str = "auto"
     backend_options: Mapping[str, Any] = field(default_factory=dict)  # sglang: flags, env
-    threads: int | None = None  # the job's Snakemake `threads:`, not every core
+    # the job's Snakemake `threads:` (hidden.threads capped at --cores), so no default; None:
+    # torch's threads as they are
+    threads: int | None
 
 
 def extract_shard(

@@ -581,7 +581,7 @@ def test_two_worker_processes_write_the_rows_one_process_writes(target_dir, targ
             chain="3-1-4",
             out=tmp_path / f"w{workers}.jsonl",
             options={"dtype": "float32", "device": "cpu", "threads": 1, "workers": workers},
-            settings=BenchSettings(sets=sets, max_new_tokens=MAX_NEW),
+            settings=BenchSettings(sets=sets, max_new_tokens=MAX_NEW, concurrency=()),
             drafter_dir=str(folder),
             drafter_name="random",
         )

@@ -1,16 +1,26 @@
 """The schema's front end (specbuild.config.schema): unknown keys, wrong types and values are
 named by their dotted key with what was expected; scalars YAML reads as strings are read as the
 schema's type; defaults are filled; and the schema is the one definition of every default that
-the trainer's TrainConfig mirrors."""
+a settings class repeats (the trainer's TrainConfig, each stage's settings)."""
 
 import dataclasses
+from collections.abc import Mapping
 
 import pytest
 import yaml
 from config_cases import SCHEMA, default_config, faults, load_yaml, passes
 
+from specbuild.align import AlignSettings
+from specbuild.backends.base import SamplingParams
+from specbuild.bench.run import BenchSettings
 from specbuild.config.schema import VARIANT_FIXED, coerce_scalars, load_schema
 from specbuild.drafter.config import ATTENTION, INITS, LOSS, DrafterConfig, TrainConfig
+from specbuild.engines.server import ServerOptions
+from specbuild.generate import GenerateSettings
+from specbuild.hidden.extract import ExtractSettings
+from specbuild.samples import SampleSettings
+from specbuild.synthesize import PromptWriting
+from specbuild.tuning import TuningSettings
 
 # train keys the workflow reads and no trainer gets: which shards a recipe trains on (its
 # inputs) and the other recipes
@@ -103,21 +113,66 @@ def _train_schema() -> dict:
     return load_yaml(SCHEMA)["properties"]["train"]["properties"]
 
 
-@pytest.mark.parametrize("mirror", [TrainConfig, DrafterConfig], ids=lambda c: c.__name__)
-def test_each_train_default_a_config_class_repeats_is_the_schemas(mirror):
-    # The workflow passes every key, so a differing default shows only where a config is
+# Every settings class built from a schema section's keys: the section's dotted path ("*":
+# any dataset) and the class's own names for keys it names otherwise. A field of the section
+# with a default must have the schema's; one without takes the job's param, always given.
+# DrafterConfig repeats the train keys that shape the drafter (fc_norm), the rest are the
+# target's; GenerateSettings reads generate's keys and a dataset's.
+MIRRORS = [
+    (TrainConfig, "train", {}),
+    (DrafterConfig, "train", {}),
+    (SampleSettings, "datasets.*", {"fmt": "format"}),
+    (PromptWriting, "datasets.*.synthesize", {}),
+    (SamplingParams, "generate", {}),
+    (GenerateSettings, "generate", {}),
+    (GenerateSettings, "datasets.*", {}),
+    (GenerateSettings, "datasets.*.synthesize", {}),
+    (ExtractSettings, "hidden", {}),
+    (AlignSettings, "align", {}),
+    (BenchSettings, "bench", {}),
+    (TuningSettings, "sglang.tuning", {}),
+    (ServerOptions, "sglang", {}),
+]
+
+
+def _section(path: str) -> dict:
+    node = load_yaml(SCHEMA)
+    for key in path.split("."):
+        node = node["additionalProperties"] if key == "*" else node["properties"][key]
+    return node["properties"]
+
+
+def _same(ours, theirs) -> bool:
+    """Equal and of one type, 1 and 1.0 being two params; a tuple stands for the schema's
+    list (a frozen class holds no list) and any mapping for its object."""
+    if isinstance(ours, tuple | list) and isinstance(theirs, list):
+        return len(ours) == len(theirs) and all(map(_same, ours, theirs))
+    if isinstance(ours, Mapping) and isinstance(theirs, dict):
+        return ours.keys() == theirs.keys() and all(_same(ours[k], theirs[k]) for k in ours)
+    return ours == theirs and type(ours) is type(theirs)
+
+
+def _default(field: dataclasses.Field):
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
+@pytest.mark.parametrize(
+    "mirror, path, names", MIRRORS, ids=[f"{m.__name__}-{p}" for m, p, _ in MIRRORS]
+)
+def test_each_default_a_settings_class_repeats_is_the_schemas(mirror, path, names):
+    # The workflow passes every key, so a differing default shows only where settings are
     # built without the workflow (tests, benchmarks): exactly where nobody would notice.
-    # DrafterConfig mirrors the train keys that shape the drafter (fc_norm); its other fields
-    # are the target's.
-    schema = _train_schema()
+    schema = _section(path)
+    fields = [f for f in dataclasses.fields(mirror) if names.get(f.name, f.name) in schema]
+    assert fields, f"{mirror.__name__} names no key of {path}"
     differ = {}
-    for field in dataclasses.fields(mirror):
-        if field.name not in schema or field.default is dataclasses.MISSING:
-            continue
-        ours, theirs = field.default, schema[field.name].get("default")
-        if ours != theirs or type(ours) is not type(theirs):
-            differ[field.name] = (ours, theirs)  # 1 == 1.0, yet they are two params
-    assert not differ, f"{{field: ({mirror.__name__}'s, the schema's)}}: {differ}"
+    for field in fields:
+        ours, theirs = _default(field), schema[names.get(field.name, field.name)].get("default")
+        if ours is not dataclasses.MISSING and not _same(ours, theirs):
+            differ[field.name] = (ours, theirs)
+    assert not differ, f"{{field: ({mirror.__name__}'s, {path}'s)}}: {differ}"
 
 
 def test_every_train_key_is_a_trainer_field_or_read_by_the_workflow_alone():

@@ -12,7 +12,7 @@ from specbuild.eagle.special_text import special_text_fault, special_token_strin
 from specbuild.generate import GenerateSettings, generate_shard
 from specbuild.infra.io import read_json, read_jsonl
 from specbuild.rejects import ShardFiles
-from specbuild.samples import write_sample_shard
+from specbuild.samples import SampleSettings, write_sample_shard
 from specbuild.tokenization import RowRejected, tokenize_conversation, tokenize_shard
 
 # A user message that forges the end of its own turn and a whole assistant turn, and a system
@@ -107,6 +107,7 @@ def test_samples_rejects_forged_turns_with_file_and_line_and_keeps_the_rest(tmp_
         dataset="d",
         start=0,
         stop=6,
+        settings=SampleSettings(max_prompt_tokens=None),
         target_dir=target_dir,
     )
     assert (kept, bad) == (2, 4)

@@ -94,7 +94,7 @@ def _extract(tokenized: Path, target_dir: Path, out: Path, **kw):
         out=out,
     )
     runtime = Runtime(idle_s=kw.pop("share_idle_s", 0.0))
-    settings = ExtractSettings(**{"batch_tokens": 64, "device": "cpu", **kw})
+    settings = ExtractSettings(**{"batch_tokens": 64, "device": "cpu", "threads": None, **kw})
     return extract_shard(files, settings, runtime)
 
 

@@ -181,7 +181,7 @@ def _extract_in_subprocess(tokenized: Path, target_dir: Path, out: Path, **kw) -
             "fingerprint": str(target_dir / "fingerprint.json"),
             "out": str(out),
         },
-        "settings": kw,
+        "settings": {"threads": None, **kw},
     }
     env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(

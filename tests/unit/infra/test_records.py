@@ -54,7 +54,8 @@ def test_a_record_as_deep_as_the_limit_and_an_astral_character_are_read():
 def _shard(tmp_path, raw, **kw):
     out, rej, counts = tmp_path / "s.jsonl", tmp_path / "r.jsonl", tmp_path / "c.json"
     files = ShardFiles(out=out, rejected=rej, counts=counts)
-    fields = {k: kw.pop(k) for k in ("fmt", "prompt_key", "id_key", "max_prompt_tokens") if k in kw}
+    fields = {k: kw.pop(k) for k in ("fmt", "prompt_key", "id_key") if k in kw}
+    fields["max_prompt_tokens"] = kw.pop("max_prompt_tokens", None)
     write_sample_shard(raw=raw, files=files, dataset="d", settings=SampleSettings(**fields), **kw)
     return list(read_jsonl(out)), list(read_jsonl(rej)), read_json(counts)
 
