@@ -6,7 +6,7 @@ Tokens walk a fixed permutation (x[t+1] = perm[x[t]]) inside the draft vocabular
 target's `last` at t points at lm_head row x[t+1], so the next token is predictable from the
 current one and a drafter that learns anything reaches high accuracy.
 
-    python -m benchmarks.synthetic OUT [--preset llama8b|smollm2|kimi|tiny] [--epochs N]
+    python -m benchmarks.synthetic OUT [--preset llama8b|smollm2|kimi|kimi_mla|tiny] [--epochs N]
         [--profile]
 
 writes OUT/{target,vocab,hidden} and OUT/spec.json (`--spec-only`: the spec alone, for the
@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from specbuild.drafter.config import ATTENTION, LOSS
+from specbuild.eagle.drafter_tensors import MLA_KEYS
 from specbuild.eagle.layers import default_layer_ids
 from specbuild.hidden.fp8 import quantize_fp8
 from specbuild.hidden.shards import write_shard
@@ -52,6 +53,10 @@ class SyntheticSpec:
     shards: int = 2
     aux_dtype: str = "bf16"  # bf16 | fp8 (aux and last, as hidden.storage)
     seed: int = 0
+    # multi-latent attention (DeepSeek-V3's config keys): (q_lora_rank, kv_lora_rank,
+    # qk_nope_head_dim, qk_rope_head_dim, v_head_dim); () is a Llama target. An MLA target
+    # gets an MLA drafter (train.draft_attention auto)
+    mla: tuple[int, ...] = ()
 
 
 PRESETS = {
@@ -63,13 +68,18 @@ PRESETS = {
     # Kimi-K2.5's text widths (DeepSeek-V3's: hidden 7168, dense MLP 18432, 64 heads, vocab
     # 163,840, 61 layers) at sequences of 4K: the drafter its users train (1,145M parameters)
     "kimi": SyntheticSpec(7168, 18432, 64, 64, 163840, 32000, 61, 32, 4096, 4),
+    # the same with Kimi-K2.5's own multi-latent attention, the drafter `auto` now gives it
+    "kimi_mla": SyntheticSpec(
+        7168, 18432, 64, 64, 163840, 32000, 61, 32, 4096, 4, mla=(1536, 512, 128, 64, 128)
+    ),
 }
 
 
 def target_config(s: SyntheticSpec) -> dict[str, object]:
-    """The HF config.json of a Llama-family target of the spec's shapes."""
+    """The HF config.json of a Llama-family target of the spec's shapes (with `mla`, the
+    same plus DeepSeek-V3's attention keys)."""
     H = s.hidden_size
-    return {
+    config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": H,
@@ -85,6 +95,10 @@ def target_config(s: SyntheticSpec) -> dict[str, object]:
         "tie_word_embeddings": False,
         "hidden_act": "silu",
     }
+    if s.mla:
+        config |= {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
+        config |= dict(zip(MLA_KEYS, s.mla, strict=True))
+    return config
 
 
 def workspace_paths(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> dict[str, object]:
@@ -143,7 +157,7 @@ def make_workspace(out: str | Path, spec: SyntheticSpec = SyntheticSpec()) -> di
             "num_hidden_layers": s.num_hidden_layers,
             "hidden_size": H,
             "vocab_size": V,
-            "model_type": "llama",
+            "model_type": config["model_type"],
         },
     )
     # Draft vocab = every other target id (so d2t is not all zeros).

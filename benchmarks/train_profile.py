@@ -67,7 +67,8 @@ def _module_labels(objective: nn.Module) -> list[tuple[nn.Module, str]]:
     d = objective.drafter
     layer, attn = d.midlayer, d.midlayer.self_attn
     labels = [(objective, "loss"), (d.fc, "fc"), (layer, "layer"), (attn, "attention")]
-    labels += [(getattr(attn, p), "proj") for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    # q, k, v, o; or MLA's down and up projections and o
+    labels += [(m, "proj") for m in attn.children() if isinstance(m, nn.Linear)]
     labels += [(layer.mlp, "mlp"), (d.norm, "lm_head"), (d.lm_head, "lm_head")]
     labels += [(n, "fc") for n in getattr(d, "fc_norm", [])]
     return labels

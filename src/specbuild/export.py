@@ -1,7 +1,10 @@
 """Stage `export`: the best drafter as a folder SGLang loads with `--speculative-algorithm EAGLE3`.
 
-    config.json        LlamaForCausalLMEagle3 config: shapes, draft/target vocab sizes, the
-                       target's RoPE and max_position_embeddings, aux layer ids
+    config.json        LlamaForCausalLMEagle3 config (Eagle3DeepseekV2ForCausalLM for a
+                       drafter with the target's multi-latent attention, its MLA sizes and
+                       rope_interleave beside): shapes, draft/target vocab sizes, the target's
+                       RoPE and max_position_embeddings, aux layer ids (+ fc_norm, norm_output
+                       for EAGLE-3.1)
     model.safetensors  midlayer.*, fc.weight, norm.weight, lm_head.weight, d2t, t2d
                        (+ fc_norm.{0,1,2}.weight for EAGLE-3.1); no embedding (SGLang shares
                        the target's)
@@ -10,8 +13,10 @@ The failure guarded: SGLang skips weight names it does not know without a word, 
 `tie_word_embeddings: true` it replaces lm_head by the embedding; either way the server runs a
 drafter with random or wrong weights and acceptance collapses. A NaN/Inf weight (a diverged
 run, or a float16 export overflowing) serves garbage just as quietly. `check_export` compares
-every key, shape and dtype with what the config implies, counts NaN/Inf values, and lists every
-fault at once; `export_for_sglang` refuses a non-finite checkpoint before writing anything.
+every key, shape and dtype with what the config implies (saying what SGLang would do instead
+where it loads a folder without a word: a head it leaves random, an MLA projection it drops),
+counts NaN/Inf values, and lists every fault at once; `export_for_sglang` refuses a non-finite
+checkpoint before writing anything.
 """
 
 from __future__ import annotations
@@ -35,7 +40,14 @@ from specbuild.block_export import (
 from specbuild.drafter.block import BLOCK_FAMILIES, BlockConfig
 from specbuild.drafter.config import DrafterConfig
 from specbuild.drafter.state import read_drafter
-from specbuild.eagle.drafter_tensors import DrafterShape, tensor_shapes
+from specbuild.eagle.drafter_tensors import (
+    MLA_ARCHITECTURE,
+    MLA_KEYS,
+    DrafterShape,
+    is_mla,
+    silent_losses,
+    tensor_shapes,
+)
 from specbuild.eagle.layers import AUX_LAYERS, architecture_of, eagle_layer_ids
 from specbuild.eagle.text_model import text_config
 from specbuild.infra.disk import ensure_free_space, export_need
@@ -85,7 +97,8 @@ def hf_config(
     target = text_config(target_config)
     out = {k: target[k] for k in _COPIED if k in target}
     out |= {
-        "architectures": [ARCHITECTURE],
+        "architectures": [MLA_ARCHITECTURE if cfg.mla else ARCHITECTURE],
+        # llama for both: SGLang's MLA draft reads its own keys, which LlamaConfig keeps
         "model_type": "llama",
         "num_hidden_layers": 1,
         "hidden_size": cfg.hidden_size,
@@ -112,8 +125,14 @@ def hf_config(
             "use_aux_hidden_state": True,
         },
     }
+    if cfg.mla:  # no head_dim: SGLang's MLA reads the nope, rope and v widths
+        del out["head_dim"]
+        out |= {k: getattr(cfg, k) for k in MLA_KEYS}
+        out["rope_interleave"] = cfg.rope_interleave
     if cfg.fc_norm:
         out["fc_norm"] = True
+    if cfg.norm_output:
+        out["norm_output"] = True
     return out
 
 
@@ -210,10 +229,16 @@ def _check_finite(
         )
 
 
-def _tensor_faults(folder: Path, want: dict[str, tuple[list[int], str]]) -> list[str]:
+def _tensor_faults(
+    folder: Path, want: dict[str, tuple[list[int], str]], hf: dict | None = None
+) -> list[str]:
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         have = {k: f.get_slice(k) for k in f.keys()}  # noqa: SIM118
-        faults = [f"model.safetensors: missing tensor {k!r}" for k in sorted(want.keys() - have)]
+        why = silent_losses(hf, have.keys()) if hf is not None else {}
+        faults = [
+            f"model.safetensors: missing tensor {k!r}" + (f" ({why[k]})" if k in why else "")
+            for k in sorted(want.keys() - have)
+        ]
         faults += [
             f"model.safetensors: unexpected tensor {k!r} (SGLang would skip it silently)"
             for k in sorted(have.keys() - want)
@@ -257,7 +282,7 @@ def export_faults(folder: str | os.PathLike) -> list[str]:
     if family_of(hf):
         return _block_export_faults(folder, hf, files)
     expect = {
-        "architectures": [ARCHITECTURE],
+        "architectures": [MLA_ARCHITECTURE if is_mla(hf) else ARCHITECTURE],
         "model_type": "llama",
         "num_hidden_layers": 1,
         "tie_word_embeddings": False,
@@ -272,7 +297,7 @@ def export_faults(folder: str | os.PathLike) -> list[str]:
         "intermediate_size",
         "num_attention_heads",
         "num_key_value_heads",
-        "head_dim",
+        *(MLA_KEYS if is_mla(hf) else ("head_dim",)),
         "rms_norm_eps",
         "vocab_size",
         "draft_vocab_size",
@@ -295,7 +320,7 @@ def export_faults(folder: str | os.PathLike) -> list[str]:
     if faults or "model.safetensors" not in files:
         return faults
     return _tensor_faults(
-        folder, expected_tensors(DrafterConfig.from_export(hf), hf["torch_dtype"])
+        folder, expected_tensors(DrafterConfig.from_export(hf), hf["torch_dtype"]), hf
     )
 
 

@@ -29,7 +29,14 @@ BASE_VARIANT = "base"  # the variant that is the recipe of `train` itself, alway
 TRAIN_CADENCE = ("log_interval", "save_interval")
 # Training keys added after builds existed, at the value that trains exactly as before: a job's
 # params leave them out there, so a build made before the key existed stays up to date.
-TRAIN_NEUTRAL = {"acceptance_weight": 0.0, "family": "eagle3"}
+TRAIN_NEUTRAL = {
+    "acceptance_weight": 0.0,
+    "family": "eagle3",
+    "norm_output": False,
+    # auto is gqa for every target without MLA's sizes, as before; a DeepSeek-V3 or Kimi-K2.5
+    # drafter trained before it keeps its Llama attention until retrained (--forcerun train)
+    "draft_attention": "auto",
+}
 # Keys only a block family (dflash, dspark) reads: an EAGLE-3 variant's params leave them out,
 # so they neither rerun it nor appear in its job.
 BLOCK_KEYS = ("block_drafts", "block_layers", "block_anchors", "markov_rank", "mask_token_id")

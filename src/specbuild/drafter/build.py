@@ -4,6 +4,8 @@
 lm_head rows of the draft vocabulary and its final norm, the rest seeded random (`train.seed`).
 A fresh run then starts from `train.init_from` (`warm_start`: a drafter folder) or the target's
 last decoder layer (`train.init`, `target_init.py`), never both (`TrainConfig.check`).
+`train.draft_attention` resolves here against the target's config.json (`auto`: MLA for a
+DeepSeek-V3 or Kimi-K2.5 target, Llama's attention elsewhere).
 `train.attention`, `train.loss` and `train.precision` resolve here against the device
 (`to_device` moves the drafter and its teacher there).
 """
@@ -21,7 +23,7 @@ from specbuild.drafter import fused_attention
 from specbuild.drafter.block import BLOCK_FAMILIES, BlockDrafter
 from specbuild.drafter.block_build import build_block_drafter, init_block_from_target
 from specbuild.drafter.block_objective import BlockObjective
-from specbuild.drafter.config import DrafterConfig, TrainConfig
+from specbuild.drafter.config import DrafterConfig, TrainConfig, draft_attention
 from specbuild.drafter.model import Eagle3Drafter
 from specbuild.drafter.objective import LossForm, TTTObjective
 from specbuild.drafter.target_init import init_from_target_layer
@@ -55,8 +57,15 @@ def build_drafter(
     weights = read_target_weights(
         target_dir, ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]
     )
+    target = read_json(target_dir / "config.json")
+    attention = draft_attention(cfg.draft_attention, target)
+    log.info("draft attention: %s (train.draft_attention %s)", attention, cfg.draft_attention)
     mcfg = DrafterConfig.from_target(
-        read_json(target_dir / "config.json"), draft_vocab_size=d2t.shape[0], fc_norm=cfg.fc_norm
+        target,
+        draft_vocab_size=d2t.shape[0],
+        fc_norm=cfg.fc_norm,
+        norm_output=cfg.norm_output,
+        attention=attention,
     )
     torch.manual_seed(cfg.seed)
     model = Eagle3Drafter(mcfg)
@@ -88,6 +97,9 @@ def warm_start(model: Eagle3Drafter, folder: str | os.PathLike) -> str:
         for k, v in ours.items()
         if k not in vocab_keys and k in src and src[k].shape != v.shape
     ]
+    # another attention (Llama's there, MLA here, or the reverse), or fc_norm on one side only
+    faults += [f"{k}: here, not there" for k in sorted(ours.keys() - src.keys())]
+    faults += [f"{k}: there, not here" for k in sorted(src.keys() - ours.keys())]
     if faults:
         raise ValueError(
             f"train.init_from {folder}: not a drafter of this target's shape:\n  "

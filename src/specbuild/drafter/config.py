@@ -3,6 +3,13 @@
 `DrafterConfig` holds the shape and RoPE facts the server must agree on: `from_target` reads
 them from the target's config.json (transformers 4 or 5 layout), `from_export` back from an
 exported drafter's config.json.
+
+Attention (`train.draft_attention`, resolved by `draft_attention`): `gqa`, the Llama layer's
+q/k/v/o with the target's heads and RoPE (SGLang's `LlamaForCausalLMEagle3`); `mla`, the
+target's own multi-latent attention sizes (DeepSeek-V3, Kimi-K2.5; SGLang's
+`Eagle3DeepseekV2ForCausalLM`), RoPE on its rope dims only, interleaved as the target's
+`rope_interleave` says, and any rope scaling as DeepSeek's YaRN: SGLang's MLA layer serves every
+scaling so, with cos/sin and the softmax scale multiplied by YaRN's mscale factors.
 """
 
 from __future__ import annotations
@@ -14,21 +21,29 @@ import torch
 from torch import Tensor
 
 from specbuild.config.views import TRAIN_CADENCE
-from specbuild.eagle.drafter_tensors import DrafterShape
+from specbuild.eagle.drafter_tensors import MLA_KEYS, DrafterShape
 from specbuild.eagle.text_model import text_config
 from specbuild.infra.devices import wants_cuda
 
 __all__ = [
     "ATTENTION",
+    "DRAFT_ATTENTION",
     "FAMILIES",
     "LOSS",
     "DrafterConfig",
     "TrainConfig",
+    "draft_attention",
+    "rope_attention_factor",
     "rope_from_hf",
     "rope_inv_freq",
+    "softmax_scale",
 ]
 
 ROPE_TYPES = ("default", "linear", "llama3")
+# what an MLA draft's rope scaling may say: SGLang's MLA serves any scaling as DeepSeek's YaRN
+MLA_ROPE_TYPES = ("default", "yarn", "deepseek_yarn")
+# train.draft_attention (also `auto`): the drafter layer's attention, Llama's or DeepSeek's MLA
+DRAFT_ATTENTION = ("gqa", "mla")
 INITS = ("random", "target_last_layer")  # train.init
 # train.family: eagle3, a chain drafting one token a forward (drafter/model.py); dflash and
 # dspark, a block of tokens a forward (drafter/block.py). Defined once, here.
@@ -59,6 +74,21 @@ class DrafterConfig:
     max_position_embeddings: int = 4096
     fc_norm: bool = False  # EAGLE-3.1: RMSNorm on each aux state before fc
     hidden_act: str = "silu"
+    # EAGLE-3.1: the next draft step reads norm(h_out), the hidden its logits read, instead of
+    # the pre-norm h_out
+    norm_output: bool = False
+    # multi-latent attention (MLA_KEYS; all None: Llama attention). head_dim is then
+    # qk_nope_head_dim + qk_rope_head_dim, the query/key width
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    rope_interleave: bool = True  # MLA: RoPE on interleaved pairs (GPT-J), else halves (NeoX)
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank is not None
 
     def __post_init__(self) -> None:
         faults = []
@@ -66,23 +96,60 @@ class DrafterConfig:
             faults.append("num_attention_heads must be a multiple of num_key_value_heads")
         if self.hidden_act != "silu":
             faults.append(f"hidden_act {self.hidden_act!r}: only 'silu' (Llama MLP) is built")
+        dims = {k: getattr(self, k) for k in MLA_KEYS}
+        given = [k for k, v in dims.items() if v is not None]
+        if given and len(given) < len(dims):
+            missing = [k for k in dims if k not in given]
+            faults.append(f"multi-latent attention needs {', '.join(missing)} too")
+        elif given and self.qk_rope_head_dim % 2:
+            faults.append(f"qk_rope_head_dim {self.qk_rope_head_dim} must be even (RoPE pairs)")
+        elif given and self.head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim:
+            faults.append(
+                f"head_dim {self.head_dim}: multi-latent attention's query/key width is "
+                f"qk_nope_head_dim + qk_rope_head_dim = "
+                f"{self.qk_nope_head_dim + self.qk_rope_head_dim}"
+            )
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
-        if rope_type not in ROPE_TYPES:
-            faults.append(f"rope_type {rope_type!r} is not supported; supported: {ROPE_TYPES}")
+        allowed = MLA_ROPE_TYPES if given else ROPE_TYPES
+        if rope_type not in allowed:
+            faults.append(
+                f"rope_type {rope_type!r} is not supported"
+                + (" with multi-latent attention" if given else "")
+                + f"; supported: {allowed}"
+            )
         if faults:
             raise ValueError("DrafterConfig: " + "; ".join(faults))
 
     @classmethod
-    def from_target(cls, target: dict, *, draft_vocab_size: int, fc_norm: bool = False):
-        """Shape and RoPE facts from the target's HF config.json (legacy or `rope_parameters`)."""
+    def from_target(
+        cls,
+        target: dict,
+        *,
+        draft_vocab_size: int,
+        fc_norm: bool = False,
+        norm_output: bool = False,
+        attention: str = "gqa",
+    ) -> DrafterConfig:
+        """Shape and RoPE facts from the target's HF config.json (legacy or `rope_parameters`);
+        `attention` (DRAFT_ATTENTION, `draft_attention` resolves train's): `mla` takes the
+        target's MLA sizes and rope_interleave."""
         cfg = text_config(target)
         heads = int(cfg["num_attention_heads"])
+        if attention not in DRAFT_ATTENTION:
+            raise ValueError(f"attention {attention!r}: choose {' or '.join(DRAFT_ATTENTION)}")
+        mla = {k: int(cfg[k]) for k in MLA_KEYS} if attention == "mla" else {}
+        if mla:
+            head_dim, kv_heads = mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"], heads
+            mla["rope_interleave"] = bool(cfg.get("rope_interleave", True))  # SGLang's default
+        else:
+            head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
+            kv_heads = int(cfg.get("num_key_value_heads") or heads)
         return cls(
             hidden_size=int(cfg["hidden_size"]),
             intermediate_size=int(cfg["intermediate_size"]),
             num_attention_heads=heads,
-            num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
             vocab_size=int(cfg["vocab_size"]),
             draft_vocab_size=draft_vocab_size,
             target_hidden_size=int(cfg["hidden_size"]),
@@ -90,6 +157,8 @@ class DrafterConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
             fc_norm=fc_norm,
             hidden_act=str(cfg.get("hidden_act", "silu")),
+            norm_output=norm_output,
+            **mla,
             **rope_from_hf(cfg),
         )
 
@@ -105,6 +174,8 @@ class DrafterConfig:
             rms_norm_eps=float(hf["rms_norm_eps"]),
             max_position_embeddings=int(hf["max_position_embeddings"]),
             hidden_act=str(hf.get("hidden_act", "silu")),
+            norm_output=bool(hf.get("norm_output", False)),
+            rope_interleave=bool(hf.get("rope_interleave", True)),
             **rope_from_hf({k: v for k, v in hf.items() if k != "rope_parameters"}),
         )
 
@@ -115,6 +186,26 @@ class DrafterConfig:
     def from_dict(cls, d: dict) -> DrafterConfig:
         names = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def draft_attention(choice: str, target: dict) -> str:
+    """train.draft_attention resolved against the target's config.json (DRAFT_ATTENTION):
+    `auto` is mla where the target's text config gives every MLA size (DeepSeek-V3,
+    Kimi-K2.5), gqa elsewhere; `mla` for a target without them is refused, naming them."""
+    text = text_config(target)
+    missing = [k for k in MLA_KEYS if text.get(k) is None]
+    if choice == "auto":
+        return "gqa" if missing else "mla"
+    if choice == "mla" and missing:
+        raise ValueError(
+            f"train.draft_attention mla: the target's config.json gives no {', '.join(missing)} "
+            "(SGLang's MLA draft needs every one, q_lora_rank included); set it to gqa or auto"
+        )
+    if choice not in DRAFT_ATTENTION:
+        raise ValueError(
+            f"train.draft_attention {choice!r}: choose auto, {' or '.join(DRAFT_ATTENTION)}"
+        )
+    return choice
 
 
 def rope_from_hf(cfg: dict) -> dict:
@@ -131,12 +222,17 @@ def rope_from_hf(cfg: dict) -> dict:
 
 
 def rope_inv_freq(cfg: DrafterConfig) -> Tensor:
-    """Inverse frequencies [head_dim/2], with the target's scaling (same math as HF/SGLang)."""
-    d = cfg.head_dim
+    """Inverse frequencies [rotary dims/2] (head_dim, or MLA's qk_rope_head_dim), with the
+    target's scaling (same math as HF/SGLang). Block drafters' configs (Llama attention
+    only) read it too."""
+    mla = getattr(cfg, "mla", False)
+    d = cfg.qk_rope_head_dim if mla else cfg.head_dim
     inv = 1.0 / cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     scaling = cfg.rope_scaling or {}
     kind = scaling.get("rope_type", "default")
-    if kind == "linear":
+    if mla and kind != "default":
+        inv = _deepseek_yarn(inv, d, cfg)
+    elif kind == "linear":
         inv = inv / scaling["factor"]
     elif kind == "llama3":  # Llama 3.1: stretch low frequencies, keep high, blend in between
         factor, old = scaling["factor"], scaling["original_max_position_embeddings"]
@@ -150,6 +246,53 @@ def rope_inv_freq(cfg: DrafterConfig) -> Tensor:
     return inv.float()
 
 
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _deepseek_yarn(inv: Tensor, d: int, cfg: DrafterConfig) -> Tensor:
+    """DeepSeek's YaRN as SGLang's MLA computes it (its defaults where the config is silent):
+    interpolated below the correction range, extrapolated above, a linear ramp between."""
+    s = cfg.rope_scaling or {}
+    factor = float(s.get("factor", 1.0))
+    original = float(s.get("original_max_position_embeddings", cfg.max_position_embeddings))
+
+    def dim(rotations: float) -> float:  # the dimension that turns `rotations` times
+        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(cfg.rope_theta))
+
+    low = max(math.floor(dim(s.get("beta_fast", 32))), 0)
+    high = min(math.ceil(dim(s.get("beta_slow", 1))), d - 1)
+    span = high - low if high != low else 1e-3  # SGLang's guard against a zero-width ramp
+    ramp = (torch.arange(d // 2, dtype=torch.float64) - low) / span
+    keep = (1 - ramp.clamp(0, 1)) * s.get("extrapolation_factor", 1)
+    return inv / factor * (1 - keep) + inv * keep
+
+
+def rope_attention_factor(cfg: DrafterConfig) -> float:
+    """What cos and sin are multiplied by: 1, but YaRN's mscale ratio for an MLA draft."""
+    s = cfg.rope_scaling or {}
+    if not cfg.mla or s.get("rope_type", "default") == "default":
+        return 1.0
+    factor = float(s.get("factor", 1.0))
+    ratio = _yarn_mscale(factor, float(s.get("mscale", 1))) / _yarn_mscale(
+        factor, float(s.get("mscale_all_dim", 0))
+    )
+    return ratio * float(s.get("attn_factor", 1))
+
+
+def softmax_scale(cfg: DrafterConfig) -> float:
+    """The attention logits' scale: head_dim^-0.5; an MLA draft's (nope+rope)^-0.5 times
+    YaRN's mscale(factor, mscale_all_dim) squared under rope scaling, as SGLang's MLA."""
+    scale = cfg.head_dim**-0.5
+    s = cfg.rope_scaling or {}
+    if not cfg.mla or s.get("rope_type", "default") == "default":
+        return scale
+    if not s.get("apply_yarn_scaling", True) or not s.get("apply_scale", True):
+        return scale
+    m = _yarn_mscale(float(s.get("factor", 1.0)), float(s.get("mscale_all_dim", 0)))
+    return scale * m * m
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Training hyper-parameters (config section `train`, reaching the job as params).
@@ -160,7 +303,8 @@ class TrainConfig:
     Rejected combinations (`check`): max_length > token_budget, ttt_steps < 1, eval_fraction
     or warmup_fraction outside [0, 1), eval_set with eval_fraction > 0, device cuda without
     CUDA, nproc above the visible GPUs, attention flex on CPU, init
-    target_last_layer with init_from, and unknown keys (`from_params`).
+    target_last_layer with init_from, norm_output or draft_attention mla with a block family,
+    and unknown keys (`from_params`).
     """
 
     ttt_steps: int = 7  # drafts chained in training-time test
@@ -189,6 +333,10 @@ class TrainConfig:
     save_interval: int = 200  # steps between resumable checkpoints
     log_interval: int = 10
     fc_norm: bool = False  # EAGLE-3.1 per-aux RMSNorm before fc
+    norm_output: bool = False  # EAGLE-3.1: each draft step feeds the next its post-norm hidden
+    # the drafter layer's attention: auto (mla for a target with MLA's sizes, gqa elsewhere;
+    # `draft_attention`) | gqa (Llama's) | mla (the target's multi-latent attention)
+    draft_attention: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     # auto (bf16 autocast on CUDA, float32 on CPU) | float32 | bfloat16 (autocast on CUDA and
     # on a CPU with native bf16, `cpu_bf16_supported`; float32 on other CPUs, where bf16 would
@@ -254,6 +402,16 @@ class TrainConfig:
             faults.append(
                 f"family {self.family} and init_from {self.init_from!r}: a warm start reads "
                 "EAGLE-3 drafters only"
+            )
+        if self.draft_attention not in ("auto", *DRAFT_ATTENTION):
+            faults.append(
+                f"draft_attention {self.draft_attention!r}: choose auto, "
+                + " or ".join(DRAFT_ATTENTION)
+            )
+        if self.family != "eagle3" and (self.norm_output or self.draft_attention == "mla"):
+            faults.append(
+                f"family {self.family}: norm_output and draft_attention mla shape an EAGLE-3 "
+                "drafter only (a block drafter reads the target's head and has Qwen3 attention)"
             )
         if min(self.block_drafts, self.block_layers, self.block_anchors, self.markov_rank) < 1:
             faults.append("block_drafts, block_layers, block_anchors and markov_rank must be >= 1")

@@ -9,6 +9,9 @@ Per TTT step i (`Eagle3Drafter.unroll`: step i runs over T_i = L - i positions o
 sample, R_i = B * T_i rows; H hidden, nh/nkv heads of hd, I MLP width):
 
     projections  q: 2 R_i 2H nh*hd    k, v: 2 R_i 2H nkv*hd each    o: 2 R_i nh*hd H
+                 (multi-latent attention: q_a 2 R_i 2H q_lora, q_b 2 R_i q_lora nh*(nope+rope),
+                 kv_a 2 R_i 2H (kv_lora+rope), kv_b 2 R_i kv_lora nh*(nope+v), o 2 R_i nh*v H;
+                 in the attention terms below hd is nope+rope for the scores, v for the values)
     mlp          gate, up, down: 3 * 2 R_i H I
     attention    scores q k0^T and values p v0 over the causal step-0 prefix, the
                  T_i (T_i + 1) / 2 (query, key) pairs query t >= key s: 2 * 2 B nh hd T_i (T_i+1)/2.
@@ -77,16 +80,24 @@ def step_flops(cfg: DrafterConfig, work: StepWork) -> dict[str, int]:
     teacher_full_vocab. Their sum is the step's count.
     """
     H, inter, Vd, V = cfg.hidden_size, cfg.intermediate_size, cfg.draft_vocab_size, cfg.vocab_size
-    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    nh = cfg.num_attention_heads
+    q, kv = nh * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    if cfg.mla:  # per row: the down projections, the up projections, o
+        ql, kvl, rope = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_rope_head_dim
+        vo = nh * cfg.v_head_dim  # the values' width; q (nh*(nope+rope)) the scores'
+        up = ql * q + kvl * nh * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+        proj = 2 * H * (ql + kvl + rope) + up + vo * H
+    else:
+        vo, proj = q, 2 * H * (q + 2 * kv) + q * H
     B, L = work.batch, work.length
     fwd = dict.fromkeys(("projections", "mlp", "attention", "attention_extra_keys", "lm_head"), 0)
     for i, n_loss in enumerate(work.loss_rows):
         T = L - i
         R = B * T
-        fwd["projections"] += 2 * R * 2 * H * (q + 2 * kv) + 2 * R * q * H
+        fwd["projections"] += 2 * R * proj
         fwd["mlp"] += 3 * 2 * R * H * inter
-        fwd["attention"] += 2 * B * q * T * (T + 1)  # nh*hd = q: scores, values (causal)
-        fwd["attention_extra_keys"] += 2 * 2 * B * q * T * i
+        fwd["attention"] += B * (q + vo) * T * (T + 1)  # scores, values (causal)
+        fwd["attention_extra_keys"] += 2 * B * (q + vo) * T * i
         fwd["lm_head"] += 2 * n_loss * H * Vd
     out = {"fc": 2 * (2 * B * L * AUX_LAYERS * cfg.target_hidden_size * H)}  # fwd + weight grad
     out |= {k: 3 * v for k, v in fwd.items()}  # forward + the gradients of both operands

@@ -159,10 +159,12 @@ def fused_ttt_attention(
     *,
     segments: int,
     compiled: bool | None = None,
+    scale: float | None = None,
 ) -> Tensor:
     """`model.ttt_attention` for step i = len(keys) - 1, fused; the same arguments but GQA
-    not expanded: q [B,nh,T,hd], keys[j] / values[j] [B,nkv,>=T,hd] (nh a multiple of nkv),
-    `segments` >= len(keys) (the run's step count: one graph for all its steps).
+    not expanded: q [B,nh,T,hd], keys[j] [B,nkv,>=T,hd], values[j] [B,nkv,>=T,hv] (nh a
+    multiple of nkv; hv < hd for multi-latent attention), `segments` >= len(keys) (the run's
+    step count: one graph for all its steps), `scale` on q k^T (default hd^-0.5).
 
     `compiled`: through torch.compile (default on CUDA). Eager flex attention is the readable
     definition (mask function over every score, float32 softmax) and runs on CPU, forward and,
@@ -171,6 +173,7 @@ def fused_ttt_attention(
     from torch.nn.attention.flex_attention import flex_attention
 
     B, nh, T, hd = q.shape
+    scale = hd**-0.5 if scale is None else scale
     if not 1 <= len(keys) <= segments or len(values) != len(keys):
         raise ValueError(f"{len(keys)} keys, {len(values)} values for {segments} segments")
     P = padded(T)
@@ -181,11 +184,11 @@ def fused_ttt_attention(
     if compiled is None:
         compiled = q.device.type == "cuda"
     if not compiled:
-        out = flex_attention(q, *kv, block_mask=mask, scale=hd**-0.5, enable_gqa=gqa)
+        out = flex_attention(q, *kv, block_mask=mask, scale=scale, enable_gqa=gqa)
         return out[:, :, :T]
     for t in (q, *kv):
         torch._dynamo.maybe_mark_dynamic(t, 0)  # batch size: varies with the packing
         torch._dynamo.mark_static(t, 2)  # sequence: one graph per P (see the module doc)
     with torch._dynamo.config.patch(_limits()):
-        out = _compiled()(q, *kv, block_mask=mask, scale=hd**-0.5, enable_gqa=gqa)
-    return out[:, :, :T]  # shape: [B,nh,T,hd]
+        out = _compiled()(q, *kv, block_mask=mask, scale=scale, enable_gqa=gqa)
+    return out[:, :, :T]  # shape: [B,nh,T,hv]

@@ -12,6 +12,10 @@ the target's layer L-1 (weights read from the target folder with safetensors, ne
     post_attention_layernorm.weight   [H]      post_attention_layernorm.weight
     mlp.{gate,up,down}_proj.weight             mlp.{gate,up,down}_proj.weight
 
+An MLA drafter (`DrafterConfig.mla`) copies the target's multi-latent attention instead of
+q/k/v: the columns of q_a_proj and kv_a_proj_with_mqa that read the embedding half, and whole
+q_a_layernorm, q_b_proj, kv_a_layernorm, kv_b_proj and o_proj (MLA_LAYER_WEIGHTS).
+
 Left as initialized: `hidden_norm` (ones: the target has no norm for a second input), the q/k/v
 columns H:2H that read the hidden half (normal, std 0.02), `fc` (no counterpart), and `norm`,
 `lm_head` (the target's final norm and head, as with every init). Attention biases of a target
@@ -32,7 +36,13 @@ from specbuild.drafter.teacher import read_target_weights
 from specbuild.eagle.text_model import text_config
 from specbuild.infra.io import read_json
 
-__all__ = ["LAYER_WEIGHTS", "EMBEDDING_HALF", "init_from_target_layer"]
+__all__ = [
+    "EMBEDDING_HALF",
+    "LAYER_WEIGHTS",
+    "MLA_EMBEDDING_HALF",
+    "MLA_LAYER_WEIGHTS",
+    "init_from_target_layer",
+]
 
 # drafter midlayer parameter -> the target layer's weight it starts from
 LAYER_WEIGHTS = {
@@ -48,6 +58,19 @@ LAYER_WEIGHTS = {
 }
 # the ones that read [embedding half | hidden half]: only the first H columns are copied
 EMBEDDING_HALF = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}
+# an MLA drafter's: the same but its attention, the target's own MLA weights under its names
+MLA_LAYER_WEIGHTS = {k: v for k, v in LAYER_WEIGHTS.items() if k not in EMBEDDING_HALF} | {
+    f"self_attn.{n}.weight": f"self_attn.{n}.weight"
+    for n in (
+        "q_a_proj",
+        "q_a_layernorm",
+        "q_b_proj",
+        "kv_a_proj_with_mqa",
+        "kv_a_layernorm",
+        "kv_b_proj",
+    )
+}
+MLA_EMBEDDING_HALF = {"self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"}
 
 
 def init_from_target_layer(model: Eagle3Drafter, target_dir: str | os.PathLike) -> list[str]:
@@ -57,8 +80,11 @@ def init_from_target_layer(model: Eagle3Drafter, target_dir: str | os.PathLike) 
     cfg = read_json(target_dir / "config.json")
     last = int(text_config(cfg)["num_hidden_layers"]) - 1
     prefix = f"model.layers.{last}."
+    mla = model.config.mla
+    layer_weights = MLA_LAYER_WEIGHTS if mla else LAYER_WEIGHTS
+    embedding_half = MLA_EMBEDDING_HALF if mla else EMBEDDING_HALF
     try:
-        weights = read_target_weights(target_dir, [prefix + n for n in LAYER_WEIGHTS.values()])
+        weights = read_target_weights(target_dir, [prefix + n for n in layer_weights.values()])
     except KeyError as err:
         raise ValueError(
             f"train.init target_last_layer: {err.args[0]}; use train.init random for this target"
@@ -66,9 +92,9 @@ def init_from_target_layer(model: Eagle3Drafter, target_dir: str | os.PathLike) 
     H = model.config.hidden_size
     params = dict(model.midlayer.named_parameters())
     faults, lines = [], []
-    for ours, theirs in LAYER_WEIGHTS.items():
+    for ours, theirs in layer_weights.items():
         src, dst = weights[prefix + theirs], params[ours]
-        want = (dst.shape[0], H) if ours in EMBEDDING_HALF else tuple(dst.shape)
+        want = (dst.shape[0], H) if ours in embedding_half else tuple(dst.shape)
         if tuple(src.shape) != want:
             faults.append(f"{prefix}{theirs}: {tuple(src.shape)}, the drafter needs {want}")
     if faults:
@@ -77,9 +103,9 @@ def init_from_target_layer(model: Eagle3Drafter, target_dir: str | os.PathLike) 
             + "\n  ".join(faults)
         )
     with torch.no_grad():
-        for ours, theirs in LAYER_WEIGHTS.items():
+        for ours, theirs in layer_weights.items():
             src, dst = weights[prefix + theirs], params[ours]
-            cols = "[:, :H]" if ours in EMBEDDING_HALF else ""
+            cols = "[:, :H]" if ours in embedding_half else ""
             (dst[:, :H] if cols else dst).copy_(src)
             lines.append(f"midlayer.{ours}{cols} <- {prefix}{theirs} {list(src.shape)}")
     return lines

@@ -23,7 +23,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from specbuild.eagle.drafter_tensors import IGNORED, DrafterShape, tensor_names, tensor_shapes
+from specbuild.eagle.drafter_tensors import (
+    IGNORED,
+    DrafterShape,
+    is_mla,
+    silent_losses,
+    tensor_names,
+    tensor_shapes,
+)
 from specbuild.infra.formats import DRAFTER_FILES
 from specbuild.infra.safetensors_header import header_faults, header_shapes
 
@@ -104,7 +111,7 @@ def tensor_faults(config: Mapping[str, Any], weights: str | os.PathLike) -> list
     archs = config.get("architectures")
     if isinstance(archs, list) and archs and not any("Eagle3" in str(a) for a in archs):
         return []
-    names = tensor_names(fc_norm=bool(config.get("fc_norm", False)))
+    names = tensor_names(fc_norm=bool(config.get("fc_norm", False)), mla=is_mla(config))
     try:
         want: dict[str, list[int] | None] = tensor_shapes(DrafterShape.from_config(config))
     except (KeyError, TypeError, ValueError, ArithmeticError):
@@ -115,6 +122,8 @@ def tensor_faults(config: Mapping[str, Any], weights: str | os.PathLike) -> list
     faults = []
     if missing:
         faults.append(f"no tensor {_listed(missing)}, which its config.json implies")
+        why = silent_losses(config, have.keys())
+        faults += [f"no tensor {n!r}: {why[n]}" for n in missing if n in why]
     if extra:
         faults.append(
             f"unexpected tensor {_listed(extra)} (SGLang skips a name it does not know and "

@@ -45,6 +45,16 @@ def test_a_key_added_later_enters_the_params_only_away_from_its_neutral_value(de
     assert train_hparams(variants, "lk")["acceptance_weight"] == 0.5
 
 
+@pytest.mark.parametrize("key,value", [("norm_output", True), ("draft_attention", "mla")])
+def test_the_mla_and_eagle31_keys_enter_the_params_only_when_set(default_config, key, value):
+    """`auto` keeps Llama targets' drafters as they were, and norm_output off trains as before:
+    a build made before either key existed reruns nothing; setting one reruns its variant."""
+    default_config["train"]["variants"] = {"set": {key: value}}
+    variants = train_variants(default_config)
+    assert key not in train_hparams(variants, "base")
+    assert train_hparams(variants, "set")[key] == value
+
+
 def test_a_variant_trains_on_the_hidden_shards_of_its_own_datasets(default_config):
     default_config["train"]["variants"] = {"chat_only": {"datasets": ["chat"]}}
     shards = ShardIndex({"gsm8k": ["a", "b"], "chat": ["c"]})
