@@ -10,7 +10,7 @@ ARGS   ?=
 SNAKEMAKE = $(BIN)/snakemake --configfile $(CONFIG) --cores $(CORES) $(ARGS)
 
 .PHONY: help setup run dry-run test lint format report clean clean-all slurm serve
-.PHONY: bench-extract bench-train bench-workflow bench-fp8 bench-fingerprint
+.PHONY: bench-extract bench-train bench-workflow bench-fp8 bench-fingerprint bench-families
 
 help:
 	@echo "make run      set up if needed, then build $(CONFIG) end to end (TARGET=$(TARGET))"
@@ -76,6 +76,9 @@ format: setup
 # Stage hidden: extraction tokens/s vs a bare forward pass, bytes/token (BENCHMARKS.md).
 # BENCH_ARGS="--device cuda --dtype bfloat16" on a GPU.
 BENCH_ARGS ?=
+# make bench-families FAMILY_ARGS="--epochs 4 --anchors 32" (benchmarks/families.py --help)
+FAMILY_ARGS ?=
+
 bench-extract: setup
 	$(SNAKEMAKE) target
 	$(BIN)/python -m benchmarks.extract $(BENCH_ARGS)
@@ -124,6 +127,11 @@ bench-fingerprint: setup
 # LIMIT=12).
 STORAGES ?= fp8
 LIMIT    ?= 20
+# Block drafters (DFlash, DSpark) on the built shards: simulated acceptance and lossless
+# decoding by the PyTorch engine (BENCHMARKS.md, "Block drafters on the CPU default").
+bench-families: run
+	$(BIN)/python -m benchmarks.families $(FAMILY_ARGS)
+
 bench-fp8: run
 	$(BIN)/python -m benchmarks.fp8 --config $(CONFIG) --storages $(STORAGES) --limit $(LIMIT)
 
