@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specbuild.engines.server import ServerOptions
+from specbuild.engines.server import ServerOptions, interpreter
 from specbuild.infra.io import write_jsonl
 from specbuild.serve import (
     DEFAULT_CHAIN,
@@ -80,7 +80,9 @@ def test_the_script_runs_the_launcher_with_the_drafter_flags_and_the_environment
     assert "--speculative-num-steps 3 --speculative-eagle-topk 1" in flags
     assert "--speculative-num-draft-tokens 4" in flags and "--disable-cuda-graph" in flags
     assert "--speculative-draft-attention-backend triton" in flags
-    assert env == "a b" and command[0] == sys.executable
+    # this interpreter, under the one name make and python -m both give it
+    assert env == "a b" and command[0] == interpreter()
+    assert os.path.samefile(command[0], sys.executable)
 
 
 def _exposed_command(host: str) -> list[str]:
