@@ -277,21 +277,34 @@ class HFSpecDecoder:
         cache.crop(committed)
         return drafts
 
+    def begin(self, prompt_ids: list[int], first: int, aux: torch.Tensor) -> Any:
+        """The drafter's state after the prompt: its cache and the (token, aux) pairs it has
+        yet to read. It sees each token beside the aux state of the position before it."""
+        return [self.new_cache(), prompt_ids[1:] + [first], aux]
+
+    def propose(self, state: Any, last: int) -> list[int]:
+        cache, pending, pending_aux = state
+        return self._draft(pending, pending_aux, cache)
+
+    def commit(self, state: Any, tokens: list[int], aux: torch.Tensor) -> None:
+        """The verify pass committed `tokens` (the accepted drafts and the bonus), whose aux
+        states [1, n, 3H] come after the last token's."""
+        state[1:] = [tokens, aux]
+
     @torch.inference_mode()
     def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
         from transformers import DynamicCache
 
         start = time.perf_counter()
-        t_cache, d_cache = DynamicCache(), self.new_cache()
+        t_cache = DynamicCache()
         preds, aux = self._target_forward(prompt_ids, t_cache, last_only=True)
         out = [preds[-1]]
         ttft = time.perf_counter() - start
-        # The drafter sees each token beside the aux state of the position before it.
-        pending, pending_aux = prompt_ids[1:] + out, aux
+        state = self.begin(prompt_ids, out[0], aux)
         accepted = [0] * self.steps
         steps = 0
         while out[-1] not in self.eos_ids and len(out) < max_new_tokens:
-            drafts = self._draft(pending, pending_aux, d_cache)
+            drafts = self.propose(state, out[-1])
             base = t_cache.get_seq_length()
             preds, aux = self._target_forward([out[-1]] + drafts, t_cache)
             n = 0
@@ -303,7 +316,7 @@ class HFSpecDecoder:
                 accepted[k] += 1
             # keep last + accepted drafts; the bonus becomes the new last
             crop_cache(t_cache, base + n + 1)
-            pending, pending_aux = new, aux[:, : n + 1]
+            self.commit(state, new, aux[:, : n + 1])
             for token in new:
                 out.append(token)
                 if token in self.eos_ids or len(out) >= max_new_tokens:
@@ -339,44 +352,17 @@ class HFBlockDecoder(HFSpecDecoder):
             drafter_name=drafter_name,
         )
 
-    @torch.inference_mode()
-    def complete(self, prompt_ids: list[int], max_new_tokens: int) -> Completion:
-        from transformers import DynamicCache
+    def begin(self, prompt_ids: list[int], first: int, aux: torch.Tensor) -> Any:
+        context = self.drafter_model.new_context()
+        self.drafter_model.extend_context(context, aux)  # every prompt position
+        return context
 
-        d = self.drafter_model
-        start = time.perf_counter()
-        t_cache, context = DynamicCache(), d.new_context()
-        preds, aux = self._target_forward(prompt_ids, t_cache, last_only=True)
-        d.extend_context(context, aux)  # every prompt position
-        out = [preds[-1]]
-        ttft = time.perf_counter() - start
-        accepted = [0] * self.steps
-        steps = 0
-        while out[-1] not in self.eos_ids and len(out) < max_new_tokens:
-            drafts = d.draft(context, out[-1])
-            base = t_cache.get_seq_length()
-            preds, aux = self._target_forward([out[-1]] + drafts, t_cache)
-            n = 0
-            while n < len(drafts) and drafts[n] == preds[n]:
-                n += 1
-            steps += 1
-            for k in range(n):
-                accepted[k] += 1
-            crop_cache(t_cache, base + n + 1)
-            d.extend_context(context, aux[:, : n + 1])  # the last token and accepted drafts
-            for token in drafts[:n] + [preds[n]]:
-                out.append(token)
-                if token in self.eos_ids or len(out) >= max_new_tokens:
-                    break
-        wall = time.perf_counter() - start
-        return Completion(
-            len(out),
-            verify_steps=steps,
-            wall_s=wall,
-            ttft_s=ttft,
-            accepted_per_position=accepted,
-            token_ids=out,
-        )
+    def propose(self, state: Any, last: int) -> list[int]:
+        return self.drafter_model.draft(state, last)
+
+    def commit(self, state: Any, tokens: list[int], aux: torch.Tensor) -> None:
+        # the features of the last token and the accepted drafts (the bonus has none yet)
+        self.drafter_model.extend_context(state, aux)
 
 
 @contextmanager
