@@ -26,11 +26,21 @@ from __future__ import annotations
 
 from specbuild.drafter.block import BlockConfig
 
-__all__ = ["BLOCK_ARCHITECTURES", "block_faults", "block_hf_config", "block_tensors"]
+__all__ = [
+    "BLOCK_ARCHITECTURES",
+    "TARGET_KEYS",
+    "block_faults",
+    "block_hf_config",
+    "block_tensors",
+    "config_from_export",
+    "family_of",
+]
 
 BLOCK_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dspark": "DSparkDraftModel"}
 _ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
-_COPIED = ("bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters")
+# Target config keys every exported drafter copies verbatim when present (special tokens SGLang
+# may read; the RoPE the drafter trained with), EAGLE-3's and the block families' alike
+TARGET_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters")
 
 
 def family_of(hf: dict) -> str | None:
@@ -56,7 +66,7 @@ def block_hf_config(
     }
     if cfg.mask_token:
         dflash["mask_token"] = cfg.mask_token
-    out = {k: extra[k] for k in _COPIED if k in extra}
+    out = {k: extra[k] for k in TARGET_KEYS if k in extra}
     out |= {
         "architectures": [BLOCK_ARCHITECTURES[cfg.family]],
         "model_type": "llama",  # a config transformers parses; the architecture picks the model

@@ -31,6 +31,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from specbuild.block_export import (
+    TARGET_KEYS,
     block_faults,
     block_hf_config,
     block_tensors,
@@ -63,8 +64,6 @@ log = logging.getLogger("specbuild")
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ALLOWED_EXTRA_FILES = ("README.md", "metrics.json")
 _ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
-# Target config keys copied verbatim when present (special tokens SGLang may read).
-_COPIED = ("bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters")
 
 
 class ExportError(ValueError):
@@ -95,7 +94,7 @@ def hf_config(
 ) -> dict:
     """The config.json of the exported folder; `eagle_ids` as recorded in the shards."""
     target = text_config(target_config)
-    out = {k: target[k] for k in _COPIED if k in target}
+    out = {k: target[k] for k in TARGET_KEYS if k in target}
     out |= {
         "architectures": [MLA_ARCHITECTURE if cfg.mla else ARCHITECTURE],
         # llama for both: SGLang's MLA draft reads its own keys, which LlamaConfig keeps
