@@ -127,7 +127,6 @@ class BlockObjective(nn.Module):
         bias = None if prev is None else d.markov_head
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=self.amp):
             ce = chunked_cross_entropy(flat_rows, head, flat_label, bias=bias, prev=flat_prev)
-        loss = torch.zeros((), device=dev)
         n_d = torch.bincount(position, minlength=D).clamp_min(1).float()
         sums = torch.zeros(D, device=dev).index_add(0, position, ce)
         weights = self.decay ** torch.arange(D, device=dev, dtype=torch.float32)
