@@ -25,6 +25,8 @@ drafts + 1 tokens either way.
 from __future__ import annotations
 
 from specbuild.drafter.block import BlockConfig
+from specbuild.drafter.config import DrafterConfig
+from specbuild.infra.dtypes import HEADER_DTYPES
 
 __all__ = [
     "BLOCK_ARCHITECTURES",
@@ -34,43 +36,24 @@ __all__ = [
     "block_tensors",
     "config_from_export",
     "family_of",
+    "llama_config",
 ]
 
 BLOCK_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dspark": "DSparkDraftModel"}
-_ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 # Target config keys every exported drafter copies verbatim when present (special tokens SGLang
 # may read; the RoPE the drafter trained with), EAGLE-3's and the block families' alike
 TARGET_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters")
 
 
-def family_of(hf: dict) -> str | None:
-    """The block family of a drafter config.json, None for any other architecture."""
-    archs = hf.get("architectures") or [None]
-    return {v: k for k, v in BLOCK_ARCHITECTURES.items()}.get(archs[0])
-
-
-def block_size(cfg: BlockConfig) -> int:
-    """config.json's block_size: DFlash's rows (drafts + 1), DSpark's gamma (drafts)."""
-    return cfg.block_len
-
-
-def block_hf_config(
-    cfg: BlockConfig, *, layer_ids: list[int], target_layers: int, dtype: str, extra: dict
-) -> dict:
-    """The config.json of a block drafter; `extra` holds the target keys copied as they are."""
-    dflash = {
-        "target_layer_ids": [int(i) for i in layer_ids],  # +1 in SGLang, as for Llama's EAGLE-3
-        "block_size": block_size(cfg),
-        "num_target_layers": target_layers,
-        "mask_token_id": cfg.mask_token_id,
-    }
-    if cfg.mask_token:
-        dflash["mask_token"] = cfg.mask_token
-    out = {k: extra[k] for k in TARGET_KEYS if k in extra}
-    out |= {
-        "architectures": [BLOCK_ARCHITECTURES[cfg.family]],
-        "model_type": "llama",  # a config transformers parses; the architecture picks the model
-        "num_hidden_layers": cfg.num_layers,
+def llama_config(cfg: DrafterConfig | BlockConfig, *, dtype: str, target: dict) -> dict:
+    """The keys every exported drafter's config.json holds, EAGLE-3's and the block families'
+    alike: the target's TARGET_KEYS as they are, then what transformers parses as a Llama
+    config (SGLang's architecture name picks the model; an MLA draft's own keys ride along,
+    LlamaConfig keeps them): shapes, RoPE, no biases, an untied head (tied, SGLang would use
+    the embedding as lm_head), the dtype."""
+    out = {k: target[k] for k in TARGET_KEYS if k in target}
+    return out | {
+        "model_type": "llama",
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
         "num_attention_heads": cfg.num_attention_heads,
@@ -80,13 +63,38 @@ def block_hf_config(
         "rms_norm_eps": cfg.rms_norm_eps,
         "vocab_size": cfg.vocab_size,
         "max_position_embeddings": cfg.max_position_embeddings,
-        "rope_theta": cfg.rope_theta,
+        "rope_theta": cfg.rope_theta,  # SGLang reads the legacy keys
         "rope_scaling": cfg.rope_scaling,
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": False,
         "torch_dtype": dtype,
-        "block_size": block_size(cfg),
+    }
+
+
+def family_of(hf: dict) -> str | None:
+    """The block family of a drafter config.json, None for any other architecture."""
+    archs = hf.get("architectures") or [None]
+    return {v: k for k, v in BLOCK_ARCHITECTURES.items()}.get(archs[0])
+
+
+def block_hf_config(
+    cfg: BlockConfig, *, layer_ids: list[int], target_layers: int, dtype: str, extra: dict
+) -> dict:
+    """The config.json of a block drafter; `extra` holds the target keys copied as they are."""
+    dflash = {
+        "target_layer_ids": [int(i) for i in layer_ids],  # +1 in SGLang, as for Llama's EAGLE-3
+        "block_size": cfg.block_len,  # DFlash's rows (drafts + 1), DSpark's gamma (drafts)
+        "num_target_layers": target_layers,
+        "mask_token_id": cfg.mask_token_id,
+    }
+    if cfg.mask_token:
+        dflash["mask_token"] = cfg.mask_token
+    out = llama_config(cfg, dtype=dtype, target=extra)
+    out |= {
+        "architectures": [BLOCK_ARCHITECTURES[cfg.family]],
+        "num_hidden_layers": cfg.num_layers,
+        "block_size": cfg.block_len,
         "num_target_layers": target_layers,
         "dflash_config": dflash,
     }
@@ -102,7 +110,7 @@ def block_hf_config(
 def block_tensors(cfg: BlockConfig, dtype: str) -> dict[str, tuple[list[int], str]]:
     """{name: (shape, safetensors dtype)} of a correct model.safetensors."""
     h, i, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    q, kv, f = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd, _ST_DTYPES[dtype]
+    q, kv, f = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd, HEADER_DTYPES[dtype]
     want = {
         "fc.weight": ([h, cfg.num_context_features * h], f),
         "hidden_norm.weight": ([h], f),

@@ -31,12 +31,12 @@ from safetensors import safe_open
 from torch import Tensor
 
 from specbuild.block_export import (
-    TARGET_KEYS,
     block_faults,
     block_hf_config,
     block_tensors,
     config_from_export,
     family_of,
+    llama_config,
 )
 from specbuild.drafter.block import BLOCK_FAMILIES, BlockConfig
 from specbuild.drafter.config import DrafterConfig
@@ -52,7 +52,7 @@ from specbuild.eagle.drafter_tensors import (
 from specbuild.eagle.layers import AUX_LAYERS, architecture_of, eagle_layer_ids
 from specbuild.eagle.text_model import text_config
 from specbuild.infra.disk import ensure_free_space, export_need
-from specbuild.infra.dtypes import DTYPES
+from specbuild.infra.dtypes import DTYPES, HEADER_DTYPES
 from specbuild.infra.formats import DRAFTER_FILES
 from specbuild.infra.io import atomic_path, read_json, write_json
 from specbuild.infra.safetensors_file import save_tensors
@@ -63,7 +63,6 @@ log = logging.getLogger("specbuild")
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 ALLOWED_EXTRA_FILES = ("README.md", "metrics.json")
-_ST_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 
 class ExportError(ValueError):
@@ -94,29 +93,12 @@ def hf_config(
 ) -> dict:
     """The config.json of the exported folder; `eagle_ids` as recorded in the shards."""
     target = text_config(target_config)
-    out = {k: target[k] for k in TARGET_KEYS if k in target}
+    out = llama_config(cfg, dtype=dtype, target=target)
     out |= {
         "architectures": [MLA_ARCHITECTURE if cfg.mla else ARCHITECTURE],
-        # llama for both: SGLang's MLA draft reads its own keys, which LlamaConfig keeps
-        "model_type": "llama",
         "num_hidden_layers": 1,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": cfg.hidden_act,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "vocab_size": cfg.vocab_size,
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rope_theta": cfg.rope_theta,  # SGLang reads the legacy keys
-        "rope_scaling": cfg.rope_scaling,
-        "tie_word_embeddings": False,  # True makes SGLang use the embedding as lm_head
-        "attention_bias": False,
-        "mlp_bias": False,
-        "torch_dtype": dtype,
         "eagle_config": {
             "eagle_aux_hidden_state_layer_ids": serving_layer_ids(
                 layer_ids, target_config, eagle_ids
@@ -141,7 +123,7 @@ def expected_tensors(cfg: DrafterConfig, dtype: str) -> dict[str, tuple[list[int
     shape = DrafterShape(**{f.name: getattr(cfg, f.name) for f in fields(DrafterShape)})
     kinds = {"d2t": "I64", "t2d": "BOOL"}
     return {
-        name: (dims, kinds.get(name, _ST_DTYPES[dtype]))
+        name: (dims, kinds.get(name, HEADER_DTYPES[dtype]))
         for name, dims in tensor_shapes(shape).items()
     }
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DTYPES", "torch_dtype"]
+__all__ = ["DTYPES", "HEADER_DTYPES", "torch_dtype"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# each as a safetensors header names it (what an exported folder's check compares)
+HEADER_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
 def torch_dtype(name: str) -> torch.dtype:
