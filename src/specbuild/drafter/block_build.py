@@ -23,7 +23,7 @@ import torch
 
 from specbuild.drafter.block import BlockConfig, BlockDrafter
 from specbuild.drafter.config import TrainConfig
-from specbuild.drafter.target_init import LAYER_WEIGHTS
+from specbuild.drafter.target_init import LAYER_WEIGHTS, copy_target_weights
 from specbuild.drafter.teacher import Teacher, read_target_weights, read_vocab
 from specbuild.eagle.layers import AUX_LAYERS
 from specbuild.eagle.text_model import text_config
@@ -126,33 +126,9 @@ def init_block_from_target(model: BlockDrafter, target_dir: str | os.PathLike) -
             f"train.init target_last_layer: {n} draft layers, the target has {depth}; "
             "lower train.block_layers or use train.init random"
         )
-    names = [f"model.layers.{depth - n + i}.{w}" for i in range(n) for w in LAYER_WEIGHTS.values()]
-    try:
-        weights = read_target_weights(target_dir, names)
-    except KeyError as err:
-        raise ValueError(
-            f"train.init target_last_layer: {err.args[0]}; use train.init random for this target"
-        ) from None
-    faults, lines = [], []
+    copies = {}
     for i, layer in enumerate(model.layers):
         params = dict(layer.named_parameters())
         for ours, theirs in LAYER_WEIGHTS.items():
-            src = weights[f"model.layers.{depth - n + i}.{theirs}"]
-            if tuple(src.shape) != tuple(params[ours].shape):
-                faults.append(
-                    f"layer {depth - n + i} {theirs}: {tuple(src.shape)}, "
-                    f"the draft needs {tuple(params[ours].shape)}"
-                )
-    if faults:
-        raise ValueError(
-            f"train.init target_last_layer: {target_dir} does not fit this drafter:\n  "
-            + "\n  ".join(faults)
-        )
-    with torch.no_grad():
-        for i, layer in enumerate(model.layers):
-            params = dict(layer.named_parameters())
-            for ours, theirs in LAYER_WEIGHTS.items():
-                src = weights[f"model.layers.{depth - n + i}.{theirs}"]
-                params[ours].copy_(src)
-                lines.append(f"layers.{i}.{ours} <- model.layers.{depth - n + i}.{theirs}")
-    return lines
+            copies[f"layers.{i}.{ours}"] = (params[ours], f"model.layers.{depth - n + i}.{theirs}")
+    return copy_target_weights(target_dir, copies)

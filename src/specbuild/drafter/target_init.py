@@ -41,6 +41,7 @@ __all__ = [
     "LAYER_WEIGHTS",
     "MLA_EMBEDDING_HALF",
     "MLA_LAYER_WEIGHTS",
+    "copy_target_weights",
     "init_from_target_layer",
 ]
 
@@ -83,29 +84,42 @@ def init_from_target_layer(model: Eagle3Drafter, target_dir: str | os.PathLike) 
     mla = model.config.mla
     layer_weights = MLA_LAYER_WEIGHTS if mla else LAYER_WEIGHTS
     embedding_half = MLA_EMBEDDING_HALF if mla else EMBEDDING_HALF
+    H = model.config.hidden_size
+    params = dict(model.midlayer.named_parameters())
+    copies = {}
+    for ours, theirs in layer_weights.items():
+        if ours in embedding_half:  # the columns that read the embedding half
+            copies[f"midlayer.{ours}[:, :H]"] = (params[ours][:, :H], prefix + theirs)
+        else:
+            copies[f"midlayer.{ours}"] = (params[ours], prefix + theirs)
+    return copy_target_weights(target_dir, copies)
+
+
+def copy_target_weights(
+    target_dir: str | os.PathLike, copies: dict[str, tuple[torch.Tensor, str]]
+) -> list[str]:
+    """`train.init target_last_layer`'s copy, for every drafter family: {log label:
+    (destination, a parameter or a view of one; the target weight's name)}. Every shape is
+    checked before anything is copied, and a target lacking a weight, or holding one of
+    another shape, is refused naming every such weight: copying part of a layer silently
+    would hide it. Returns one line per copied tensor (`drafter <- target [shape]`)."""
     try:
-        weights = read_target_weights(target_dir, [prefix + n for n in layer_weights.values()])
+        weights = read_target_weights(target_dir, [name for _, name in copies.values()])
     except KeyError as err:
         raise ValueError(
             f"train.init target_last_layer: {err.args[0]}; use train.init random for this target"
         ) from None
-    H = model.config.hidden_size
-    params = dict(model.midlayer.named_parameters())
-    faults, lines = [], []
-    for ours, theirs in layer_weights.items():
-        src, dst = weights[prefix + theirs], params[ours]
-        want = (dst.shape[0], H) if ours in embedding_half else tuple(dst.shape)
-        if tuple(src.shape) != want:
-            faults.append(f"{prefix}{theirs}: {tuple(src.shape)}, the drafter needs {want}")
+    faults = [
+        f"{name}: {tuple(weights[name].shape)}, the drafter needs {tuple(dst.shape)}"
+        for dst, name in copies.values()
+        if weights[name].shape != dst.shape
+    ]
     if faults:
         raise ValueError(
             f"train.init target_last_layer: {target_dir} does not fit this drafter:\n  "
             + "\n  ".join(faults)
         )
     with torch.no_grad():
-        for ours, theirs in layer_weights.items():
-            src, dst = weights[prefix + theirs], params[ours]
-            cols = "[:, :H]" if ours in embedding_half else ""
-            (dst[:, :H] if cols else dst).copy_(src)
-            lines.append(f"midlayer.{ours}{cols} <- {prefix}{theirs} {list(src.shape)}")
-    return lines
+        for dst, name in copies.values():
+            dst.copy_(weights[name])
+    return [f"{label} <- {name} {list(weights[name].shape)}" for label, (_, name) in copies.items()]

@@ -8,6 +8,8 @@ computation and serves another.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -130,3 +132,31 @@ def test_block_drafters_train_and_their_acceptance_rises(ws, tmp_path, family):
     rows = [r["acceptance_length"] for r in read_jsonl(tmp_path / "metrics.jsonl")]
     assert rows[-1] > rows[0] and best["acceptance_length"] > 1.15
     assert len(best["acc"]) == 3
+
+
+def test_target_last_layer_starts_each_draft_layer_from_the_targets_last_ones(target_dir):
+    from safetensors import safe_open
+
+    from specbuild.drafter.block_build import init_block_from_target
+    from specbuild.infra.io import read_json
+
+    model = BlockDrafter(
+        BlockConfig.from_target(
+            read_json(target_dir / "config.json"),
+            family="dflash",
+            drafts=3,
+            num_layers=2,
+            mask_token_id=16,
+        )
+    )
+    lines = init_block_from_target(model, target_dir)
+    assert len(lines) == 2 * 9 and lines[0].startswith("layers.0.input_layernorm.weight <- ")
+    with safe_open(str(target_dir / "model.safetensors"), framework="pt") as f:
+        for i, target_layer in enumerate((28, 29)):  # SmolLM2's 30 layers: the last two
+            want = f.get_tensor(f"model.layers.{target_layer}.mlp.down_proj.weight")
+            assert torch.equal(model.layers[i].mlp.down_proj.weight, want.float())
+    # the per-head norms SmolLM2 lacks keep their start
+    assert torch.equal(model.layers[1].self_attn.q_norm.weight, torch.ones(64))
+    too_deep = BlockDrafter(dataclasses.replace(model.config, num_layers=31))
+    with pytest.raises(ValueError, match="31 draft layers, the target has 30"):
+        init_block_from_target(too_deep, target_dir)
