@@ -26,6 +26,7 @@ from specbuild.drafter.config import TrainConfig
 from specbuild.drafter.target_init import LAYER_WEIGHTS, copy_target_weights
 from specbuild.drafter.teacher import Teacher, read_target_weights, read_vocab
 from specbuild.eagle.layers import AUX_LAYERS
+from specbuild.eagle.target_info import load_tokenizer
 from specbuild.eagle.text_model import text_config
 from specbuild.infra.io import read_json
 
@@ -34,52 +35,36 @@ __all__ = ["build_block_drafter", "init_block_from_target", "mask_token"]
 log = logging.getLogger("specbuild")
 
 
-def mask_token(target_dir: str | os.PathLike, vocab_size: int) -> tuple[str, int]:
-    """(token text, id) of the mask token to pin, read from the target's tokenizer files."""
-    folder = Path(target_dir)
-    added: dict[str, int] = {}
-    tok = folder / "tokenizer.json"
-    if tok.is_file():
-        for t in read_json(tok).get("added_tokens", []):
-            if t.get("special", True):
-                added[str(t["content"])] = int(t["id"])
-    tcfg = (
-        read_json(folder / "tokenizer_config.json")
-        if (folder / "tokenizer_config.json").is_file()
-        else {}
-    )
-    for k, v in (tcfg.get("added_tokens_decoder") or {}).items():
-        added.setdefault(str(v.get("content")), int(k))
-
-    def text(value) -> str | None:
-        return value.get("content") if isinstance(value, dict) else value
-
-    own = text(tcfg.get("mask_token"))
-    if own in added and added[own] < vocab_size:
-        return own, added[own]
-    taken = {text(tcfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "unk_token")}
-    free = sorted((i, t) for t, i in added.items() if i < vocab_size and t not in taken)
+def mask_token(
+    target_dir: str | os.PathLike, vocab_size: int, token_id: int | None = None
+) -> tuple[str, int]:
+    """(token text, id) of the mask token to pin, read from the target's tokenizer: `token_id`
+    as given (`train.mask_token_id`), else the tokenizer's mask token, else its last special
+    token that is no BOS, EOS, pad or unknown token. A target without tokenizer files (a
+    synthetic one) takes a given id with no text: SGLang then uses the id as it is."""
+    try:
+        tok = load_tokenizer(target_dir)
+    except (OSError, ValueError):
+        if token_id is None:
+            raise ValueError(
+                f"{target_dir}: no tokenizer to pick a block drafter's mask token from; "
+                "set train.mask_token_id"
+            ) from None
+        return "", token_id
+    if token_id is not None:
+        return str(tok.convert_ids_to_tokens(token_id)), token_id
+    special = {t.content: i for i, t in tok.added_tokens_decoder.items() if t.special}
+    if tok.mask_token in special and special[tok.mask_token] < vocab_size:
+        return tok.mask_token, special[tok.mask_token]
+    taken = {tok.bos_token, tok.eos_token, tok.pad_token, tok.unk_token}
+    free = sorted((i, t) for t, i in special.items() if i < vocab_size and t not in taken)
     if not free:
         raise ValueError(
-            f"{folder}: the tokenizer has no special token a block drafter can use as its mask "
-            "(SGLang would add one past the vocabulary); set train.mask_token_id"
+            f"{target_dir}: the tokenizer has no special token a block drafter can use as its "
+            "mask (SGLang would add one past the vocabulary); set train.mask_token_id"
         )
     i, t = free[-1]
     return t, i
-
-
-def _token_text(target_dir: Path, token_id: int) -> str:
-    """The text of `token_id` in the target's tokenizer.json ("" without one: SGLang then
-    takes the id as given)."""
-    tok = target_dir / "tokenizer.json"
-    if not tok.is_file():
-        return ""
-    spec = read_json(tok)
-    for t in spec.get("added_tokens", []):
-        if int(t["id"]) == token_id:
-            return str(t["content"])
-    vocab = (spec.get("model") or {}).get("vocab") or {}
-    return next((str(t) for t, i in vocab.items() if i == token_id), "")
 
 
 def build_block_drafter(
@@ -91,11 +76,7 @@ def build_block_drafter(
     weights = read_target_weights(
         target_dir, ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]
     )
-    if cfg.mask_token_id is None:
-        token, token_id = mask_token(target_dir, vocab_size)
-    else:
-        token_id = cfg.mask_token_id
-        token = _token_text(target_dir, token_id)
+    token, token_id = mask_token(target_dir, vocab_size, cfg.mask_token_id)
     bcfg = BlockConfig.from_target(
         read_json(target_dir / "config.json"),
         family=cfg.family,

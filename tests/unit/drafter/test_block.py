@@ -160,3 +160,15 @@ def test_target_last_layer_starts_each_draft_layer_from_the_targets_last_ones(ta
     too_deep = BlockDrafter(dataclasses.replace(model.config, num_layers=31))
     with pytest.raises(ValueError, match="31 draft layers, the target has 30"):
         init_block_from_target(too_deep, target_dir)
+
+
+def test_the_mask_token_is_one_the_targets_vocabulary_already_holds(target_dir, ws):
+    from specbuild.drafter.block_build import mask_token
+
+    # SmolLM2 has no mask token and ids 0-16 are its special tokens: the last free one
+    assert mask_token(target_dir, 49152) == ("<empty_output>", 16)
+    assert mask_token(target_dir, 49152, 5) == ("<file_sep>", 5)
+    target = ws["target_fingerprint"].rsplit("/", 1)[0]  # a synthetic target: no tokenizer
+    assert mask_token(target, 256, 5) == ("", 5)
+    with pytest.raises(ValueError, match="set train.mask_token_id"):
+        mask_token(target, 256)
