@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from specbuild.drafter.block import BlockConfig
 from specbuild.drafter.config import DrafterConfig
+from specbuild.eagle.chain import BLOCK_ALGORITHMS
 from specbuild.infra.dtypes import HEADER_DTYPES
 
 __all__ = [
@@ -39,7 +40,8 @@ __all__ = [
     "llama_config",
 ]
 
-BLOCK_ARCHITECTURES = {"dflash": "DFlashDraftModel", "dspark": "DSparkDraftModel"}
+# family -> the architecture SGLang serves it as, from the one map of those names
+BLOCK_ARCHITECTURES = {algorithm.lower(): arch for arch, algorithm in BLOCK_ALGORITHMS.items()}
 # Target config keys every exported drafter copies verbatim when present (special tokens SGLang
 # may read; the RoPE the drafter trained with), EAGLE-3's and the block families' alike
 TARGET_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters")
